@@ -1,0 +1,27 @@
+"""agentrl: agentic multi-turn RL environments, verifiers, rollouts, GRPO training and pass@k evaluation.
+
+`import agentrl` stays cheap (no torch, no docker SDK); the public names below are loaded on
+first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

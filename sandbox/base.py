@@ -1,0 +1,176 @@
+"""The sandbox contract every backend implements, and the factory that opens one.
+
+A sandbox is an isolated place where an agent's tool calls run: a fresh file system with a
+writable workspace, resource limits, and per-command timeouts. Everything above this layer
+(environments, tools, verifiers) talks to the `Sandbox` protocol only, never to a backend.
+
+Two users exist inside every sandbox:
+- the agent (non-root, uid 1000 where the backend can switch users): runs every `exec` by
+  default and owns the workspace;
+- the verifier: `exec(..., privileged=True)` and `copy_in(..., privileged=True)` act with
+  the sandbox's own root and can write `PROTECTED_DIR`, which the agent can never write.
+  Backends that cannot switch users (bwrap) say so in their `capabilities`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_IMAGE = "agentrl/base:bookworm"
+DEFAULT_WORKDIR = "/workspace"
+# Root-owned and unwritable by the agent: verifiers copy hidden tests here after the episode.
+PROTECTED_DIR = "/verifier"
+AGENT_UID = 1000
+AGENT_USER = "agent"
+
+
+class Limits(BaseModel):
+    """Resource limits of one sandbox. Frozen and hashable: a warm pool is keyed by it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_mb: int = Field(
+        1024, gt=0, description="Memory cap for everything in the sandbox, in MiB (no swap)."
+    )
+    cpus: float = Field(1.0, gt=0, description="CPU quota, in cores.")
+    pids: int = Field(256, gt=0, description="Most processes/threads alive at once (stops fork bombs).")
+    disk_mb: int = Field(
+        512, gt=0, description="Size cap of the writable workspace and of /tmp, in MiB each."
+    )
+    network: bool = Field(False, description="Allow network access. Off by default: no egress at all.")
+    exec_timeout_s: float = Field(30.0, gt=0, description="Default per-exec wall-clock timeout, in seconds.")
+    output_limit_bytes: int = Field(
+        64 * 1024,
+        gt=0,
+        description="Cap on each of stdout and stderr per exec; the rest is dropped and `truncated` set.",
+    )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command did. `exit_code` is -9 (or the signal's negative) when it was killed."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    truncated: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class SandboxError(RuntimeError):
+    """A sandbox could not do what was asked (not: the command inside failed)."""
+
+
+class SandboxDead(SandboxError):
+    """The sandbox itself is gone (container removed, OOM-killed init, daemon lost)."""
+
+
+Command = str | Sequence[str]
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated, single-use place to run an agent's commands. Use as a context manager."""
+
+    backend: str
+    id: str
+    workdir: str
+    limits: Limits
+
+    def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        privileged: bool = False,
+    ) -> ExecResult:
+        """Run `cmd` (argv list, or a string run by `/bin/sh -c`) in `workdir`.
+
+        Never raises for what the command does (non-zero exit, timeout, huge output); raises
+        `SandboxDead` only when the sandbox itself is gone. On timeout the command's whole
+        process tree is killed.
+        """
+        ...
+
+    def write_file(
+        self, path: str, data: str | bytes, *, mode: int = 0o644, privileged: bool = False
+    ) -> None:
+        """Write a file (relative paths are under `workdir`), creating parent directories."""
+        ...
+
+    def read_file(self, path: str) -> bytes:
+        """Read a file's bytes; `FileNotFoundError` when it does not exist."""
+        ...
+
+    def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
+        """Copy a host file or directory tree to `path` inside the sandbox."""
+        ...
+
+    def kill_agent_processes(self) -> None:
+        """Kill every process the agent started (verifiers call this before they run)."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the sandbox still exists and can run commands."""
+        ...
+
+    def close(self) -> None:
+        """Destroy the sandbox and everything in it. Safe to call twice."""
+        ...
+
+    def __enter__(self) -> Sandbox: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+# Backends register lazily by module path: importing the docker SDK or probing bwrap costs
+# nothing until that backend is asked for.
+BACKENDS: dict[str, str] = {
+    "docker": "agentrl.sandbox.docker:DockerSandbox",
+    "bwrap": "agentrl.sandbox.bwrap:BwrapSandbox",
+    "local": "agentrl.sandbox.local:LocalSandbox",
+}
+
+
+def backend_class(name: str) -> type:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {name!r}; expected one of {sorted(BACKENDS)}")
+    module, _, attr = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def open_sandbox(
+    backend: str = "docker",
+    *,
+    image: str = DEFAULT_IMAGE,
+    limits: Limits | None = None,
+    workdir: str = DEFAULT_WORKDIR,
+    env: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> Sandbox:
+    """Start a fresh sandbox on `backend` ("docker", "bwrap" or "local") and return it started.
+
+    `labels` are recorded on the sandbox (docker: container labels) next to the run id, so a
+    reaper can find what a crashed run left behind.
+    """
+    cls = backend_class(backend)
+    return cls(
+        image=image,
+        limits=limits or Limits(),
+        workdir=workdir,
+        env=dict(env or {}),
+        labels=dict(labels or {}),
+    )

