@@ -31,6 +31,32 @@ def sandbox_build(
         typer.echo(tag)
 
 
+@sandbox_app.command("reap")
+def sandbox_reap(
+    all_runs: bool = typer.Option(False, "--all", help="Remove every agentrl container, live runs included."),
+) -> None:
+    """Remove sandbox containers whose run is gone (found by their agentrl labels)."""
+    from agentrl.sandbox.reaper import reap
+
+    removed = reap(include_live=all_runs)
+    typer.echo(f"removed {len(removed)} container(s)")
+    for name in removed:
+        typer.echo(f"  {name}")
+
+
+@sandbox_app.command("doctor")
+def sandbox_doctor() -> None:
+    """Say which sandbox backends work on this machine, and why the others do not."""
+    from agentrl.sandbox.doctor import diagnose
+
+    ok_any = False
+    for report in diagnose():
+        mark = "ok" if report.ok else "no"
+        ok_any |= report.ok
+        typer.echo(f"[{mark}] {report.backend:7s} {report.detail}")
+    sys.exit(0 if ok_any else 1)
+
+
 @app.command("demo")
 def demo(
     out: str = typer.Option("runs/demo", help="Directory for the demo's outputs."),
