@@ -1,0 +1,720 @@
+"""The default sandbox backend: one Docker container per sandbox, through the docker SDK.
+
+What it covers:
+- no network (`network_mode="none"`) unless `Limits.network`;
+- memory (no swap), CPU and pids limits from `Limits`; the OOM killer and the pids cgroup act
+  inside the container, never on the host;
+- every capability dropped and `no-new-privileges`: setuid binaries, `su`, user namespaces
+  and file capabilities give nothing;
+- a read-only root file system; the agent (uid 1000) can write only its workspace and /tmp,
+  both size-capped tmpfs, plus /dev/shm (Docker's default, counted in the memory cap);
+- `/verifier` (`PROTECTED_DIR`) is a root-owned tmpfs: only `privileged=True` can write it;
+- per-exec timeouts that kill the command's whole process tree, daemonized children too;
+- stdout/stderr capped while they stream, so a 100 MB print never reaches host memory.
+
+What it does not cover: kernel exploits (containers share the host kernel; use gVisor or VMs
+for hostile code at scale), CPU time beyond the quota, and covert channels between sandboxes.
+
+Users: PID 1 (docker-init and a `sleep` keep-alive) runs as root without capabilities, so the
+agent can neither signal it nor take the container down by killing its own processes. Every
+`exec` runs as the agent (uid 1000) unless `privileged=True`, which means root inside the
+container, still with no capabilities: it can write `/verifier` because it owns it, nothing
+more (it cannot write the agent's workspace, whose tmpfs root is 0755 and owned by uid 1000).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import io
+import os
+import posixpath
+import select
+import socket
+import struct
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from agentrl.sandbox import reaper
+from agentrl.sandbox.base import (
+    AGENT_UID,
+    DEFAULT_IMAGE,
+    DEFAULT_WORKDIR,
+    PROTECTED_DIR,
+    Command,
+    ExecResult,
+    Limits,
+    SandboxDead,
+    SandboxError,
+)
+
+AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
+ROOT_USER = "0:0"
+# Every exec's processes inherit this variable (value: a fresh uuid per exec); on timeout the
+# killer finds the command's whole tree by it, including children that left its session.
+EXEC_MARKER = "AGENTRL_EXEC"
+# Set on the keep-alive process only, so that no killer ever picks it.
+KEEPALIVE_MARKER = "AGENTRL_KEEPALIVE"
+LABEL_CREATED_AT = reaper.LABEL_CREATED_AT
+
+_READ_CHUNK = 256 * 1024
+_STDIN_CHUNK = 64 * 1024
+# After a timeout kill, how long to wait for the output stream to close before giving up on it.
+_DRAIN_AFTER_KILL_S = 3.0
+# Bound on file transfers and the killer itself (they are ours, not the agent's commands).
+_INTERNAL_TIMEOUT_S = 60.0
+TRUNCATION_NOTE = "\n[agentrl: output truncated, {n} bytes dropped]"
+
+# Runs inside the container, as the user of the timed-out exec (only that user may signal its
+# processes: root here has no CAP_KILL). It stops, then kills, every process that carries the
+# exec's marker, every descendant of one, and every orphan (re-parented to PID 1) that started
+# during the exec: the last catches daemons that also scrubbed their environment (`env -i`).
+# It repeats until a scan finds nothing, so processes forked during a round die in the next.
+_KILLER = r"""
+import os, signal, sys, time
+marker = ("AGENTRL_EXEC=" + sys.argv[1]).encode()
+keep = b"AGENTRL_KEEPALIVE=1"
+hz = os.sysconf("SC_CLK_TCK")
+with open("/proc/uptime") as f:
+    since = (float(f.read().split()[0]) - float(sys.argv[2]) - 1.0) * hz
+me, uid = os.getpid(), os.getuid()
+
+def scan():
+    procs = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in (1, me):
+            continue
+        try:
+            if os.stat("/proc/" + d).st_uid != uid:
+                continue
+            with open("/proc/" + d + "/stat", "rb") as f:
+                st = f.read()
+            rest = st[st.rindex(b")") + 2:].split()
+            if rest[0] == b"Z":
+                continue
+            try:
+                with open("/proc/" + d + "/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                env = []
+            if keep in env:
+                continue
+            procs[int(d)] = (int(rest[1]), int(rest[19]), marker in env)
+        except (OSError, ValueError, IndexError):
+            pass
+    hit = {p for p, (pp, t, m) in procs.items() if m or (pp == 1 and t >= since)}
+    grew = True
+    while grew:
+        grew = False
+        for p, (pp, t, m) in procs.items():
+            if p not in hit and pp in hit:
+                hit.add(p)
+                grew = True
+    return hit
+
+for _ in range(200):
+    hit = scan()
+    if not hit:
+        break
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in hit:
+            try:
+                os.kill(p, sig)
+            except OSError:
+                pass
+    time.sleep(0.005)
+"""
+
+# Only shell built-ins: this must work even when a fork bomb holds every pid the cgroup allows.
+# As uid 1000, `kill -9 -1` reaches exactly the agent's processes (PID 1 and the keep-alive are
+# root's, and the caller itself is spared by the kernel).
+_KILL_ALL_AGENT = "for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; exit 0"
+
+
+# --- one Docker client per process -------------------------------------------------------
+
+_clients: dict[int, Any] = {}
+_client_lock = threading.Lock()
+
+
+def docker_client() -> Any:
+    """The process-wide docker SDK client (a forked child gets its own: sockets do not survive fork)."""
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is not None:
+        return client
+    with _client_lock:
+        if pid not in _clients:
+            import docker
+
+            try:
+                # Sized for many sandboxes exec'ing at once from rollout threads.
+                _clients[pid] = docker.from_env(max_pool_size=32)
+            except docker.errors.DockerException as exc:
+                raise SandboxError(
+                    f"cannot reach the Docker engine ({exc}). Start it (`make setup`, or `dockerd &` as "
+                    "root) or use the daemonless backend: open_sandbox('bwrap')."
+                ) from exc
+        return _clients[pid]
+
+
+# --- docker's multiplexed exec stream ------------------------------------------------------
+
+
+class _Demux:
+    """Splits docker's multiplexed stream (8-byte frame headers) into stdout and stderr,
+    keeping at most `cap` bytes of each and counting the rest, so memory stays bounded."""
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self.out = {1: bytearray(), 2: bytearray()}
+        self.dropped = {1: 0, 2: 0}
+        self._header = bytearray()
+        self._left = 0  # bytes still to come in the current frame
+        self._kind = 1
+
+    def feed(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        i, n = 0, len(view)
+        while i < n:
+            if self._left == 0:
+                take = min(8 - len(self._header), n - i)
+                self._header += view[i : i + take]
+                i += take
+                if len(self._header) < 8:
+                    return
+                kind, self._left = struct.unpack(">BxxxL", self._header)
+                self._header.clear()
+                self._kind = 2 if kind == 2 else 1
+                continue
+            take = min(self._left, n - i)
+            self._store(view[i : i + take])
+            i += take
+            self._left -= take
+
+    def _store(self, chunk: memoryview) -> None:
+        buf = self.out[self._kind]
+        room = len(chunk) if self.cap is None else max(self.cap - len(buf), 0)
+        if room >= len(chunk):
+            buf += chunk
+        else:
+            buf += chunk[:room]
+            self.dropped[self._kind] += len(chunk) - room
+
+
+@dataclass(frozen=True)
+class _Raw:
+    """An exec's outcome in bytes, before `ExecResult` decodes it."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    dropped_stdout: int
+    dropped_stderr: int
+    timed_out: bool
+    duration_s: float
+
+
+def _chunks(stdin: bytes | IO[bytes] | None) -> Iterator[bytes] | None:
+    if stdin is None:
+        return None
+    if isinstance(stdin, bytes | bytearray):
+        view = memoryview(stdin)
+        return (bytes(view[i : i + _STDIN_CHUNK]) for i in range(0, len(view), _STDIN_CHUNK))
+    return iter(lambda: stdin.read(_STDIN_CHUNK), b"")
+
+
+def _buffered_prefix(sio: Any) -> bytes:
+    """Bytes http.client already pulled off the socket while reading the 101 response headers.
+
+    The SDK hands back the raw socket, which skips its buffered reader; a fast command's first
+    output can sit in that buffer. The socket must already be non-blocking here.
+    """
+    try:
+        fp = sio._response.raw._fp.fp
+        peeked = fp.peek()
+        return fp.read1(len(peeked)) if peeked else b""
+    except (AttributeError, BlockingIOError, ValueError, OSError, TypeError):
+        return b""
+
+
+# --- the sandbox ---------------------------------------------------------------------------
+
+
+class DockerSandbox:
+    """One container, started in the constructor; use it as a context manager or call `close()`."""
+
+    backend = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        limits: Limits | None = None,
+        workdir: str = DEFAULT_WORKDIR,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        import docker.errors
+
+        self.limits = limits or Limits()
+        self.image = image
+        workdir = posixpath.normpath(workdir)
+        if not workdir.startswith("/") or workdir == "/":
+            raise ValueError(f"workdir must be an absolute directory other than '/', got {workdir!r}")
+        if workdir == PROTECTED_DIR or workdir.startswith(PROTECTED_DIR + "/"):
+            raise ValueError(
+                f"workdir {workdir!r} would be inside {PROTECTED_DIR}, which the agent must not own"
+            )
+        self.workdir = workdir
+        self._closed = False
+        client = docker_client()
+        self._api = client.api
+        # First sandbox of this process: exit handlers for our containers, reap of dead runs.
+        reaper.install_exit_handlers()
+
+        owner = reaper.owner_labels()
+        # The caller's labels are kept as given, and may name the run (agentrl.run_id); the
+        # ownership labels the reaper trusts (pid, host, start time, boot) cannot be overridden.
+        self.labels: dict[str, str] = {
+            reaper.LABEL_RUN_ID: owner[reaper.LABEL_RUN_ID],
+            LABEL_CREATED_AT: datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+            **dict(labels or {}),
+            **{k: v for k, v in owner.items() if k != reaper.LABEL_RUN_ID},
+        }
+        size = f"size={self.limits.disk_mb}m"
+        # tmpfs mounts default to noexec; the agent runs its own scripts, so `exec` is explicit.
+        # nosuid and nodev stay (Docker's defaults).
+        tmpfs = {
+            "/tmp": f"{size},mode=1777,exec",
+            PROTECTED_DIR: f"{size},mode=0755,exec",
+            workdir: f"{size},uid={AGENT_UID},gid={AGENT_UID},mode=0755,exec",
+        }
+        self.name = f"agentrl-{uuid.uuid4().hex[:12]}"
+        memory = f"{self.limits.memory_mb}m"
+        try:
+            container = client.containers.create(
+                image,
+                command=["env", f"{KEEPALIVE_MARKER}=1", "sleep", "infinity"],
+                name=self.name,
+                # docker-init as PID 1 reaps the zombies of daemonized agent processes.
+                init=True,
+                user=ROOT_USER,
+                working_dir=workdir,
+                environment=dict(env or {}),
+                labels=self.labels,
+                network_mode="bridge" if self.limits.network else "none",
+                mem_limit=memory,
+                memswap_limit=memory,  # equal to mem_limit: no swap
+                nano_cpus=int(self.limits.cpus * 1e9),
+                pids_limit=self.limits.pids,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                read_only=True,
+                tmpfs=tmpfs,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxError(
+                f"image {image!r} is not on this Docker engine; build it with `agentrl sandbox build` "
+                "(images are built offline and never pulled)"
+            ) from exc
+        except docker.errors.APIError as exc:
+            raise SandboxError(
+                f"could not create a container from {image!r}: {exc.explanation or exc}"
+            ) from exc
+        self._cid: str = container.id
+        self.id: str = container.id[:12]
+        reaper.register(self._cid)
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            self.close()
+            raise SandboxError(f"container from {image!r} would not start: {exc.explanation or exc}") from exc
+
+    # --- commands --------------------------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        privileged: bool = False,
+    ) -> ExecResult:
+        if isinstance(cmd, str):
+            argv = ["/bin/sh", "-c", cmd]
+        else:
+            argv = [str(a) for a in cmd]
+            if not argv:
+                raise ValueError("cmd is an empty argv list; pass at least the program to run")
+        timeout = self.limits.exec_timeout_s if timeout is None else timeout
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        raw = self._run(
+            argv,
+            user=ROOT_USER if privileged else AGENT_USER,
+            env=env,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            timeout=timeout,
+            cap=self.limits.output_limit_bytes,
+        )
+        stdout = raw.stdout.decode("utf-8", errors="replace")
+        stderr = raw.stderr.decode("utf-8", errors="replace")
+        if raw.dropped_stdout:
+            stdout += TRUNCATION_NOTE.format(n=raw.dropped_stdout)
+        if raw.dropped_stderr:
+            stderr += TRUNCATION_NOTE.format(n=raw.dropped_stderr)
+        return ExecResult(
+            exit_code=raw.exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=raw.timed_out,
+            duration_s=raw.duration_s,
+            truncated=bool(raw.dropped_stdout or raw.dropped_stderr),
+        )
+
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        user: str,
+        env: Mapping[str, str] | None,
+        stdin: bytes | IO[bytes] | None,
+        timeout: float,
+        cap: int | None,
+        kill_on_timeout: bool = True,
+    ) -> _Raw:
+        """One docker exec: create, start (hijacked socket), inspect, the same three API calls
+        as `Container.exec_run`. The deadline is kept by `poll` on that socket, so the fast
+        path has no watcher thread and no extra round trip; only a timeout costs more."""
+        if self._closed:
+            raise SandboxDead(f"docker sandbox {self.id} was closed; open a new one")
+        marker = uuid.uuid4().hex
+        environment = [f"{k}={v}" for k, v in (env or {}).items()]
+        environment.append(f"{EXEC_MARKER}={marker}")
+        start = time.monotonic()
+        with self._docker_errors():
+            exec_id = self._api.exec_create(
+                self._cid,
+                argv,
+                stdin=stdin is not None,
+                user=user,
+                workdir=self.workdir,
+                environment=environment,
+            )["Id"]
+            sio = self._api.exec_start(exec_id, socket=True)
+        demux = _Demux(cap)
+        timed_out = False
+        try:
+            sock: socket.socket = sio._sock
+            sock.setblocking(False)
+            demux.feed(_buffered_prefix(sio))
+            eof = self._pump(sock, demux, _chunks(stdin), start + timeout)
+            if not eof:
+                timed_out = True
+                if kill_on_timeout:
+                    self._kill_tree(marker, user, time.monotonic() - start)
+                    self._pump(sock, demux, None, time.monotonic() + _DRAIN_AFTER_KILL_S)
+        finally:
+            self._close_stream(sio)
+        exit_code = -9 if timed_out else self._exit_code(exec_id)
+        return _Raw(
+            exit_code=exit_code,
+            stdout=bytes(demux.out[1]),
+            stderr=bytes(demux.out[2]),
+            dropped_stdout=demux.dropped[1],
+            dropped_stderr=demux.dropped[2],
+            timed_out=timed_out,
+            duration_s=time.monotonic() - start,
+        )
+
+    @staticmethod
+    def _close_stream(sio: Any) -> None:
+        # The response wraps the same socket through a buffered reader: close it first (it
+        # may fail on the hijacked stream), then our handle, then the socket itself, or the
+        # file descriptor leaks.
+        response = getattr(sio, "_response", None)
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.close()
+        with contextlib.suppress(Exception):
+            sio.close()
+        with contextlib.suppress(Exception):
+            sio._sock.close()
+
+    @staticmethod
+    def _pump(sock: socket.socket, demux: _Demux, stdin: Iterator[bytes] | None, deadline: float) -> bool:
+        """Feed stdin and read output until the stream ends (True) or the deadline passes (False).
+
+        Writing and reading are interleaved: a command that prints while it reads a large
+        stdin would otherwise deadlock against us.
+        """
+        poller = select.poll()
+        pending = memoryview(b"")
+        writing = stdin is not None
+        while True:
+            if writing and not pending:
+                pending = memoryview(next(stdin, b""))  # type: ignore[arg-type]
+                if not pending:
+                    writing = False
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_WR)  # the command sees EOF on stdin
+            poller.register(sock, select.POLLIN | (select.POLLOUT if writing else 0))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            events = poller.poll(left * 1000)
+            if not events:
+                continue
+            mask = events[0][1]
+            if writing and mask & select.POLLOUT:
+                try:
+                    pending = pending[sock.send(pending) :]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    # The command exited or closed stdin without reading it all: not our error.
+                    writing, pending = False, memoryview(b"")
+            if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                try:
+                    data = sock.recv(_READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return True  # connection reset: the exec (or the container) is gone
+                if not data:
+                    return True
+                demux.feed(data)
+
+    def _exit_code(self, exec_id: str) -> int:
+        with self._docker_errors():
+            # The stream can close a moment before the daemon records the exit code.
+            for attempt in range(200):
+                info = self._api.exec_inspect(exec_id)
+                if not info["Running"] and info["ExitCode"] is not None:
+                    return int(info["ExitCode"])
+                time.sleep(0.001 * min(attempt + 1, 20))
+        if not self.alive():
+            raise SandboxDead(f"docker sandbox {self.id} died while running a command")
+        raise SandboxError(f"docker never reported an exit code for exec {exec_id[:12]} in sandbox {self.id}")
+
+    def _kill_tree(self, marker: str, user: str, elapsed_s: float) -> None:
+        """Kill what a timed-out exec started (see `_KILLER`), as the exec's own user."""
+        raw = self._run(
+            ["python3", "-c", _KILLER, marker, f"{elapsed_s:.3f}"],
+            user=user,
+            env=None,
+            stdin=None,
+            timeout=_INTERNAL_TIMEOUT_S,
+            cap=4096,
+            kill_on_timeout=False,
+        )
+        if raw.exit_code != 0 and user == AGENT_USER:
+            # No python3 in this image (or it could not start): take down every agent process
+            # rather than leave the timed-out one running.
+            self._run(
+                ["/bin/sh", "-c", _KILL_ALL_AGENT],
+                user=AGENT_USER,
+                env=None,
+                stdin=None,
+                timeout=_INTERNAL_TIMEOUT_S,
+                cap=4096,
+                kill_on_timeout=False,
+            )
+
+    def kill_agent_processes(self) -> None:
+        self._run(
+            ["/bin/sh", "-c", _KILL_ALL_AGENT],
+            user=AGENT_USER,
+            env=None,
+            stdin=None,
+            timeout=_INTERNAL_TIMEOUT_S,
+            cap=4096,
+            kill_on_timeout=False,
+        )
+
+    # --- files -----------------------------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, str(path)))
+
+    def write_file(
+        self, path: str, data: str | bytes, *, mode: int = 0o644, privileged: bool = False
+    ) -> None:
+        target = self._path(path)
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        uid = 0 if privileged else AGENT_UID
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            info = tarfile.TarInfo(target.lstrip("/"))
+            info.size, info.mode, info.mtime = len(payload), mode, int(time.time())
+            info.uid = info.gid = uid
+            tar.addfile(info, io.BytesIO(payload))
+        self._untar(buf.getvalue(), target, privileged)
+
+    def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
+        host_path = Path(host_path)
+        if not host_path.exists():
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory on the host", str(host_path))
+        target = self._path(path)
+        uid = 0 if privileged else AGENT_UID
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = uid
+            info.uname = info.gname = ""
+            return info
+
+        # Spooled: small trees stay in memory, a large dataset goes through a temporary file.
+        with tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024) as spool:
+            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(host_path, arcname=target.lstrip("/"), recursive=True, filter=owned)
+            spool.seek(0)
+            self._untar(spool, target, privileged)  # type: ignore[arg-type]
+
+    def _untar(self, archive: bytes | IO[bytes], target: str, privileged: bool) -> None:
+        """Extract a tar streamed into `tar -x` inside the container.
+
+        `put_archive` (docker cp) writes to the container's root layer and cannot reach tmpfs
+        mounts such as the workspace, so the archive goes through an exec's stdin instead.
+        """
+        raw = self._run(
+            # -p keeps the modes we set; -m skips mtimes (utime fails on dirs we do not own);
+            # --no-overwrite-dir leaves existing directories such as the workspace as they are.
+            ["tar", "-x", "-p", "-m", "--no-same-owner", "--no-overwrite-dir", "-C", "/", "-f", "-"],
+            user=ROOT_USER if privileged else AGENT_USER,
+            env=None,
+            stdin=archive,
+            timeout=max(self.limits.exec_timeout_s, _INTERNAL_TIMEOUT_S),
+            cap=self.limits.output_limit_bytes,
+        )
+        if raw.timed_out:
+            raise SandboxError(f"copying into {target} in sandbox {self.id} timed out")
+        if raw.exit_code != 0:
+            self._raise_fs_error(raw.stderr.decode(errors="replace").strip(), target, privileged)
+
+    def _raise_fs_error(self, message: str, target: str, privileged: bool) -> NoReturn:
+        if "No space left" in message or "Disk quota" in message:
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left writing {target} (the workspace and /tmp are capped at "
+                f"{self.limits.disk_mb} MiB each: raise Limits.disk_mb): {message}",
+            )
+        if any(
+            s in message for s in ("Permission denied", "Read-only file system", "Operation not permitted")
+        ):
+            who = "root (privileged)" if privileged else "the agent"
+            raise PermissionError(
+                errno.EACCES,
+                f"{who} cannot write {target}: {message}. The agent writes {self.workdir} and /tmp; "
+                f"privileged=True writes {PROTECTED_DIR}; the rest of the file system is read-only",
+            )
+        raise SandboxError(f"could not write {target} in sandbox {self.id}: {message}")
+
+    def read_file(self, path: str) -> bytes:
+        target = self._path(path)
+        message = ""
+        # As the agent first (it owns the workspace), then as root for root-owned files such
+        # as the verifier's.
+        for user in (AGENT_USER, ROOT_USER):
+            raw = self._run(
+                ["cat", "--", target],
+                user=user,
+                env=None,
+                stdin=None,
+                timeout=max(self.limits.exec_timeout_s, _INTERNAL_TIMEOUT_S),
+                cap=None,
+            )
+            if raw.exit_code == 0 and not raw.timed_out:
+                return raw.stdout
+            message = raw.stderr.decode(errors="replace").strip()
+            if "Permission denied" not in message:
+                break
+        if "No such file" in message or "Not a directory" in message:
+            raise FileNotFoundError(errno.ENOENT, f"no such file in sandbox {self.id}", target)
+        if "Is a directory" in message:
+            raise IsADirectoryError(errno.EISDIR, f"is a directory in sandbox {self.id}", target)
+        if "Permission denied" in message:
+            raise PermissionError(errno.EACCES, f"unreadable in sandbox {self.id}", target)
+        raise SandboxError(f"could not read {target} in sandbox {self.id}: {message or 'timed out'}")
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    def _docker_errors(self) -> _DockerErrors:
+        return _DockerErrors(self)
+
+    def _dead(self, why: str) -> NoReturn:
+        raise SandboxDead(f"docker sandbox {self.id} ({self.name}) is gone: {why}; open a new sandbox")
+
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        try:
+            return bool(self._api.inspect_container(self._cid)["State"]["Running"])
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        reaper.unregister(self._cid)
+        import docker.errors
+        import requests
+
+        try:
+            self._api.remove_container(self._cid, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if not (exc.status_code == 409 and "already in progress" in str(exc)):
+                raise SandboxError(
+                    f"could not remove container {self.name}: {exc.explanation or exc}"
+                ) from exc
+        except requests.exceptions.ConnectionError:
+            pass  # the engine is gone; the next start-up reap removes the container
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"DockerSandbox({self.name}, image={self.image!r}, {state})"
+
+
+class _DockerErrors:
+    """Turns docker SDK and connection errors into `SandboxDead` / `SandboxError`, so none
+    escapes `exec` raw."""
+
+    def __init__(self, sandbox: DockerSandbox) -> None:
+        self.sandbox = sandbox
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None:
+            return False
+        import docker.errors
+        import requests
+
+        if isinstance(exc, docker.errors.NotFound):
+            self.sandbox._dead("its container no longer exists")
+        if isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
+            self.sandbox._dead(f"its container is not running ({exc.explanation})")
+        if isinstance(exc, requests.exceptions.ConnectionError):
+            self.sandbox._dead(f"the Docker engine does not answer ({exc})")
+        if isinstance(exc, docker.errors.DockerException):
+            raise SandboxError(f"docker sandbox {self.sandbox.id}: {exc}") from exc
+        return False
