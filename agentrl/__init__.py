@@ -12,7 +12,27 @@ from typing import Any
 __version__ = "0.1.0"
 
 # public name -> module that defines it
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "register": "agentrl.registry",
+    "make": "agentrl.registry",
+    "spec": "agentrl.registry",
+    "EnvSpec": "agentrl.registry",
+    "registry": "agentrl.registry",
+    "ToolEnv": "agentrl.env",
+    "EnvError": "agentrl.env",
+    "Task": "agentrl.task",
+    "load_tasks": "agentrl.task",
+    "save_tasks": "agentrl.task",
+    "tool": "agentrl.tools",
+    "Tool": "agentrl.tools",
+    "ToolContext": "agentrl.tools",
+    "ToolError": "agentrl.tools",
+    "check_env": "agentrl.checker",
+    "Episode": "agentrl.episode",
+    "run_episode": "agentrl.agents",
+    "open_sandbox": "agentrl.sandbox",
+    "Limits": "agentrl.sandbox",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,69 @@ sandbox_app = typer.Typer(
     help="Sandbox backends: build images, diagnose, reap leaked containers.", no_args_is_help=True
 )
 app.add_typer(sandbox_app, name="sandbox")
+envs_app = typer.Typer(help="Registered environments.", no_args_is_help=True)
+app.add_typer(envs_app, name="envs")
+env_app = typer.Typer(help="One environment: show its spec, check its contract.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+
+@envs_app.command("list")
+def envs_list() -> None:
+    """List every registered environment id (built-ins and `agentrl.envs` entry-point plugins)."""
+    from agentrl.registry import all_specs
+
+    for s in all_specs():
+        typer.echo(f"{s.id:32s} {s.description}")
+
+
+@env_app.command("show")
+def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0.")) -> None:
+    """Print an environment's spec, tools, and one sample task."""
+    import json
+
+    from agentrl.registry import make, spec
+
+    s = spec(env_id)
+    typer.echo(f"id:          {s.id}")
+    typer.echo(f"entry point: {s.entry_point}")
+    typer.echo(f"max turns:   {s.max_turns}")
+    typer.echo(f"description: {s.description}")
+    env = make(env_id, backend="local", use_pool=False)
+    typer.echo(f"verifier:    {env.verifier.name}")
+    typer.echo("tools:")
+    for schema in env.toolbox.schemas:
+        typer.echo("  " + json.dumps(schema["function"]))
+    task = env._pick_task({"index": 0})
+    typer.echo(f"sample task ({task.id}):\n  " + task.prompt.replace("\n", "\n  "))
+    env.close()
+
+
+@env_app.command("check")
+def env_check(
+    env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
+    backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
+    tasks: int = typer.Option(5, help="How many tasks the oracle must solve."),
+) -> None:
+    """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
+    from agentrl.agents import run_episode
+    from agentrl.checker import check_env
+    from agentrl.registry import make
+
+    env = make(env_id, backend=backend)
+    try:
+        check_env(env)
+        typer.echo(f"[ok] {env_id}: check_env passed")
+        solved = 0
+        for i in range(tasks):
+            task = env._pick_task({"index": i})
+            result = run_episode(env, env.oracle(task), options={"task": task})
+            solved += result.reward >= 1.0
+            if result.reward < 1.0:
+                typer.echo(f"[!!] oracle failed {task.id}: {result.info.get('verdict')}")
+        typer.echo(f"[{'ok' if solved == tasks else '!!'}] oracle solved {solved}/{tasks} tasks")
+    finally:
+        env.close()
+    sys.exit(0 if solved == tasks else 1)
 
 
 @sandbox_app.command("build")

@@ -1,1 +1,31 @@
-"""Built-in environments and their procedural task generators (registered under the `agentrl/` namespace)."""
+"""Built-in environments and their procedural task generators (registered under the `agentrl/` namespace).
+
+| id | what | tools | verifier |
+|---|---|---|---|
+| `agentrl/calc-v0` | arithmetic and word problems | python, submit | numeric, gated on using python |
+| `agentrl/sqlite-v0` | query or change a SQLite database | bash, python, submit | answer or database state |
+| `agentrl/guess-number-v0` | find a secret number from higher/lower feedback | guess | exact match |
+"""
+
+
+def register_builtins() -> None:
+    from agentrl.registry import register
+
+    register(
+        "agentrl/calc-v0",
+        "agentrl.envs.calc:CalcEnv",
+        max_turns=4,
+        description="Arithmetic and word problems; compute with python, then submit the number.",
+    )
+    register(
+        "agentrl/sqlite-v0",
+        "agentrl.envs.sqlite:SqliteEnv",
+        max_turns=8,
+        description="A shop database in SQLite: answer questions by querying it, or change it (checked by state).",
+    )
+    register(
+        "agentrl/guess-number-v0",
+        "agentrl.envs.guess_number:GuessNumberEnv",
+        max_turns=12,
+        description="Stateful multi-turn game: find the secret number with higher/lower feedback.",
+    )

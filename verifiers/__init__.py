@@ -1,1 +1,38 @@
-"""Verifier plugins: score an episode from the sandbox's final state (`verify(sandbox, task, episode) -> Verdict`)."""
+"""Verifier plugins: score an episode from the sandbox's final state (`verify(sandbox, task, episode) -> Verdict`).
+
+Built-ins: `exact-match`, `numeric`, `regex`, `tool-used`, `state`, `composite`, `auto`. Third-party
+plugins register a factory under the `agentrl.verifiers` entry-point group:
+
+    [project.entry-points."agentrl.verifiers"]
+    my-verifier = "my_pkg.verifier:MyVerifier"
+"""
+
+from agentrl.verifiers.answer import ExactMatchVerifier, NumericVerifier, RegexVerifier, ToolUsedVerifier
+from agentrl.verifiers.base import ENTRY_POINT_GROUP, Verdict, Verifier, get, names, register, run_verifier
+from agentrl.verifiers.composite import CompositeVerifier
+from agentrl.verifiers.state import AutoVerifier, StateVerifier
+
+register("exact-match", ExactMatchVerifier)
+register("numeric", NumericVerifier)
+register("regex", RegexVerifier)
+register("tool-used", ToolUsedVerifier)
+register("state", StateVerifier)
+register("composite", CompositeVerifier)
+register("auto", AutoVerifier)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AutoVerifier",
+    "CompositeVerifier",
+    "ExactMatchVerifier",
+    "NumericVerifier",
+    "RegexVerifier",
+    "StateVerifier",
+    "ToolUsedVerifier",
+    "Verdict",
+    "Verifier",
+    "get",
+    "names",
+    "register",
+    "run_verifier",
+]

@@ -1,0 +1,92 @@
+"""Scripted agents and the plain episode loop: oracles, empty and random agents for tests and demonstrations.
+
+An agent maps the newest observation (a list of messages) to the next assistant message.
+Environments provide an oracle (`env.oracle(task)`) that solves their tasks; it is how the
+verifier is validated, how SFT demonstrations are made, and what the tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentrl.episode import Episode
+
+
+class Agent(Protocol):
+    def act(self, observation: list[dict[str, Any]]) -> str: ...
+
+
+def tool_call(name: str, **arguments: Any) -> str:
+    """One Hermes-format tool call, as a model trained on our chat template writes it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def last_tool_output(observation: list[dict[str, Any]]) -> str:
+    for m in reversed(observation):
+        if m["role"] == "tool":
+            return m["content"]
+    return ""
+
+
+@dataclass
+class EpisodeResult:
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    episode: Episode
+
+
+def run_episode(
+    env: Any, agent: Agent, *, seed: int | None = None, options: dict | None = None
+) -> EpisodeResult:
+    """Reset, then let `agent` act until the episode ends (the env's turn limit bounds it)."""
+    obs, info = env.reset(seed=seed, options=options)
+    while True:
+        obs, reward, terminated, truncated, info = env.step(agent.act(obs))
+        if terminated or truncated:
+            return EpisodeResult(reward, terminated, truncated, info, env.episode)
+
+
+class EmptyAgent:
+    """Says nothing, every turn."""
+
+    def act(self, observation: list[dict[str, Any]]) -> str:
+        return ""
+
+
+class RandomAgent:
+    """Random text and random tool calls with random arguments: a floor every environment must score 0."""
+
+    def __init__(self, tool_names: list[str], seed: int = 0):
+        self.tool_names = tool_names
+        self.rng = random.Random(seed)
+
+    def _value(self) -> Any:
+        r = self.rng.random()
+        if r < 0.4:
+            return "".join(self.rng.choice("abcxyz019 ;|&$(){}'\"") for _ in range(self.rng.randint(0, 20)))
+        if r < 0.7:
+            return self.rng.randint(-(10**6), 10**6)
+        return self.rng.choice([None, [], {}, 3.5, True])
+
+    def act(self, observation: list[dict[str, Any]]) -> str:
+        r = self.rng.random()
+        if r < 0.3:
+            return "".join(chr(self.rng.randint(32, 0x24F)) for _ in range(self.rng.randint(0, 80)))
+        name = self.rng.choice([*self.tool_names, "nonexistent"])
+        args = {
+            self.rng.choice(["answer", "code", "command", "path", "x"]): self._value()
+            for _ in range(self.rng.randint(0, 2))
+        }
+        text = tool_call(name, **args)
+        return text if r < 0.8 else text[: self.rng.randint(0, len(text))]
+
+
+def first_number(text: str) -> str:
+    m = re.search(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text)
+    return m.group(0) if m else text.strip()

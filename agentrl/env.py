@@ -1,0 +1,358 @@
+"""`ToolEnv`: a Gymnasium environment where the agent acts by calling tools in a sandbox.
+
+The contract is Gymnasium's, exactly:
+
+    obs, info = env.reset(seed=0)                # obs: [system message, user message]
+    obs, reward, terminated, truncated, info = env.step(assistant_text)
+
+- An observation is the list of *new* messages since the last step (tool results).
+- `terminated` when the agent submits; `truncated` at the turn limit or when the sandbox
+  dies (`info["finish_reason"]` says which). The verifier runs when the episode ends, and
+  its reward comes back from that `step` (0 before).
+- Malformed calls, unknown tools, bad arguments, crashed or hung tools become error
+  observations the model can read; `step` does not raise for anything the model writes.
+- `close()` is idempotent; `reset()` after `close()` works; `with env:` closes.
+
+Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and an oracle.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import gymnasium
+
+from agentrl.episode import Episode
+from agentrl.parsers import ParsedAction, get_parser
+from agentrl.sandbox.base import DEFAULT_WORKDIR, Limits, Sandbox, SandboxDead, SandboxError, open_sandbox
+from agentrl.spaces import Messages, UnicodeText
+from agentrl.task import Split, Task, TaskGenerator
+from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, run_tool
+from agentrl.verifiers import Verdict, Verifier, get, run_verifier
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+
+class EnvError(RuntimeError):
+    """The environment could not start an episode (sandbox would not start, task set-up failed)."""
+
+
+def tools_system_block(schemas: list[dict], format_hint: str) -> str:
+    """The Hermes/Qwen tool preamble: schemas inside <tools></tools>, one JSON object per line."""
+    lines = "\n".join(json.dumps(s, separators=(", ", ": ")) for s in schemas)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "For each function call, return a JSON object with the function name and arguments like this:\n"
+        f"{format_hint}"
+    )
+
+
+class ToolEnv(gymnasium.Env[list, str]):
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+
+    #: Instructions at the top of the system prompt; subclasses override.
+    instructions = (
+        "You are a helpful agent. Use the tools to solve the task, then call `submit` with your answer."
+    )
+
+    def __init__(
+        self,
+        *,
+        tasks: TaskGenerator | Sequence[Task],
+        tools: Sequence[Tool | str],
+        verifier: Verifier | str | tuple[str, dict] = "exact-match",
+        max_turns: int = 10,
+        split: Split = "train",
+        backend: str = "docker",
+        limits: Limits | dict | None = None,
+        use_pool: bool = True,
+        parser: str = "hermes",
+        tools_in_prompt: bool = True,
+        exec_timeout_s: float = 30.0,
+        verifier_timeout_s: float = 300.0,
+        max_action_chars: int = 65536,
+        env_id: str | None = None,
+        render_mode: str | None = None,
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
+        self.task_source = tasks
+        self.toolbox = ToolBox.of(list(tools))
+        if isinstance(verifier, str):
+            verifier = get(verifier)
+        elif isinstance(verifier, tuple):
+            verifier = get(verifier[0], **verifier[1])
+        self.verifier: Verifier = verifier
+        self.max_turns = max_turns
+        self.split: Split = split
+        self.backend = backend
+        self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
+        self.use_pool = use_pool
+        self.parser = get_parser(parser)
+        self.tools_in_prompt = tools_in_prompt
+        self.exec_timeout_s = exec_timeout_s
+        self.verifier_timeout_s = verifier_timeout_s
+        self.max_action_chars = max_action_chars
+        self.env_id = env_id or type(self).__name__
+        self.render_mode = render_mode
+        self.observation_space = Messages()
+        self.action_space = UnicodeText(max_length=max_action_chars)
+        self.sandbox: Sandbox | None = None
+        self.task: Task | None = None
+        self.episode: Episode | None = None
+        self._ctx: ToolContext | None = None
+
+    # --- hooks for subclasses ---------------------------------------------------------
+    @property
+    def needs_sandbox(self) -> bool:
+        return self.toolbox.needs_sandbox or getattr(self.verifier, "needs_sandbox", False)
+
+    def initial_state(self, task: Task) -> Any:
+        """Per-episode state handed to tools as `ctx.state` (a game's secret, ...)."""
+        return None
+
+    def system_prompt(self) -> str:
+        if not self.tools_in_prompt:
+            return self.instructions
+        return f"{self.instructions}\n\n{tools_system_block(self.toolbox.schemas, self.parser.format_hint)}"
+
+    # --- task selection -----------------------------------------------------------------
+    def _pick_task(self, options: dict | None) -> Task:
+        options = options or {}
+        if "task" in options:
+            task = options["task"]
+            return task if isinstance(task, Task) else Task.model_validate(task)
+        src = self.task_source
+        if isinstance(src, Sequence):
+            if not src:
+                raise ValueError("this environment's task list is empty")
+            index = options.get("index", int(self.np_random.integers(len(src))))
+            return src[index % len(src)]
+        index = options.get("index", int(self.np_random.integers(2**31 - 1)))
+        return src.generate(int(index), options.get("split", self.split))
+
+    # --- sandbox ---------------------------------------------------------------------------
+    def _release_sandbox(self) -> None:
+        sb, self.sandbox = self.sandbox, None
+        if sb is not None:
+            try:
+                sb.close()
+            except Exception as exc:  # a sandbox that will not close must not stop the next episode
+                log.warning("closing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
+
+    def _acquire_sandbox(self, task: Task) -> Sandbox:
+        labels = {"agentrl.env_id": self.env_id}
+        kwargs = dict(image=task.image, limits=self.limits, workdir=DEFAULT_WORKDIR, env={}, labels=labels)
+        if self.use_pool:
+            from agentrl.sandbox.pool import get_default_pool
+
+            return get_default_pool().acquire(backend=self.backend, **kwargs)
+        return open_sandbox(self.backend, **kwargs)
+
+    def _prepare_sandbox(self, task: Task) -> Sandbox:
+        sb = self._acquire_sandbox(task)
+        try:
+            for path, content in task.files.items():
+                sb.write_file(path, content)
+            for cmd in task.setup:
+                res = sb.exec(["/bin/sh", "-c", cmd], timeout=max(self.exec_timeout_s, 60.0))
+                if not res.ok:
+                    raise EnvError(
+                        f"task {task.id}: set-up command {cmd!r} failed "
+                        f"(exit {res.exit_code}, timed_out={res.timed_out}): {res.stderr.strip()[-500:]}"
+                    )
+        except BaseException:
+            sb.close()
+            raise
+        return sb
+
+    # --- Gymnasium API ---------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[Message], dict]:
+        super().reset(seed=seed)
+        self._release_sandbox()
+        task = self._pick_task(options)
+        if self.needs_sandbox:
+            try:
+                self.sandbox = self._prepare_sandbox(task)
+            except (SandboxError, EnvError):
+                raise
+            except Exception as exc:
+                raise EnvError(f"could not start a {self.backend} sandbox for task {task.id}: {exc}") from exc
+        self.task = task
+        self.episode = Episode(task_id=task.id)
+        self._ctx = ToolContext(
+            sandbox=self.sandbox,
+            task=task,
+            exec_timeout_s=self.exec_timeout_s,
+            state=self.initial_state(task),
+        )
+        obs = [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": task.prompt}]
+        self.episode.messages.extend(obs)
+        info = {
+            "task_id": task.id,
+            "split": task.split,
+            "tools": self.toolbox.schemas,
+            "sandbox_id": getattr(self.sandbox, "id", None),
+            **self.episode.stats(),
+        }
+        return obs, info
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
+        if self.episode is None or self._ctx is None or self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if self.episode.done:
+            raise RuntimeError(
+                f"the episode is over ({self.episode.finish_reason}); call reset() to start a new one"
+            )
+        ep = self.episode
+        ep.turns += 1
+        if not isinstance(action, str):
+            action = "" if action is None else str(action)
+        ep.messages.append({"role": "assistant", "content": action})
+        step_calls = step_errors = step_timeouts = 0
+        obs: list[Message] = []
+
+        if len(action) > self.max_action_chars:
+            ep.format_errors += 1
+            step_errors += 1
+            obs.append(
+                self._error_message(
+                    f"Error: your message is {len(action)} characters long; the limit is {self.max_action_chars}. "
+                    "Nothing was run. Send a shorter message with one tool call."
+                )
+            )
+            parsed = ParsedAction()
+        else:
+            parsed = self.parser.parse(action)
+
+        for err in parsed.errors:
+            ep.format_errors += 1
+            step_errors += 1
+            obs.append(
+                self._error_message(
+                    f"Error: {err.message}. Got: {err.raw}\nWrite tool calls exactly like this:\n{self.parser.format_hint}",
+                    role="tool",
+                )
+            )
+        if not parsed.calls and not parsed.errors and len(action) <= self.max_action_chars:
+            ep.format_errors += 1
+            step_errors += 1
+            obs.append(
+                self._error_message(
+                    "Error: no tool call found in your message. Call a tool (or `submit` your answer) like this:\n"
+                    f"{self.parser.format_hint}"
+                )
+            )
+
+        for i, call in enumerate(parsed.calls):
+            step_calls += 1
+            ep.tool_calls += 1
+            tool = self.toolbox.tools.get(call.name)
+            if tool is None:
+                close = difflib.get_close_matches(call.name, list(self.toolbox.tools), n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                outcome = ToolOutcome(
+                    f"Error: unknown tool '{call.name}'.{hint} "
+                    f"Available tools: {', '.join(self.toolbox.tools)}.",
+                    is_error=True,
+                )
+            else:
+                ep.tools_used[tool.name] = ep.tools_used.get(tool.name, 0) + 1
+                try:
+                    outcome = run_tool(tool, self._ctx, call.arguments)
+                except SandboxDead as exc:
+                    ep.error = f"sandbox died during {call.name}: {exc}"
+                    ep.finish_reason = "env_error"
+                    obs.append(
+                        {
+                            "role": "tool",
+                            "name": call.name,
+                            "tool_call_id": call.id,
+                            "content": "Error: the sandbox died; the episode ends.",
+                        }
+                    )
+                    break
+            step_errors += outcome.is_error
+            step_timeouts += outcome.timed_out
+            ep.tool_errors += outcome.is_error
+            ep.tool_timeouts += outcome.timed_out
+            obs.append(
+                {"role": "tool", "name": call.name, "tool_call_id": call.id, "content": outcome.content}
+            )
+            if outcome.terminal:
+                ep.submission = outcome.submission
+                ep.finish_reason = "submitted"
+                skipped = len(parsed.calls) - i - 1
+                if skipped:
+                    obs[-1]["content"] += f" ({skipped} later tool call(s) in the same message were not run.)"
+                break
+
+        if not ep.done and ep.turns >= self.max_turns:
+            ep.finish_reason = "max_turns"
+        ep.messages.extend(obs)
+
+        reward = 0.0
+        info: dict[str, Any] = {
+            "step_tool_calls": step_calls,
+            "step_tool_errors": step_errors,
+            "step_tool_timeouts": step_timeouts,
+        }
+        terminated = ep.finish_reason == "submitted"
+        truncated = ep.done and not terminated
+        if ep.done:
+            verdict = self._finish()
+            reward = verdict.reward
+            info["verdict"] = verdict
+            if ep.error:
+                info["error"] = ep.error
+        info.update(ep.stats())
+        return obs, reward, terminated, truncated, info
+
+    def _finish(self) -> Verdict:
+        """Run the verifier on the finished episode, then release the sandbox."""
+        assert self.episode is not None and self.task is not None
+        if self.episode.finish_reason == "env_error":
+            verdict = Verdict(0.0, False, f"episode ended by an environment error: {self.episode.error}")
+        else:
+            verdict = run_verifier(
+                self.verifier, self.sandbox, self.task, self.episode, self.verifier_timeout_s
+            )
+        self._release_sandbox()
+        return verdict
+
+    def end_episode(self, reason: str, error: str | None = None) -> Verdict:
+        """End the episode from outside (the rollout engine's token or wall-time limits) and score it."""
+        if self.episode is None:
+            raise RuntimeError("call reset() first")
+        if self.episode.done:
+            raise RuntimeError(f"the episode is already over ({self.episode.finish_reason})")
+        self.episode.finish_reason = reason  # type: ignore[assignment]
+        self.episode.error = error
+        return self._finish()
+
+    @staticmethod
+    def _error_message(content: str, role: str = "user") -> Message:
+        return (
+            {"role": role, "name": "error", "content": content}
+            if role == "tool"
+            else {"role": role, "content": content}
+        )
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self.episode is None:
+            return None
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in self.episode.messages)
+
+    def close(self) -> None:
+        self._release_sandbox()
+        super().close()

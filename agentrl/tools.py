@@ -1,0 +1,347 @@
+"""Tools: typed Python functions the agent calls; their JSON schema comes from the signature and docstring.
+
+    @tool
+    def python(ctx: ToolContext, code: str) -> str:
+        '''Run Python 3 code in the workspace and return what it printed.
+
+        Args:
+            code: The program; print what you want to see.
+        '''
+
+The first parameter is always the `ToolContext` (the sandbox, the task, the episode's
+state); it is not part of the schema. Everything that goes wrong inside a tool (bad arguments,
+an exception, a timeout) becomes a `ToolOutcome` with `is_error=True` that the model reads as
+an observation: a tool never raises out of `run_tool`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ConfigDict, ValidationError, create_model
+
+from agentrl.sandbox.base import ExecResult, Sandbox, SandboxDead
+from agentrl.task import Task
+
+
+class ToolError(Exception):
+    """Raised by a tool for an error the model should read (bad path, no match, ...)."""
+
+
+@dataclass
+class ToolContext:
+    """What a tool may touch during one episode."""
+
+    sandbox: Sandbox | None
+    task: Task
+    exec_timeout_s: float = 30.0
+    # Environment-specific episode state (a game's secret, a counter); owned by the env.
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one tool call produced, as the model will read it."""
+
+    content: str
+    is_error: bool = False
+    timed_out: bool = False
+    # A terminal tool (submit) ends the episode; `submission` is what it submitted.
+    terminal: bool = False
+    submission: str | None = None
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    params_model: type
+    parameters: dict[str, Any]
+    terminal: bool = False
+    needs_sandbox: bool = True
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """OpenAI/Hermes function schema, the form chat templates and vLLM expect in `tools=`."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Google-style docstring -> (description, {arg: description})."""
+    doc = inspect.cleandoc(doc or "")
+    parts = re.split(r"^\s*(?:Args|Arguments|Parameters):\s*$", doc, maxsplit=1, flags=re.M)
+    description = parts[0].strip()
+    args: dict[str, str] = {}
+    if len(parts) == 2:
+        current = None
+        for line in parts[1].splitlines():
+            if re.match(r"^\s*(Returns|Raises|Yields|Examples?):\s*$", line):
+                break
+            m = re.match(r"^\s{0,8}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if m:
+                current = m.group(1)
+                args[current] = m.group(2).strip()
+            elif current and line.strip():
+                args[current] += " " + line.strip()
+    return description, args
+
+
+def tool(
+    fn: Callable | None = None, *, name: str | None = None, terminal: bool = False, needs_sandbox: bool = True
+) -> Any:
+    """Turn a typed function `(ctx, **args) -> str` into a `Tool`. Usable bare or with options."""
+
+    def wrap(f: Callable) -> Tool:
+        sig = inspect.signature(f)
+        hints = typing.get_type_hints(f)
+        params = list(sig.parameters.values())
+        if not params or params[0].name not in ("ctx", "context"):
+            raise TypeError(f"tool {f.__name__!r}: the first parameter must be `ctx: ToolContext`")
+        description, arg_docs = _parse_docstring(f.__doc__ or "")
+        if not description:
+            raise TypeError(f"tool {f.__name__!r} needs a docstring: it is the description the model reads")
+        fields: dict[str, Any] = {}
+        for p in params[1:]:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"tool {f.__name__!r}: *args/**kwargs cannot be described to a model")
+            if p.name not in hints:
+                raise TypeError(f"tool {f.__name__!r}: parameter {p.name!r} needs a type annotation")
+            from pydantic import Field
+
+            default = ... if p.default is inspect.Parameter.empty else p.default
+            fields[p.name] = (hints[p.name], Field(default, description=arg_docs.get(p.name)))
+        model = create_model(f"{f.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        return Tool(
+            name=name or f.__name__,
+            description=description,
+            fn=f,
+            params_model=model,
+            parameters=schema,
+            terminal=terminal,
+            needs_sandbox=needs_sandbox,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def _format_validation_error(tool: Tool, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(arguments)"
+        problems.append(f"{loc}: {err['msg']}")
+    expected = ", ".join(
+        f"{k}: {v.get('type', 'any')}" + ("" if k in tool.parameters.get("required", []) else " (optional)")
+        for k, v in tool.parameters.get("properties", {}).items()
+    )
+    return (
+        f"Error: bad arguments for tool '{tool.name}': " + "; ".join(problems) + f". Expected {{{expected}}}."
+    )
+
+
+def run_tool(t: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolOutcome:
+    """Validate `arguments` and run the tool. Never raises, except `SandboxDead`, which ends the episode."""
+    t0 = time.perf_counter()
+    try:
+        args = t.params_model.model_validate(dict(arguments))
+    except ValidationError as exc:
+        return ToolOutcome(_format_validation_error(t, exc), is_error=True)
+    try:
+        result = t.fn(ctx, **{k: getattr(args, k) for k in t.params_model.model_fields})
+    except SandboxDead:
+        raise
+    except ToolError as exc:
+        return ToolOutcome(f"Error: {exc}", is_error=True, duration_s=time.perf_counter() - t0)
+    except Exception as exc:  # a crashed tool is an observation, not a crashed run
+        return ToolOutcome(
+            f"Error: tool '{t.name}' failed: {type(exc).__name__}: {exc}",
+            is_error=True,
+            duration_s=time.perf_counter() - t0,
+        )
+    if isinstance(result, ToolOutcome):
+        return result
+    if t.terminal:
+        return ToolOutcome(
+            "Submitted.", terminal=True, submission=str(result), duration_s=time.perf_counter() - t0
+        )
+    return ToolOutcome(str(result), duration_s=time.perf_counter() - t0)
+
+
+# --- built-in tools ----------------------------------------------------------------------
+
+# What a model reads back from one command: enough to debug, bounded so one `cat` of a big file
+# cannot blow the context. The sandbox caps raw output earlier (Limits.output_limit_bytes).
+MAX_OBSERVATION_CHARS = 8000
+
+
+def _clip(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    head = limit * 3 // 4
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - limit} characters omitted ...]\n{text[-tail:]}"
+
+
+def format_exec(res: ExecResult, timeout_s: float) -> ToolOutcome:
+    parts = []
+    if res.stdout:
+        parts.append(res.stdout.rstrip("\n"))
+    if res.stderr:
+        parts.append("[stderr]\n" + res.stderr.rstrip("\n"))
+    if res.timed_out:
+        parts.append(f"[timed out after {timeout_s:g}s: the command and its children were killed]")
+    elif res.exit_code != 0:
+        parts.append(f"[exit code {res.exit_code}]")
+    if res.truncated:
+        parts.append("[output truncated]")
+    content = _clip("\n".join(parts)) if parts else "[no output]"
+    return ToolOutcome(
+        content,
+        is_error=res.timed_out or res.exit_code != 0,
+        timed_out=res.timed_out,
+        duration_s=res.duration_s,
+    )
+
+
+def _sandbox(ctx: ToolContext) -> Sandbox:
+    if ctx.sandbox is None:
+        raise ToolError("this environment has no sandbox")
+    return ctx.sandbox
+
+
+@tool
+def bash(ctx: ToolContext, command: str) -> ToolOutcome:
+    """Run a bash command in the workspace and return its output and exit code.
+
+    Args:
+        command: The command line, run with `bash -c` in the workspace directory.
+    """
+    res = _sandbox(ctx).exec(["bash", "-c", command], timeout=ctx.exec_timeout_s)
+    return format_exec(res, ctx.exec_timeout_s)
+
+
+@tool
+def python(ctx: ToolContext, code: str) -> ToolOutcome:
+    """Run a Python 3 program in the workspace and return what it printed.
+
+    Args:
+        code: The program. Use print() to see values.
+    """
+    res = _sandbox(ctx).exec(["python3", "-"], stdin=code, timeout=ctx.exec_timeout_s)
+    return format_exec(res, ctx.exec_timeout_s)
+
+
+@tool
+def read_file(ctx: ToolContext, path: str) -> str:
+    """Read a text file.
+
+    Args:
+        path: File path, relative to the workspace or absolute.
+    """
+    try:
+        data = _sandbox(ctx).read_file(path)
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise ToolError(f"{path} is a directory; use bash with `ls` to list it") from None
+    return _clip(data.decode("utf-8", errors="replace"))
+
+
+@tool
+def write_file(ctx: ToolContext, path: str, content: str) -> str:
+    """Create or overwrite a text file.
+
+    Args:
+        path: File path, relative to the workspace or absolute.
+        content: The whole new content of the file.
+    """
+    try:
+        _sandbox(ctx).write_file(path, content)
+    except PermissionError:
+        raise ToolError(f"permission denied: {path} (only the workspace and /tmp are writable)") from None
+    return f"Wrote {len(content.encode())} bytes to {path}."
+
+
+@tool
+def str_replace(ctx: ToolContext, path: str, old: str, new: str) -> str:
+    """Replace one exact occurrence of `old` with `new` in a text file.
+
+    Args:
+        path: File path, relative to the workspace or absolute.
+        old: Text to find; it must occur exactly once in the file.
+        new: Replacement text.
+    """
+    sb = _sandbox(ctx)
+    try:
+        text = sb.read_file(path).decode("utf-8")
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {path}") from None
+    except UnicodeDecodeError:
+        raise ToolError(f"{path} is not a UTF-8 text file") from None
+    count = text.count(old)
+    if count != 1:
+        raise ToolError(
+            f"`old` occurs {count} times in {path}; it must occur exactly once (add surrounding lines)"
+        )
+    try:
+        sb.write_file(path, text.replace(old, new, 1))
+    except PermissionError:
+        raise ToolError(f"permission denied: {path}") from None
+    return f"Replaced 1 occurrence in {path}."
+
+
+@tool(terminal=True, needs_sandbox=False)
+def submit(ctx: ToolContext, answer: str) -> str:
+    """Submit your final answer and end the episode.
+
+    Args:
+        answer: The final answer (for a number, just the number).
+    """
+    return answer.strip()
+
+
+BUILTIN_TOOLS: dict[str, Tool] = {
+    t.name: t for t in (bash, python, read_file, write_file, str_replace, submit)
+}
+
+
+@dataclass
+class ToolBox:
+    """The tools of one environment, looked up by name with a helpful error."""
+
+    tools: dict[str, Tool] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tools: list[Tool | str]) -> ToolBox:
+        box: dict[str, Tool] = {}
+        for t in tools:
+            if isinstance(t, str):
+                if t not in BUILTIN_TOOLS:
+                    raise ValueError(f"unknown built-in tool {t!r}; built-ins are {sorted(BUILTIN_TOOLS)}")
+                t = BUILTIN_TOOLS[t]
+            if t.name in box:
+                raise ValueError(f"two tools are named {t.name!r}")
+            box[t.name] = t
+        return cls(box)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema for t in self.tools.values()]
+
+    @property
+    def needs_sandbox(self) -> bool:
+        return any(t.needs_sandbox for t in self.tools.values())

@@ -1,0 +1,66 @@
+"""The `composite` verifier: a weighted sum of verifiers, with gates that must pass for any reward.
+
+    composite(parts=[("numeric", 1.0)], gates=["tool-used"])
+
+A typical gate is a format reward: the answer only counts when the agent worked the way the
+task demands (called the python tool, produced a well-formed answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.episode import Episode
+from agentrl.sandbox.base import Sandbox
+from agentrl.task import Task
+from agentrl.verifiers.base import Verdict, Verifier, get
+
+
+def _build(spec: Any) -> Verifier:
+    """A verifier, a registered name, or (name, kwargs)."""
+    if isinstance(spec, str):
+        return get(spec)
+    if (
+        isinstance(spec, tuple | list)
+        and len(spec) == 2
+        and isinstance(spec[0], str)
+        and isinstance(spec[1], dict)
+    ):
+        return get(spec[0], **spec[1])
+    if hasattr(spec, "verify"):
+        return spec
+    raise TypeError(f"cannot build a verifier from {spec!r}; give a name, (name, kwargs) or a Verifier")
+
+
+@dataclass
+class CompositeVerifier:
+    parts: list[Any] = field(default_factory=list)  # [(verifier spec, weight)]
+    gates: list[Any] = field(default_factory=list)  # verifier specs that must all pass
+    pass_threshold: float = 1.0
+    name: str = "composite"
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError("composite verifier needs at least one part: parts=[(verifier, weight), ...]")
+        self._parts = [(_build(v), float(w)) for v, w in self.parts]
+        self._gates = [_build(g) for g in self.gates]
+        total = sum(w for _, w in self._parts)
+        if total <= 0:
+            raise ValueError(f"composite weights must sum to > 0, got {total}")
+        self._total = total
+
+    def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict:
+        lines = []
+        for gate in self._gates:
+            v = gate.verify(sandbox, task, episode)
+            lines.append(f"gate {gate.name}: {'pass' if v.passed else 'FAIL'} ({v.details})")
+            if not v.passed:
+                return Verdict(0.0, False, "; ".join(lines))
+        reward = 0.0
+        for part, weight in self._parts:
+            v = part.verify(sandbox, task, episode)
+            reward += weight * v.reward
+            lines.append(f"{part.name} x{weight:g}: {v.reward:g} ({v.details})")
+        reward /= self._total
+        return Verdict(reward, reward >= self.pass_threshold, "; ".join(lines))
