@@ -1,0 +1,680 @@
+"""`bwrap`: bubblewrap sandboxes, daemonless, for GPU nodes without Docker.
+
+Each `exec` is one fresh `bwrap` invocation (about 7 ms here) over the sandbox's own
+host-side directories, so files persist across execs while every process dies with its
+exec. Why not one long-lived bwrap with an exec server inside: a per-exec pid namespace
+makes "kill the whole tree on timeout" exact and free (the namespace dies with its init,
+setsid or double-fork cannot escape it), there is no in-sandbox protocol to get wrong, and
+7 ms is small next to an LLM turn. The price: a background process (`server &`) does not
+outlive the exec that started it (on docker it does).
+
+The file system
+---------------
+- "/" is the image's root file system, bound read-only. It is exported once from the local
+  Docker image into `$XDG_CACHE_HOME/agentrl/rootfs/<image-id>` (default `~/.cache/...`;
+  `docker create` + `export` through the SDK, device nodes skipped, setuid/setgid bits
+  stripped), and found again by tag without Docker through `rootfs/tags/`. On a machine
+  without Docker, set `AGENTRL_BWRAP_ROOTFS=/path/to/rootfs` (a directory holding an
+  exported root file system, e.g. copied from `python -m agentrl.sandbox.bwrap export
+  agentrl/base:bookworm DEST` run where Docker is): it is used for every image.
+- `workdir` (/workspace) and /tmp: per-sandbox host directories, writable, persistent
+  across execs; size-capped tmpfs mounts when this process may mount (root), else plain
+  directories.
+- /verifier (`PROTECTED_DIR`): a per-sandbox host directory bound READ-ONLY into agent
+  execs. bwrap cannot switch users (inside, the single mapped uid is 1000, which is the
+  user who ran bwrap), so the verifier's side is the host: `write_file`/`copy_in` with
+  `privileged=True` write the host directory directly, and `exec(privileged=True)` binds it
+  read-write. Files therefore show as owned by `agent` inside; the read-only bind, not
+  ownership, is what keeps the agent out.
+- /proc is a fresh procfs of the exec's pid namespace; /dev a minimal devtmpfs (null,
+  zero, random, urandom, tty...).
+
+Isolation: `--unshare-all` (user, mount, pid, net, ipc, uts, cgroup namespaces; the
+network comes back only with `limits.network` via `--share-net`), `--disable-userns` (no
+nested user namespaces), `--die-with-parent`, `--new-session` (no TIOCSTI into our tty),
+`--cap-drop ALL`, no_new_privs (bwrap always sets it), `--clearenv`, uid/gid 1000.
+
+Limits: what bwrap enforces here
+--------------------------------
+Two paths, chosen per sandbox at start and recorded in `sandbox.enforcement`:
+"cgroup" when this process can create cgroups (root on cgroup v1, or a writable cgroup v2
+subtree with the controllers delegated), else "rlimit" (any unprivileged user).
+
+=================  ===========================================  ==============================================
+Limits field       cgroup path (root / delegated cgroups)       rlimit path (unprivileged)
+=================  ===========================================  ==============================================
+memory_mb          ENFORCED in aggregate: memory (+memsw) limit  PER PROCESS only: RLIMIT_AS=memory_mb. N
+                   of the sandbox's cgroup; OOM kills (-9).      processes may use N x memory_mb together;
+                                                                 allocation fails (MemoryError), no OOM kill.
+pids               ENFORCED: pids.max of the cgroup, all execs   ENFORCED per exec: RLIMIT_NPROC=pids set
+                   together.                                     *inside* the new user namespace (the kernel
+                                                                 counts per uid per user namespace). Not
+                                                                 enforced when the host user is root: the
+                                                                 kernel exempts kuid 0 (hence cgroups then).
+cpus               ENFORCED: cfs quota.                          NOT enforced (no rlimit expresses a share).
+disk_mb            ENFORCED when root: /workspace and /tmp are   PER FILE only: RLIMIT_FSIZE=disk_mb (SIGXFSZ).
+                   size-capped tmpfs mounts (ENOSPC). Without    Many files can still fill the host disk;
+                   mount rights: per file only, as on the right. use a quota'd TMPDIR.
+network            ENFORCED: own empty net namespace.            ENFORCED (same).
+exec_timeout_s     ENFORCED: SIGKILL of bwrap; the pid           ENFORCED (same).
+                   namespace and every process in it die.
+output_limit_bytes ENFORCED on the host side while reading.      ENFORCED (same).
+=================  ===========================================  ==============================================
+
+RLIMIT_* are set inside the sandbox with the rootfs's `prlimit` (util-linux, in every
+Debian/Ubuntu root file system), after the user namespace exists: set outside, RLIMIT_NPROC
+would also be charged against every process the host user runs (a training job's threads
+included), and forks would fail for reasons outside the sandbox.
+
+Exit codes: bwrap reports a command killed by signal N as 128+N; `exec` turns 129..159
+back into -N, as the protocol (and `subprocess`) say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import io
+import itertools
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from agentrl.sandbox.base import (
+    AGENT_UID,
+    AGENT_USER,
+    DEFAULT_IMAGE,
+    DEFAULT_WORKDIR,
+    PROTECTED_DIR,
+    Command,
+    ExecResult,
+    Limits,
+    SandboxDead,
+    SandboxError,
+)
+from agentrl.sandbox.local import HostView, Mount, as_argv, run_capped
+
+ROOTFS_ENV = "AGENTRL_BWRAP_ROOTFS"
+_COMPLETE_MARK = ".agentrl-rootfs-complete"
+_PRLIMIT_PATHS = ("usr/bin/prlimit", "bin/prlimit")
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+# --------------------------------------------------------------------------------------
+# bwrap and the root file system
+# --------------------------------------------------------------------------------------
+
+
+def bwrap_binary() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxError(
+            "bubblewrap is not installed (no `bwrap` on PATH); install it (`apt-get install bubblewrap`, "
+            "`dnf install bubblewrap`) or use another backend; `agentrl sandbox doctor` checks them all"
+        )
+    return path
+
+
+def rootfs_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "agentrl" / "rootfs"
+
+
+def _tag_file(image: str) -> Path:
+    return rootfs_cache_dir() / "tags" / re.sub(r"[^A-Za-z0-9_.-]", "_", image)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over the docker SDK's chunk generator, so tarfile can stream it."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._it: Iterator[bytes] = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._buf:
+            try:
+                self._buf = next(self._it)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _rootfs_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    # Device nodes cannot be made without root and are never needed (bwrap mounts its own
+    # /dev); FIFOs likewise.
+    if member.ischr() or member.isblk() or member.isfifo():
+        return None
+    # The "tar" filter refuses members that would land outside `dest` and clears setuid,
+    # setgid and group/other-write bits: a setuid binary is useless under no_new_privs, and
+    # stripping it removes the question entirely.
+    return tarfile.tar_filter(member, dest)
+
+
+def export_rootfs(image: str = DEFAULT_IMAGE, dest: Path | None = None) -> Path:
+    """Export `image`'s file system from the local Docker engine; return the directory.
+
+    With no `dest`, it goes to the cache keyed by image id and is reused when present.
+    Concurrent exports are safe: each extracts to a private directory, the first rename wins.
+    """
+    try:
+        import docker
+        import docker.errors
+
+        client = docker.from_env()
+        img = client.images.get(image)
+    except ImportError as exc:
+        raise SandboxError("the docker SDK is not installed: `pip install docker`") from exc
+    except Exception as exc:
+        if type(exc).__name__ == "ImageNotFound":
+            raise SandboxError(
+                f"image {image!r} is not in the local Docker engine; build it with `agentrl sandbox build` "
+                "(or `make setup`), or set AGENTRL_BWRAP_ROOTFS to an exported root file system"
+            ) from exc
+        raise SandboxError(
+            f"cannot reach Docker to export the bwrap root file system of {image!r} ({exc}); start Docker, "
+            f"or set {ROOTFS_ENV}=/path/to/rootfs (export one where Docker runs with "
+            f"`python -m agentrl.sandbox.bwrap export {image} DEST`)"
+        ) from exc
+    image_id = img.id.split(":", 1)[-1]
+    final = dest or rootfs_cache_dir() / image_id
+    if (final / _COMPLETE_MARK).exists():
+        _record_tag(image, final)
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    work.chmod(0o755)  # it becomes "/" inside: mkdtemp's 0700 would hide it from other users
+    container = client.containers.create(img.id, command=["/bin/true"], labels={"agentrl.export": "1"})
+    try:
+        stream = io.BufferedReader(_ChunkReader(container.export(chunk_size=1 << 20)), 1 << 20)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            tar.extractall(work, numeric_owner=True, filter=_rootfs_member)
+        (work / _COMPLETE_MARK).write_text(json.dumps({"image": image, "id": img.id}) + "\n")
+        try:
+            os.rename(work, final)
+        except OSError:
+            if not (final / _COMPLETE_MARK).exists():
+                raise
+            shutil.rmtree(work, ignore_errors=True)  # another process won the race
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            container.remove(force=True)
+    if dest is None:
+        _record_tag(image, final)
+    return final
+
+
+def _record_tag(image: str, path: Path) -> None:
+    tag = _tag_file(image)
+    with contextlib.suppress(OSError):
+        tag.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tag.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(str(path) + "\n")
+        os.replace(tmp, tag)
+
+
+def cached_rootfs(image: str = DEFAULT_IMAGE) -> Path | None:
+    """The cached export of `image` found by its tag (no Docker needed), or None."""
+    tag = _tag_file(image)
+    if tag.exists():
+        cached = Path(tag.read_text().strip())
+        if (cached / _COMPLETE_MARK).exists():
+            return cached
+    return None
+
+
+_rootfs_memo: dict[str, Path] = {}
+_rootfs_lock = threading.Lock()
+
+
+def find_rootfs(image: str = DEFAULT_IMAGE) -> Path:
+    """The root file system for `image`: $AGENTRL_BWRAP_ROOTFS, else the cache, else a Docker export.
+
+    Memoized per process: an image rebuilt under the same tag is picked up by a new process.
+    """
+    override = os.environ.get(ROOTFS_ENV)
+    if override:
+        path = Path(override)
+        if not (path / "bin" / "sh").exists() and not (path / "usr" / "bin" / "sh").exists():
+            raise SandboxError(
+                f"{ROOTFS_ENV}={override!r} is not a root file system (no bin/sh in it); point it at an "
+                "exported image, e.g. from `python -m agentrl.sandbox.bwrap export IMAGE DEST`"
+            )
+        return path
+    with _rootfs_lock:
+        if image in _rootfs_memo and (_rootfs_memo[image] / _COMPLETE_MARK).exists():
+            return _rootfs_memo[image]
+        try:
+            path = export_rootfs(image)
+        except SandboxError:
+            # No Docker here: a rootfs exported earlier (or copied in) is found by its tag.
+            if (cached := cached_rootfs(image)) is not None:
+                _rootfs_memo[image] = cached
+                return cached
+            raise
+        _rootfs_memo[image] = path
+        return path
+
+
+# --------------------------------------------------------------------------------------
+# Enforcement helpers: cgroups and tmpfs (both need privileges; probed, never assumed)
+# --------------------------------------------------------------------------------------
+
+
+class _Cgroups:
+    """One sandbox's cgroups (v1: memory, pids, cpu dirs; v2: one dir). All execs join them."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+
+    @classmethod
+    def create(cls, name: str, limits: Limits) -> tuple[_Cgroups | None, str]:
+        """Make and configure the cgroups, or return (None, why not)."""
+        root = Path("/sys/fs/cgroup")
+        made: list[Path] = []
+        try:
+            if (root / "cgroup.controllers").exists():  # cgroup v2
+                own = Path(Path("/proc/self/cgroup").read_text().strip().split("::", 1)[-1].lstrip("/"))
+                parent = root / own.parent if own.name else root
+                d = parent / name
+                d.mkdir()
+                made.append(d)
+                (d / "memory.max").write_text(str(limits.memory_mb << 20))
+                (d / "memory.swap.max").write_text("0")
+                (d / "pids.max").write_text(str(limits.pids))
+                (d / "cpu.max").write_text(f"{int(limits.cpus * 100_000)} 100000")
+            else:  # cgroup v1
+                for ctl in ("memory", "pids", "cpu"):
+                    d = root / ctl / "agentrl" / name
+                    d.mkdir(parents=True)
+                    made.append(d)
+                mem, pids, cpu = made
+                (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
+                if (mem / "memory.memsw.limit_in_bytes").exists():  # no swap either
+                    (mem / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb << 20))
+                (pids / "pids.max").write_text(str(limits.pids))
+                (cpu / "cpu.cfs_period_us").write_text("100000")
+                (cpu / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * 100_000)))
+        except OSError as exc:
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            return None, f"no writable cgroup ({exc.strerror or exc})"
+        return cls(made), "cgroup"
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+        return found
+
+    def kill_all(self, wait_s: float = 2.0) -> None:
+        deadline = time.monotonic() + wait_s
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)  # dying processes leave the cgroup a moment later
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH = 2
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> str | None:
+    """Mount a size-capped tmpfs on `path`; return None on success, else why it was not possible."""
+    if os.geteuid() != 0:
+        return "not root: cannot mount a size-capped tmpfs"
+    opts = f"size={size_mb}m,mode=0755".encode()
+    rc = _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+    if rc != 0:
+        return f"mount tmpfs failed: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def _umount(path: Path) -> None:
+    _libc.umount2(str(path).encode(), _MNT_DETACH)
+
+
+def _cleanup(root: Path, mounts: list[Path], cgroups: _Cgroups | None) -> None:
+    """Everything a sandbox holds on the host. Runs from close() and, if close() was never
+    called, when the sandbox is garbage collected or the interpreter exits."""
+    if cgroups is not None:
+        cgroups.remove()
+    for m in mounts:
+        _umount(m)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """How this sandbox enforces each limit (see the module docstring's table)."""
+
+    memory: str
+    pids: str
+    cpus: str
+    disk: str
+    network: str = "namespace"
+    timeout: str = "pid namespace killed"
+
+
+# --------------------------------------------------------------------------------------
+# The backend
+# --------------------------------------------------------------------------------------
+
+
+class BwrapSandbox:
+    """A bubblewrap sandbox: one fresh bwrap (own namespaces) per exec over persistent dirs."""
+
+    backend = "bwrap"
+    # File system, network and process isolation; no separate verifier user (see docstring).
+    capabilities: frozenset[str] = frozenset({"fs_isolation", "net_isolation", "pid_isolation"})
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        limits: Limits | None = None,
+        workdir: str = DEFAULT_WORKDIR,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/proc", "/dev", PROTECTED_DIR, "/tmp"):
+            raise ValueError(
+                f"workdir must be an absolute path of its own like '/workspace', got {workdir!r}"
+            )
+        self.image = image
+        self.limits = limits or Limits()
+        self.workdir = workdir
+        self.env = dict(env or {})
+        self.labels = dict(labels or {})
+        self.id = f"bwrap-{uuid.uuid4().hex[:12]}"
+        self._bwrap = bwrap_binary()
+        self.rootfs = find_rootfs(image)
+        self._prlimit = next((f"/{p}" for p in _PRLIMIT_PATHS if (self.rootfs / p).exists()), None)
+        if self._prlimit is None:
+            raise SandboxError(
+                f"the root file system {self.rootfs} has no prlimit (util-linux), which bwrap sandboxes use to "
+                "set per-process limits inside the sandbox; add util-linux to the image"
+            )
+        if not (self.rootfs / workdir.lstrip("/")).is_dir():
+            raise SandboxError(
+                f"workdir {workdir!r} does not exist in the root file system {self.rootfs}; bwrap binds the "
+                "workspace over an existing directory (the read-only rootfs cannot grow one): create it in the "
+                "image, or use the default /workspace"
+            )
+
+        self._root = Path(tempfile.mkdtemp(prefix=f"agentrl-{self.id}-"))
+        self.host_workdir = self._root / "workspace"
+        self.host_tmp = self._root / "tmp"
+        self.host_protected = self._root / "verifier"
+        self._mounts: list[Path] = []
+        disk_notes = []
+        for d in (self.host_workdir, self.host_tmp, self.host_protected):
+            d.mkdir()
+        for d in (self.host_workdir, self.host_tmp):
+            problem = _mount_tmpfs(d, self.limits.disk_mb)
+            if problem is None:
+                self._mounts.append(d)
+            else:
+                disk_notes.append(problem)
+        (self._root / "sandbox.json").write_text(
+            json.dumps({"id": self.id, "pid": os.getpid(), "image": image, "labels": self.labels}) + "\n"
+        )
+        self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
+        cg = self._cgroups is not None
+        self.enforcement = Enforcement(
+            memory="cgroup (aggregate)" if cg else "RLIMIT_AS (per process)",
+            pids=(
+                "cgroup pids.max"
+                if cg
+                else "RLIMIT_NPROC (per exec)"
+                if os.geteuid() != 0
+                else f"NOT enforced ({cg_note}; root is exempt from RLIMIT_NPROC)"
+            ),
+            cpus="cgroup cfs quota" if cg else f"NOT enforced ({cg_note})",
+            disk=(
+                "tmpfs size cap (workspace and /tmp)"
+                if len(self._mounts) == 2
+                else f"RLIMIT_FSIZE (per file; {disk_notes[0]})"
+            ),
+            network="shared with host (limits.network)" if self.limits.network else "namespace (none)",
+        )
+        self._finalizer = weakref.finalize(self, _cleanup, self._root, list(self._mounts), self._cgroups)
+        self._view = HostView(
+            [
+                Mount("/", self.rootfs, agent_writable=False, privileged_writable=False),
+                Mount(workdir, self.host_workdir, agent_writable=True, privileged_writable=True),
+                Mount("/tmp", self.host_tmp, agent_writable=True, privileged_writable=True),
+                Mount(PROTECTED_DIR, self.host_protected, agent_writable=False, privileged_writable=True),
+                Mount("/proc", None, agent_writable=False, privileged_writable=False),
+                Mount("/dev", None, agent_writable=False, privileged_writable=False),
+            ],
+            workdir,
+        )
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._exec_ids = itertools.count()
+        # One trial run, so a broken setup fails here, with bwrap's own words, not at the first tool call.
+        try:
+            trial = self.exec(["/bin/true"], timeout=30)
+        except BaseException:
+            self.close()
+            raise
+        if not trial.ok:
+            self.close()
+            raise SandboxError(
+                f"bwrap could not start a sandbox (exit {trial.exit_code}): {trial.stderr.strip() or trial.stdout.strip()}; "
+                "run `agentrl sandbox doctor` to see what this machine allows"
+            )
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _argv(self, argv: list[str], env: Mapping[str, str], privileged: bool) -> list[str]:
+        lim = self.limits
+        args = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+        if lim.network:
+            args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+        args += [
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop", "ALL",
+            "--uid", str(AGENT_UID),
+            "--gid", str(AGENT_UID),
+            "--hostname", "agentrl",
+            "--ro-bind", str(self.rootfs), "/",
+            "--proc", "/proc",
+            "--dev", "/dev",
+            "--bind", str(self.host_workdir), self.workdir,
+            "--bind", str(self.host_tmp), "/tmp",
+            "--bind" if privileged else "--ro-bind", str(self.host_protected), PROTECTED_DIR,
+            "--chdir", self.workdir,
+            "--clearenv",
+        ]  # fmt: skip
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        # Limits set inside the new user namespace (see the module docstring for why).
+        args += ["--", self._prlimit, f"--fsize={lim.disk_mb << 20}"]
+        if self._cgroups is None:
+            args += [f"--nproc={lim.pids}", f"--as={lim.memory_mb << 20}"]
+        else:
+            args += [f"--nproc={lim.pids}"]
+        args += ["--", *argv]
+        if self._cgroups is not None:
+            # Join the cgroups before bwrap forks anything, from a host shell that then becomes bwrap.
+            joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self._cgroups.procs_files())
+            args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "agentrl-cgroup-join", *args]
+        return args
+
+    def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        stdin: str | bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        privileged: bool = False,
+    ) -> ExecResult:
+        self._check_open()
+        timeout = self.limits.exec_timeout_s if timeout is None else timeout
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        full_env = {
+            "PATH": _PATH,
+            "HOME": self.workdir,
+            "USER": AGENT_USER,
+            "LOGNAME": AGENT_USER,
+            "LANG": "C.UTF-8",
+            **self.env,
+            **(env or {}),
+        }
+        argv = self._argv(as_argv(cmd), full_env, privileged)
+
+        def on_start(proc: subprocess.Popen[bytes]) -> None:
+            with self._lock:
+                self._running.add(proc)
+
+        def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+            # bwrap dies; --die-with-parent takes its pid-1 along, and the kernel then kills
+            # every process left in that pid namespace.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        try:
+            result = run_capped(
+                argv,
+                cwd=None,
+                env={"PATH": os.environ.get("PATH", _PATH)},
+                stdin=stdin,
+                timeout=timeout,
+                output_limit=self.limits.output_limit_bytes,
+                kill_tree=kill_tree,
+                on_start=on_start,
+            )
+        finally:
+            with self._lock:
+                self._running = {p for p in self._running if p.poll() is None}
+        if 128 < result.exit_code < 160 and not result.timed_out:
+            result = replace(result, exit_code=128 - result.exit_code)
+        if not self.alive():
+            raise SandboxDead(
+                f"sandbox {self.id} went away during exec (closed, or its directories were removed)"
+            )
+        return result
+
+    def kill_agent_processes(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self._cgroups is not None:
+            self._cgroups.kill_all()
+
+    # -- files (host side; confined to the sandbox's view) --------------------------------
+
+    def write_file(
+        self, path: str, data: str | bytes, *, mode: int = 0o644, privileged: bool = False
+    ) -> None:
+        self._check_open()
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        self._view.write(path, payload, mode=mode, privileged=privileged)
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        return self._view.read(path)
+
+    def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
+        self._check_open()
+        self._view.copy_in(host_path, path, privileged=privileged)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return not self._closed and self.host_workdir.is_dir() and self.rootfs.is_dir()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.kill_agent_processes()
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        self._finalizer()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxDead(f"sandbox {self.id} is closed; open a new one with open_sandbox('bwrap')")
+        if not self.host_workdir.is_dir():
+            raise SandboxDead(
+                f"sandbox {self.id} lost its workspace {self.host_workdir} (deleted from outside)"
+            )
+
+    def __enter__(self) -> BwrapSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"BwrapSandbox(id={self.id!r}, image={self.image!r}, root={str(self._root)!r})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m agentrl.sandbox.bwrap export IMAGE DEST`: make a rootfs for a machine without Docker."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "export":
+        print("usage: python -m agentrl.sandbox.bwrap export IMAGE DEST", file=sys.stderr)
+        return 2
+    path = export_rootfs(args[1], Path(args[2]))
+    print(f"exported {args[1]} to {path}; on the target machine: export {ROOTFS_ENV}={path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
