@@ -26,8 +26,8 @@ The file system
   `privileged=True` write the host directory directly, and `exec(privileged=True)` binds it
   read-write. Files therefore show as owned by `agent` inside; the read-only bind, not
   ownership, is what keeps the agent out.
-- /proc is a fresh procfs of the exec's pid namespace; /dev a minimal devtmpfs (null,
-  zero, random, urandom, tty...).
+- /proc is a fresh procfs of the exec's pid namespace; /dev is bwrap's minimal /dev (null,
+  zero, random, urandom, tty, pts) made read-only, with a 64 MiB tmpfs /dev/shm.
 
 Isolation: `--unshare-all` (user, mount, pid, net, ipc, uts, cgroup namespaces; the
 network comes back only with `limits.network` via `--share-net`), `--disable-userns` (no
@@ -527,6 +527,10 @@ class BwrapSandbox:
             "--ro-bind", str(self.rootfs), "/",
             "--proc", "/proc",
             "--dev", "/dev",
+            # bwrap's /dev is a writable tmpfs sized at half the RAM: cap /dev/shm like docker
+            # (64 MiB) and make the rest read-only, or it is a memory bomb outside every rlimit.
+            "--size", str(min(64, lim.disk_mb) << 20), "--tmpfs", "/dev/shm",
+            "--remount-ro", "/dev",
             "--bind", str(self.host_workdir), self.workdir,
             "--bind", str(self.host_tmp), "/tmp",
             "--bind" if privileged else "--ro-bind", str(self.host_protected), PROTECTED_DIR,
