@@ -1,0 +1,33 @@
+import agentrl
+from agentrl.agents import tool_call
+from agentrl.envs.guess_number import GuessNumberTaskGenerator
+
+from .conftest import floor_rewards, oracle_rewards
+
+
+def test_oracle_binary_search_solves_100_tasks():
+    assert oracle_rewards("agentrl/guess-number-v0", 100, workers=1) == [1.0] * 100
+
+
+def test_empty_and_random_agents_score_zero():
+    assert set(floor_rewards("agentrl/guess-number-v0", 10)) == {0.0}
+
+
+def test_feedback_depends_on_history_and_range_is_enforced():
+    env = agentrl.make("agentrl/guess-number-v0")
+    task = GuessNumberTaskGenerator(seed=0).generate(0)
+    secret, high = int(task.answer), task.metadata["high"]
+    env.reset(options={"task": task})
+    obs, *_ = env.step(tool_call("guess", number=high + 1))
+    assert "outside the range" in obs[0]["content"]
+    if secret > 1:
+        obs, *_ = env.step(tool_call("guess", number=secret - 1))
+        assert obs[0]["content"] == "higher"
+    obs, reward, terminated, truncated, info = env.step(tool_call("guess", number=secret))
+    assert terminated and reward == 1.0 and info["finish_reason"] == "submitted"
+
+
+def test_needs_no_sandbox():
+    env = agentrl.make("agentrl/guess-number-v0")
+    env.reset(seed=0)
+    assert env.sandbox is None and not env.needs_sandbox

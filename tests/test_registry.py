@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import agentrl
+from agentrl.registry import EnvSpec, parse_env_id, registry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_parse_env_id():
+    assert parse_env_id("agentrl/calc-v0") == ("agentrl", "calc", 0)
+    assert parse_env_id("agentrl/guess-number-v12") == ("agentrl", "guess-number", 12)
+    assert parse_env_id("Plain") == (None, "Plain", None)
+    with pytest.raises(ValueError, match="malformed environment id"):
+        parse_env_id("a/b/c-v0")
+
+
+def test_builtins_registered_without_importing_them():
+    assert {"agentrl/calc-v0", "agentrl/sqlite-v0", "agentrl/guess-number-v0"} <= set(registry)
+    code = "import agentrl, sys; agentrl.spec('agentrl/calc-v0'); print('agentrl.envs.calc' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_make_applies_spec_defaults_and_overrides():
+    env = agentrl.make("agentrl/guess-number-v0")
+    assert env.max_turns == 12 and isinstance(env.spec, EnvSpec) and env.spec.id == "agentrl/guess-number-v0"
+    env = agentrl.make("agentrl/guess-number-v0", max_turns=3)
+    assert env.max_turns == 3 and env.spec.max_turns == 3
+
+
+def test_did_you_mean_and_missing_version():
+    with pytest.raises(KeyError, match="Did you mean 'agentrl/calc-v0'"):
+        agentrl.make("agentrl/cacl-v0")
+    with pytest.raises(
+        KeyError, match=r"version v7 does not exist. Versions registered: \['agentrl/calc-v0'\]"
+    ):
+        agentrl.spec("agentrl/calc-v7")
+
+
+def test_register_custom_env_and_bad_entry_points():
+    agentrl.register(
+        "test/Guess-v1", "agentrl.envs.guess_number:GuessNumberEnv", max_turns=5, description="custom", seed=3
+    )
+    try:
+        env = agentrl.make("test/Guess-v1")
+        assert env.max_turns == 5 and env.task_source.seed == 3
+        with pytest.raises(ValueError, match="must look like 'package.module:ClassName'"):
+            agentrl.register("test/Bad-v0", "no_colon_here")
+        agentrl.register("test/Missing-v0", "agentrl.envs.guess_number:Nope")
+        with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+            agentrl.make("test/Missing-v0")
+    finally:
+        for k in ("test/Guess-v1", "test/Missing-v0"):
+            registry.pop(k, None)
+
+
+@pytest.fixture(scope="module")
+def plugin_package(tmp_path_factory):
+    """A throw-away third-party package that registers an env and a verifier through entry points."""
+    root = tmp_path_factory.mktemp("plugin")
+    pkg = root / "agentrl_demo_plugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent("""
+        from dataclasses import dataclass
+        import agentrl
+        from agentrl.verifiers import Verdict
+
+        def register_envs():
+            agentrl.register("demo-plugin/Echo-v0", "agentrl_demo_plugin:EchoEnv", max_turns=2,
+                             description="third-party echo env")
+
+        @dataclass
+        class ShoutVerifier:
+            name: str = "shout"
+            def verify(self, sandbox, task, episode):
+                ok = (episode.submission or "") == (task.answer or "").upper()
+                return Verdict(float(ok), ok, "shouted" if ok else "not shouted")
+
+        from agentrl.env import ToolEnv
+        from agentrl.task import Task
+
+        class EchoEnv(ToolEnv):
+            def __init__(self, **kw):
+                kw.setdefault("verifier", "shout")
+                super().__init__(tasks=[Task(id="echo/0", prompt="Say hi loudly.", answer="hi")], tools=["submit"], **kw)
+    """)
+    )
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""
+        [build-system]
+        requires = ["setuptools>=70.1"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "agentrl-demo-plugin"
+        version = "0.0.1"
+        [project.entry-points."agentrl.envs"]
+        demo = "agentrl_demo_plugin:register_envs"
+        [project.entry-points."agentrl.verifiers"]
+        shout = "agentrl_demo_plugin:ShoutVerifier"
+        [tool.setuptools]
+        packages = ["agentrl_demo_plugin"]
+    """)
+    )
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(root)], check=True)
+    yield root
+    subprocess.run([*pip, "uninstall", "-y", "agentrl-demo-plugin"], check=True)
+
+
+@pytest.mark.slow
+def test_third_party_env_and_verifier_found_through_entry_points(plugin_package):
+    code = textwrap.dedent("""
+        import agentrl, sys
+        from agentrl.agents import run_episode, tool_call
+        assert "agentrl_demo_plugin" not in sys.modules          # lazy: not loaded at import
+        env = agentrl.make("demo-plugin/Echo-v0")
+        assert env.verifier.name == "shout"                        # plugin verifier, named by the plugin env
+        class Shouter:
+            def act(self, obs): return tool_call("submit", answer="HI")
+        print(run_episode(env, Shouter(), seed=0).reward)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1.0"
+    listing = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "envs", "list"], capture_output=True, text=True, check=True
+    )
+    assert "demo-plugin/Echo-v0" in listing.stdout and "third-party echo env" in listing.stdout

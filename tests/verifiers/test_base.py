@@ -1,0 +1,58 @@
+import time
+from dataclasses import dataclass
+
+from agentrl.episode import Episode
+from agentrl.task import Task
+from agentrl.verifiers import Verdict, run_verifier
+
+T = Task(id="t", prompt="p")
+E = Episode(task_id="t")
+
+
+@dataclass
+class Sleepy:
+    name: str = "sleepy"
+
+    def verify(self, sandbox, task, episode):
+        time.sleep(5)
+        return Verdict(1.0, True)
+
+
+@dataclass
+class Crashy:
+    name: str = "crashy"
+
+    def verify(self, sandbox, task, episode):
+        raise ValueError("boom")
+
+
+@dataclass
+class Weird:
+    value: object = None
+    name: str = "weird"
+
+    def verify(self, sandbox, task, episode):
+        return self.value
+
+
+def test_timeout_is_reward_zero_with_reason():
+    t0 = time.perf_counter()
+    v = run_verifier(Sleepy(), None, T, E, timeout_s=0.2)
+    assert time.perf_counter() - t0 < 2
+    assert v.reward == 0 and not v.passed and "timed out after 0.2s" in v.details
+
+
+def test_crash_is_reward_zero_with_reason():
+    v = run_verifier(Crashy(), None, T, E)
+    assert v.reward == 0 and "crashed: ValueError: boom" in v.details
+
+
+def test_non_verdict_and_nan_are_rejected():
+    assert "not a Verdict" in run_verifier(Weird(1.0), None, T, E).details
+    v = run_verifier(Weird(Verdict(float("nan"), True)), None, T, E)
+    assert v.reward == 0 and "non-finite" in v.details
+
+
+def test_duration_is_recorded():
+    v = run_verifier(Weird(Verdict(1.0, True)), None, T, E)
+    assert v.passed and v.duration_s >= 0
