@@ -123,7 +123,7 @@ def scan():
 for _ in range(200):
     hit = scan()
     if not hit:
-        break
+        sys.exit(0)
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for p in hit:
             try:
@@ -131,12 +131,37 @@ for _ in range(200):
             except OSError:
                 pass
     time.sleep(0.005)
+sys.exit(1)
 """
 
-# Only shell built-ins: this must work even when a fork bomb holds every pid the cgroup allows.
-# As uid 1000, `kill -9 -1` reaches exactly the agent's processes (PID 1 and the keep-alive are
-# root's, and the caller itself is spared by the kernel).
-_KILL_ALL_AGENT = "for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; exit 0"
+# Only shell built-ins (no fork): this must work even when a fork bomb holds every pid the
+# cgroup allows. As uid 1000, `kill -9 -1` reaches exactly the agent's processes (PID 1 and the
+# keep-alive are root's; the kernel spares the caller). Its exit status cannot say whether any
+# are left (root's processes count as found), so /proc is scanned for live uid-1000 processes.
+# Exit 1: some were still alive after every round (the caller tries again).
+_KILL_ALL_AGENT = f"""
+n=0
+while [ $n -lt 50 ]; do
+  n=$((n+1))
+  kill -9 -1 2>/dev/null
+  left=0
+  for d in /proc/[0-9]*; do
+    [ "${{d#/proc/}}" = "$$" ] && continue
+    state=
+    while read -r key value rest; do
+      case "$key" in
+        State:) state=$value ;;
+        Uid:) [ "$value" = {AGENT_UID} ] && [ "$state" != Z ] && left=1; break ;;
+      esac
+    done < "$d/status" 2>/dev/null
+  done
+  [ $left = 0 ] && exit 0
+done
+exit 1
+"""
+# How long kill_agent_processes keeps trying: under a fork bomb, `docker exec` itself fails
+# now and then ("OCI runtime exec failed") because the pids cgroup is full.
+_KILL_ALL_DEADLINE_S = 30.0
 
 
 # --- one Docker client per process -------------------------------------------------------
@@ -519,9 +544,15 @@ class DockerSandbox:
             kill_on_timeout=False,
         )
         if raw.exit_code != 0 and user == AGENT_USER:
-            # No python3 in this image (or it could not start): take down every agent process
-            # rather than leave the timed-out one running.
-            self._run(
+            # The killer could not run (no python3 in the image, or a fork bomb left no pid
+            # for it) or could not finish: take down every agent process rather than leave
+            # the timed-out command running.
+            self.kill_agent_processes()
+
+    def kill_agent_processes(self) -> None:
+        deadline = time.monotonic() + _KILL_ALL_DEADLINE_S
+        while True:
+            raw = self._run(
                 ["/bin/sh", "-c", _KILL_ALL_AGENT],
                 user=AGENT_USER,
                 env=None,
@@ -530,17 +561,15 @@ class DockerSandbox:
                 cap=4096,
                 kill_on_timeout=False,
             )
-
-    def kill_agent_processes(self) -> None:
-        self._run(
-            ["/bin/sh", "-c", _KILL_ALL_AGENT],
-            user=AGENT_USER,
-            env=None,
-            stdin=None,
-            timeout=_INTERNAL_TIMEOUT_S,
-            cap=4096,
-            kill_on_timeout=False,
-        )
+            if raw.exit_code == 0:
+                return
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"could not kill the agent's processes in sandbox {self.id} within "
+                    f"{_KILL_ALL_DEADLINE_S:.0f}s (last attempt: exit {raw.exit_code}, "
+                    f"{raw.stdout.decode(errors='replace').strip()!r}); close the sandbox instead"
+                )
+            time.sleep(0.05)
 
     # --- files -----------------------------------------------------------------------------
 
