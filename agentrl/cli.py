@@ -19,6 +19,8 @@ envs_app = typer.Typer(help="Registered environments.", no_args_is_help=True)
 app.add_typer(envs_app, name="envs")
 env_app = typer.Typer(help="One environment: show its spec, check its contract.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
+model_app = typer.Typer(help="Local models: build the tiny Qwen2 model and tokenizer.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 
 
 @envs_app.command("list")
@@ -118,6 +120,24 @@ def sandbox_doctor() -> None:
         ok_any |= report.ok
         typer.echo(f"[{mark}] {report.backend:7s} {report.detail}")
     sys.exit(0 if ok_any else 1)
+
+
+@model_app.command("init")
+def model_init(
+    kind: str = typer.Argument(..., help="Which model to build; only `tiny` exists (a random-init Qwen2)."),
+    out: str = typer.Option(
+        ..., "--out", help="Directory to write (created; reused if it holds the same build)."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the weight initialisation (the tokenizer does not depend on it)."
+    ),
+) -> None:
+    """Build a tiny Qwen2-architecture model and its BPE tokenizer, loadable by transformers and vLLM."""
+    if kind != "tiny":
+        raise typer.BadParameter(f"unknown model kind {kind!r}; the only kind is 'tiny'", param_hint="KIND")
+    from agentrl.model_kit import init_tiny
+
+    typer.echo(init_tiny(out, seed=seed))
 
 
 @app.command("demo")

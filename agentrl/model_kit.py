@@ -249,6 +249,8 @@ class RoundTrip(NamedTuple):
 
     vllm_tokens: list[list[int]]
     """Greedy tokens vLLM generated, per prompt."""
+    vllm_texts: list[str]
+    """vLLM's detokenization of those tokens (through the tokenizer it loaded from the model directory)."""
     greedy_agreement: float
     """Fraction of generated positions where transformers' argmax (teacher-forced on vLLM's prefix) agrees."""
     max_abs_logprob_diff: float
@@ -292,7 +294,9 @@ def _vllm_worker(request_path: str, result_path: str) -> None:
         prompt_logprobs = [
             step[tok].logprob for tok, step in zip(ids[1:], out.prompt_logprobs[1:], strict=True)
         ]
-        results.append({"tokens": tokens, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs})
+        results.append(
+            {"tokens": tokens, "text": sample.text, "logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+        )
     Path(result_path).write_text(
         json.dumps({"startup_s": startup_s, "generate_s": generate_s, "results": results})
     )
@@ -376,6 +380,7 @@ def vllm_round_trip(
             max_prompt_diff = max(max_prompt_diff, diff)
     return RoundTrip(
         vllm_tokens=[r["tokens"] for r in payload["results"]],
+        vllm_texts=[r["text"] for r in payload["results"]],
         greedy_agreement=agree / total if total else 1.0,
         max_abs_logprob_diff=max_diff,
         max_abs_prompt_logprob_diff=max_prompt_diff,
