@@ -387,6 +387,44 @@ def _cleanup(root: Path, mounts: list[Path], cgroups: _Cgroups | None) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale(tmpdir: str | None = None) -> list[str]:
+    """Remove what bwrap sandboxes of dead processes left behind; return their ids.
+
+    close() (or garbage collection, or interpreter exit) cleans up normally; a process that
+    was SIGKILLed leaves its directories, its tmpfs mounts (RAM!) and its cgroups. Each
+    sandbox's directory records its owner pid in sandbox.json; only sandboxes whose owner is
+    gone are touched. Runs once per process when the first bwrap sandbox opens.
+    """
+    reaped: list[str] = []
+    base = Path(tmpdir or tempfile.gettempdir())
+    for root in base.glob("agentrl-bwrap-*"):
+        try:
+            meta = json.loads((root / "sandbox.json").read_text())
+            sid, pid = str(meta["id"]), int(meta["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # still being created, or not ours
+        if _pid_alive(pid):
+            continue
+        groups = [Path(d) for d in meta.get("cgroups", []) if Path(d).is_dir()]
+        mounts = [d for d in (root / "workspace", root / "tmp") if os.path.ismount(d)]
+        _cleanup(root, mounts, _Cgroups(groups) if groups else None)
+        reaped.append(sid)
+    return reaped
+
+
+_reaped_once = False
+
+
 @dataclass(frozen=True)
 class Enforcement:
     """How this sandbox enforces each limit (see the module docstring's table)."""
@@ -445,6 +483,10 @@ class BwrapSandbox:
                 "image, or use the default /workspace"
             )
 
+        global _reaped_once
+        if not _reaped_once:
+            _reaped_once = True
+            reap_stale()
         self._root = Path(tempfile.mkdtemp(prefix=f"agentrl-{self.id}-"))
         self.host_workdir = self._root / "workspace"
         self.host_tmp = self._root / "tmp"
@@ -459,10 +501,16 @@ class BwrapSandbox:
                 self._mounts.append(d)
             else:
                 disk_notes.append(problem)
-        (self._root / "sandbox.json").write_text(
-            json.dumps({"id": self.id, "pid": os.getpid(), "image": image, "labels": self.labels}) + "\n"
-        )
         self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
+        # What reap_stale() needs to clean up after this process if it dies without close().
+        meta = {
+            "id": self.id,
+            "pid": os.getpid(),
+            "image": image,
+            "labels": self.labels,
+            "cgroups": [str(d) for d in self._cgroups.dirs] if self._cgroups else [],
+        }
+        (self._root / "sandbox.json").write_text(json.dumps(meta) + "\n")
         cg = self._cgroups is not None
         self.enforcement = Enforcement(
             memory="cgroup (aggregate)" if cg else "RLIMIT_AS (per process)",

@@ -7,6 +7,7 @@ rootfs, the way it runs on a GPU node without Docker.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -185,6 +186,26 @@ def test_file_from_one_sandbox_absent_in_the_next(bwrap_path):
         a.exec("echo leak > /workspace/leak; echo leak > /tmp/leak")
     with open_sandbox("bwrap") as b:
         assert b.exec("ls /workspace /tmp").stdout.split() == ["/tmp:", "/workspace:"]
+
+
+def test_what_a_killed_process_left_behind_is_reaped(bwrap_path):
+    from agentrl.sandbox.bwrap import reap_stale
+
+    script = (
+        "import json, os\n"
+        "from agentrl.sandbox import open_sandbox\n"
+        "sb = open_sandbox('bwrap')\n"
+        "sb.exec('echo x > /workspace/x')\n"
+        "print(json.dumps([str(sb.host_workdir.parent), sb._cgroups.dirs[0].as_posix() if sb._cgroups else '']))\n"
+        "os._exit(0)  # no close(), no finalizers: what a SIGKILL leaves\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    root, cgroup = json.loads(r.stdout)
+    assert Path(root).is_dir()
+    assert reap_stale() and not Path(root).exists()
+    assert not cgroup or not Path(cgroup).exists()
+    assert not any(root in line for line in Path("/proc/mounts").read_text().splitlines())
 
 
 def test_missing_workdir_is_a_clear_error(bwrap_path):
