@@ -648,6 +648,12 @@ class BwrapSandbox:
         finally:
             with self._lock:
                 self._running = {p for p in self._running if p.poll() is None}
+                idle = not self._running
+            if idle and self._cgroups is not None:
+                # bwrap is reaped before the kernel has finished tearing down its pid namespace;
+                # until then the dying processes still count against pids.max, and the next exec
+                # would fail to start. Wait them out (and kill stragglers) while no exec runs.
+                self._cgroups.kill_all(wait_s=5.0)
         if 128 < result.exit_code < 160 and not result.timed_out:
             result = replace(result, exit_code=128 - result.exit_code)
         if not self.alive():
