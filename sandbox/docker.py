@@ -628,7 +628,9 @@ class DockerSandbox:
         if raw.timed_out:
             raise SandboxError(f"copying into {target} in sandbox {self.id} timed out")
         if raw.exit_code != 0:
-            self._raise_fs_error(raw.stderr.decode(errors="replace").strip(), target, privileged)
+            lines = raw.stderr.decode(errors="replace").strip().splitlines()
+            message = "; ".join(ln for ln in lines if "Exiting with failure status" not in ln)
+            self._raise_fs_error(message or f"tar exited {raw.exit_code}", target, privileged)
 
     def _raise_fs_error(self, message: str, target: str, privileged: bool) -> NoReturn:
         if "No space left" in message or "Disk quota" in message:
@@ -645,6 +647,14 @@ class DockerSandbox:
                 errno.EACCES,
                 f"{who} cannot write {target}: {message}. The agent writes {self.workdir} and /tmp; "
                 f"privileged=True writes {PROTECTED_DIR}; the rest of the file system is read-only",
+            )
+        if "File exists" in message:
+            # tar replaces an existing file by unlinking it first (never writing through a
+            # symlink); that fails on the read-only root and where a directory is in the way.
+            raise FileExistsError(
+                errno.EEXIST,
+                f"cannot replace what is already at {target} (a directory, or a file on the "
+                f"read-only root): {message}",
             )
         raise SandboxError(f"could not write {target} in sandbox {self.id}: {message}")
 

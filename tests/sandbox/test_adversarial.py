@@ -1,0 +1,280 @@
+"""Adversarial sandbox tests: one property each, the same attack against every isolating backend.
+
+Each test plays an agent that tries to break out or break things (network egress, fork and
+memory bombs, disk fill, output floods, processes that outlive their timeout, writes outside
+the workspace, privilege escalation, state left for the next episode) and checks that the
+sandbox contains it and that the host, and where promised the sandbox, still work.
+
+Limits are small so the attacks hit them fast; the docker half runs in well under two
+minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+import tracemalloc
+
+import pytest
+
+from agentrl.sandbox import PROTECTED_DIR, Limits, SandboxDead, open_sandbox
+
+LIMITS = Limits(
+    memory_mb=256,
+    cpus=1.0,
+    pids=64,
+    disk_mb=32,
+    exec_timeout_s=20,
+    output_limit_bytes=64 * 1024,
+)
+
+BACKENDS = [
+    pytest.param("docker", marks=pytest.mark.docker, id="docker"),
+    pytest.param("bwrap", id="bwrap"),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "bwrap":
+        request.getfixturevalue("bwrap_path")  # fails loudly when bubblewrap is missing
+    return request.param
+
+
+@pytest.fixture
+def sb(backend: str):
+    with open_sandbox(backend, limits=LIMITS) as box:
+        yield box
+
+
+def py(code: str) -> list[str]:
+    return ["python3", "-c", textwrap.dedent(code)]
+
+
+def running_commands(box) -> list[str]:
+    """Command lines of every live process in the sandbox (zombies show as `[name] <defunct>`)."""
+    r = box.exec(["ps", "-eo", "args="])
+    assert r.exit_code == 0, r
+    return r.stdout.splitlines()
+
+
+def test_network_egress_refused(sb):
+    r = sb.exec(
+        py(
+            """
+            import socket
+            try:
+                socket.create_connection(("1.1.1.1", 53), timeout=3).close()
+                print("CONNECTED")
+            except OSError as exc:
+                print("no connection:", exc)
+            try:
+                socket.getaddrinfo("example.com", 443)
+                print("RESOLVED")
+            except OSError as exc:
+                print("no resolution:", exc)
+            """
+        ),
+        timeout=15,
+    )
+    assert r.exit_code == 0, r
+    assert "no connection" in r.stdout and "no resolution" in r.stdout, r
+    assert "CONNECTED" not in r.stdout and "RESOLVED" not in r.stdout
+
+
+def test_no_network_interface_but_loopback(sb):
+    r = sb.exec(["cat", "/proc/net/dev"])
+    interfaces = {line.split(":")[0].strip() for line in r.stdout.splitlines()[2:]}
+    assert interfaces == {"lo"}, r.stdout
+
+
+def test_fork_loop_stopped_by_pids_limit(sb):
+    # Children sleep with their output closed, so the exec ends when the parent gives up.
+    r = sb.exec(
+        py(
+            """
+            import os, time
+            n = 0
+            try:
+                while n < 10_000:
+                    if os.fork() == 0:
+                        os.closerange(0, 3)
+                        time.sleep(60)
+                        os._exit(0)
+                    n += 1
+            except OSError as exc:
+                print("stopped after", n, "forks:", exc.strerror)
+            """
+        ),
+        timeout=30,
+    )
+    assert "stopped after" in r.stdout, r
+    forks = int(r.stdout.split()[2])
+    assert 0 < forks < LIMITS.pids, r.stdout
+    sb.kill_agent_processes()
+    assert sb.exec("echo alive").stdout == "alive\n"
+
+
+@pytest.mark.slow
+def test_fork_bomb_killed_at_timeout_and_sandbox_answers(sb):
+    # Every process forks forever and never exits: only the timeout's tree kill ends it.
+    bomb = py(
+        """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+        """
+    )
+    t0 = time.monotonic()
+    r = sb.exec(bomb, timeout=2)
+    assert r.timed_out and r.exit_code == -9, r
+    assert time.monotonic() - t0 < 30
+    after = sb.exec("echo alive")
+    assert after.ok and after.stdout == "alive\n", after
+    assert not [c for c in running_commands(sb) if c.startswith("python3")]
+
+
+@pytest.mark.slow
+def test_background_fork_bomb_cleared_by_kill_agent_processes(sb):
+    # The classic bomb backgrounds itself, so the exec returns while it rages on.
+    sb.exec(["bash", "-c", ":(){ :|:& };:"], timeout=3)
+    sb.kill_agent_processes()
+    after = sb.exec("echo alive")
+    assert after.ok and after.stdout == "alive\n", after
+    assert not [c for c in running_commands(sb) if c.startswith("bash")]
+
+
+@pytest.mark.slow
+def test_memory_bomb_killed_by_memory_limit(sb):
+    tracemalloc.start()
+    try:
+        r = sb.exec(
+            py(
+                """
+                blocks = []
+                while True:
+                    blocks.append(bytearray(16 << 20))  # touched: bytearray zero-fills
+                    print(len(blocks) * 16, flush=True)
+                """
+            ),
+            timeout=30,
+        )
+        _, host_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not r.timed_out, "the memory limit never stopped the bomb"
+    assert r.exit_code != 0, r
+    reached_mb = int(r.stdout.split()[-1]) if r.stdout.strip() else 0
+    assert reached_mb <= LIMITS.memory_mb + 16, (
+        f"allocated {reached_mb} MiB under a {LIMITS.memory_mb} MiB cap"
+    )
+    assert host_peak < 8 << 20, f"the host side held {host_peak} bytes"
+    # Either the sandbox survived (the OOM killer took the bomb) or it says clearly it is dead.
+    try:
+        assert sb.exec("echo alive").stdout == "alive\n"
+    except SandboxDead:
+        assert not sb.alive()
+
+
+@pytest.mark.parametrize("where", ["workspace", "/tmp"])
+def test_disk_fill_stopped_at_cap(sb, where):
+    target = "fill.bin" if where == "workspace" else "/tmp/fill.bin"
+    r = sb.exec(f"dd if=/dev/zero of={target} bs=1M count={LIMITS.disk_mb * 4}", timeout=30)
+    assert r.exit_code != 0 and "No space left" in r.stderr, r
+    size = int(sb.exec(["stat", "-c", "%s", target]).stdout)
+    assert size <= LIMITS.disk_mb << 20
+    # The cap is per mount: freeing space makes it usable again.
+    assert sb.exec(f"rm {target} && echo ok > small.txt && cat small.txt").stdout == "ok\n"
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_100mb_of_output_is_capped_while_streaming(sb, stream):
+    redirect = "" if stream == "stdout" else " 1>&2"
+    tracemalloc.start()
+    try:
+        r = sb.exec(f"head -c 100000000 /dev/zero | tr '\\0' x{redirect}", timeout=60)
+        _, host_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    text = getattr(r, stream)
+    assert r.exit_code == 0 and r.truncated, r
+    assert text.startswith("x" * 1000)
+    assert "output truncated" in text and "bytes dropped" in text
+    assert len(text) <= LIMITS.output_limit_bytes + 200
+    # Streamed, never buffered: the host never held more than a few caps' worth.
+    assert host_peak < 16 << 20, f"the host side held {host_peak} bytes"
+
+
+TREES = {
+    "sleep": "sleep 4321",
+    "background_child": "sleep 4321 & sleep 4321",
+    "setsid_nohup_grandchild": "(setsid nohup sleep 4321 >/dev/null 2>&1 &); sleep 4321",
+    "env_scrubbed_daemon": "(env -i setsid sleep 4321 </dev/null >/dev/null 2>&1 &); sleep 4321",
+    "double_fork_python": "python3 -c 'import os,time\nif os.fork()==0:\n os.setsid()\n if os.fork()==0: time.sleep(4321)\n os._exit(0)\ntime.sleep(4321)'",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", list(TREES), ids=list(TREES))
+def test_timeout_kills_whole_process_tree(sb, tree):
+    t0 = time.monotonic()
+    r = sb.exec(TREES[tree], timeout=1.5)
+    elapsed = time.monotonic() - t0
+    assert r.timed_out and r.exit_code == -9, r
+    assert 1.5 <= elapsed < 15, elapsed
+    survivors = [c for c in running_commands(sb) if "4321" in c and "defunct" not in c]
+    assert survivors == [], f"outlived the timeout: {survivors}"
+
+
+@pytest.mark.parametrize(
+    "path", ["/pwned", "/etc/pwned", "/usr/pwned", "/usr/bin/python3", f"{PROTECTED_DIR}/pwned"]
+)
+def test_writes_outside_workspace_refused(sb, path):
+    before = sb.exec(["sh", "-c", f"md5sum {path} 2>/dev/null || echo absent"]).stdout
+    r = sb.exec(f"echo pwned > {path}")
+    assert r.exit_code != 0, r
+    with pytest.raises(OSError):
+        sb.write_file(path, "pwned")
+    after = sb.exec(["sh", "-c", f"md5sum {path} 2>/dev/null || echo absent"]).stdout
+    assert after == before
+
+
+def test_agent_is_unprivileged(sb):
+    r = sb.exec("id -u; grep -E '^(NoNewPrivs|CapEff):' /proc/self/status")
+    uid, *status = r.stdout.splitlines()
+    assert uid != "0"
+    fields = dict(line.split(":\t") for line in status)
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert int(fields["CapEff"], 16) == 0
+
+
+ESCALATIONS = {
+    "su": "su -c 'id -u' root </dev/null",
+    "setuid_copy": 'cp "$(command -v id)" ./id_copy && chmod 4755 ./id_copy && ./id_copy -u',
+    "chmod_system_binary": 'chmod u+s "$(command -v id)" && "$(command -v id)" -u',
+    "user_namespace": "unshare -r id -u",
+    "setuid_syscall": "python3 -c 'import os; os.setuid(0); print(os.getuid())'",
+    "mount": "mount -t tmpfs none /mnt && id -u",
+}
+
+
+@pytest.mark.parametrize("attempt", list(ESCALATIONS), ids=list(ESCALATIONS))
+def test_privilege_escalation_refused(sb, attempt):
+    r = sb.exec(ESCALATIONS[attempt], timeout=15)
+    # Each attempt prints a uid only if it got that far; root's would be "0".
+    assert "0" not in r.stdout.split(), r
+    assert sb.exec("id -u").stdout.strip() != "0"
+
+
+def test_files_do_not_leak_into_the_next_sandbox(backend, sb):
+    sb.write_file("secret.txt", "episode 1")
+    assert sb.exec("echo episode 1 > /tmp/secret.txt").ok
+    sb.close()
+    with open_sandbox(backend, limits=LIMITS) as fresh:
+        r = fresh.exec("ls -A . /tmp; cat secret.txt /tmp/secret.txt")
+        assert "secret" not in r.stdout, r
+        with pytest.raises(FileNotFoundError):
+            fresh.read_file("secret.txt")
