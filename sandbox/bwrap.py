@@ -588,11 +588,13 @@ class BwrapSandbox:
         for key, value in env.items():
             args += ["--setenv", key, value]
         # Limits set inside the new user namespace (see the module docstring for why).
-        args += ["--", self._prlimit, f"--fsize={lim.disk_mb << 20}"]
+        args += ["--", self._prlimit, f"--nproc={lim.pids}"]
         if self._cgroups is None:
-            args += [f"--nproc={lim.pids}", f"--as={lim.memory_mb << 20}"]
-        else:
-            args += [f"--nproc={lim.pids}"]
+            args += [f"--as={lim.memory_mb << 20}"]
+        if len(self._mounts) < 2:
+            # No size-capped tmpfs: a per-file cap is all that stands between a fill and the disk.
+            # (With the tmpfs it would only turn a clean ENOSPC into SIGXFSZ at the same size.)
+            args += [f"--fsize={lim.disk_mb << 20}"]
         args += ["--", *argv]
         if self._cgroups is not None:
             # Join the cgroups before bwrap forks anything, from a host shell that then becomes bwrap.

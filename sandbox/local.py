@@ -17,7 +17,8 @@ What it does:
   `setsid` are found in /proc and killed too (a process that scrubs its environment escapes:
   that is why this backend is for trusted code).
 - stdout/stderr are read as they come and kept up to `limits.output_limit_bytes` each; the
-  rest is drained and dropped and `truncated` is set (100 MB of output costs no memory).
+  rest is drained and dropped, `truncated` is set and the stream ends with
+  "[agentrl: output truncated, N bytes dropped]" (100 MB of output costs no memory).
 - No memory, CPU, pids, disk or network limit is enforced; `privileged` changes nothing but
   which paths `write_file`/`copy_in` accept (there is one user).
 
@@ -63,6 +64,10 @@ SANDBOX_MARKER = "AGENTRL_SANDBOX_ID"
 EXEC_MARKER = "AGENTRL_EXEC_ID"
 
 _warned = False
+
+# Appended to a stream that hit the cap, so a model reading it knows it saw only the start.
+# Same text as the docker backend's (a shared home in base.py would be better).
+TRUNCATION_NOTE = "\n[agentrl: output truncated, {n} bytes dropped]"
 
 
 class SandboxPathError(SandboxError, PermissionError):
@@ -116,7 +121,7 @@ def run_capped(
     assert proc.stdout is not None and proc.stderr is not None
     buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    truncated = False
+    dropped = dict.fromkeys(buffers, 0)
     timed_out = False
     sel = selectors.DefaultSelector()
     for fd in buffers:
@@ -176,7 +181,7 @@ def run_capped(
                 buf = buffers[fd]
                 room = output_limit - len(buf)
                 if len(chunk) > room:
-                    truncated = True
+                    dropped[fd] += len(chunk) - max(room, 0)
                     chunk = chunk[: max(room, 0)]
                 buf += chunk
         if timed_out:
@@ -197,13 +202,18 @@ def run_capped(
     code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
     if timed_out and code >= 0:
         code = -signal.SIGKILL
+    texts = {}
+    for fd, buf in buffers.items():
+        texts[fd] = buf.decode("utf-8", errors="replace")
+        if dropped[fd]:
+            texts[fd] += TRUNCATION_NOTE.format(n=dropped[fd])
     return ExecResult(
         exit_code=code,
-        stdout=buffers[out_fd].decode("utf-8", errors="replace"),
-        stderr=buffers[err_fd].decode("utf-8", errors="replace"),
+        stdout=texts[out_fd],
+        stderr=texts[err_fd],
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
-        truncated=truncated,
+        truncated=any(dropped.values()),
     )
 
 
