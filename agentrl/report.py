@@ -1,0 +1,182 @@
+"""Evaluation summaries and reports: pass@k with confidence intervals, agent metrics, plots, Markdown.
+
+Input is what an evaluation wrote: per-episode records (`Trajectory`), several samples per
+task. Everything here is a pure function of those records, so a report can be rebuilt from
+the JSONL files at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agentrl.passk import bootstrap_ci, pass_at_k_per_task, pass_hat_k_per_task
+from agentrl.trajectory import Trajectory
+
+
+@dataclass
+class PassAtK:
+    k: int
+    pass_at_k: float
+    ci_low: float
+    ci_high: float
+    pass_hat_k: float
+
+
+@dataclass
+class ModelSummary:
+    model: str
+    num_tasks: int
+    samples_per_task: int
+    mean_reward: float
+    pass_at: list[PassAtK]
+    task_pass_rate: dict[str, float]
+    mean_turns: float
+    mean_tool_calls: float
+    tool_error_rate: float  # tool errors per tool call
+    tool_timeouts: int
+    format_errors: int
+    mean_tokens: float
+    mean_action_tokens: float
+    finish_reasons: dict[str, int]
+    wall_s: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def pass_at_dict(self) -> dict[str, float]:
+        return {f"pass@{p.k}": p.pass_at_k for p in self.pass_at}
+
+
+def summarize(
+    model: str,
+    trajectories: Sequence[Trajectory],
+    ks: Sequence[int],
+    *,
+    wall_s: float = 0.0,
+    success_threshold: float = 1.0,
+    seed: int = 0,
+) -> ModelSummary:
+    """pass@k per k (unbiased, bootstrap CI over tasks) and agent metrics of one model's episodes."""
+    if not trajectories:
+        raise ValueError(f"no episodes for model {model!r}: nothing to summarize")
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_task[t.task_id].append(t)
+    task_ids = sorted(by_task)
+    n = np.array([len(by_task[t]) for t in task_ids])  # [T]
+    c = np.array([sum(x.reward >= success_threshold for x in by_task[t]) for t in task_ids])  # [T]
+    n_min = int(n.min())
+    pass_at = []
+    for k in sorted(set(ks)):
+        if k > n_min:
+            raise ValueError(f"pass@{k} needs at least {k} samples per task; the smallest task has {n_min}")
+        per = pass_at_k_per_task(n, c, k)  # [T]
+        lo, hi = bootstrap_ci(per, seed=seed)
+        pass_at.append(PassAtK(k, float(per.mean()), lo, hi, float(pass_hat_k_per_task(n, c, k).mean())))
+    calls = sum(t.tool_calls for t in trajectories)
+    return ModelSummary(
+        model=model,
+        num_tasks=len(task_ids),
+        samples_per_task=n_min,
+        mean_reward=float(np.mean([t.reward for t in trajectories])),
+        pass_at=pass_at,
+        task_pass_rate={t: float(cc / nn) for t, nn, cc in zip(task_ids, n, c, strict=True)},
+        mean_turns=float(np.mean([t.turns for t in trajectories])),
+        mean_tool_calls=float(np.mean([t.tool_calls for t in trajectories])),
+        tool_error_rate=float(sum(t.tool_errors for t in trajectories) / calls) if calls else 0.0,
+        tool_timeouts=sum(t.tool_timeouts for t in trajectories),
+        format_errors=sum(t.format_errors for t in trajectories),
+        mean_tokens=float(np.mean([len(t.token_ids) for t in trajectories])),
+        mean_action_tokens=float(np.mean([t.num_action_tokens for t in trajectories])),
+        finish_reasons=dict(Counter(t.finish_reason for t in trajectories)),
+        wall_s=wall_s,
+    )
+
+
+def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: str = "") -> Path:
+    """pass@k against k for each model, with the bootstrap CI as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in summaries:
+        ks = [p.k for p in s.pass_at]
+        ax.plot(ks, [p.pass_at_k for p in s.pass_at], marker="o", label=s.model)
+        ax.fill_between(ks, [p.ci_low for p in s.pass_at], [p.ci_high for p in s.pass_at], alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or "pass@k (95% bootstrap CI over tasks)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_task_scatter(before: ModelSummary, after: ModelSummary, path: str | Path) -> Path:
+    """Per-task pass rate, before (x) against after (y); points above the diagonal improved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted(set(before.task_pass_rate) & set(after.task_pass_rate))
+    rng = np.random.default_rng(0)
+    jitter = rng.uniform(-0.015, 0.015, size=(2, len(tasks)))  # [2, T]: overlapping rates stay visible
+    x = np.array([before.task_pass_rate[t] for t in tasks]) + jitter[0]
+    y = np.array([after.task_pass_rate[t] for t in tasks]) + jitter[1]
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
+    ax.scatter(x, y, s=14, alpha=0.6)
+    ax.set_xlabel(f"pass rate: {before.model}")
+    ax.set_ylabel(f"pass rate: {after.model}")
+    ax.set_xlim(-0.05, 1.05)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{len(tasks)} tasks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def markdown_report(summaries: Sequence[ModelSummary], *, env_id: str, split: str) -> str:
+    ks = [p.k for p in summaries[0].pass_at]
+    lines = [
+        f"# Evaluation on `{env_id}` ({split} split)",
+        "",
+        f"{summaries[0].num_tasks} tasks, {summaries[0].samples_per_task} samples per task; "
+        "pass@k is the unbiased estimator (Chen et al., 2021), [95% bootstrap CI over tasks].",
+        "",
+        "| model | "
+        + " | ".join(f"pass@{k}" for k in ks)
+        + " | mean reward | turns | tool calls | tool err | timeouts |",
+        "|---|" + "---|" * (len(ks) + 5),
+    ]
+    for s in summaries:
+        cells = [f"{p.pass_at_k:.3f} [{p.ci_low:.2f}, {p.ci_high:.2f}]" for p in s.pass_at]
+        lines.append(
+            f"| {s.model} | " + " | ".join(cells) + f" | {s.mean_reward:.3f} | {s.mean_turns:.2f} | "
+            f"{s.mean_tool_calls:.2f} | {s.tool_error_rate:.2f} | {s.tool_timeouts} |"
+        )
+    lines.append("")
+    for s in summaries:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(s.finish_reasons.items()))
+        lines.append(
+            f"- **{s.model}**: finish reasons {reasons}; {s.mean_tokens:.0f} tokens per episode "
+            f"({s.mean_action_tokens:.0f} sampled); {s.wall_s:.0f}s wall."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_summary_json(summaries: Sequence[ModelSummary], path: str | Path, **meta: object) -> Path:
+    Path(path).write_text(json.dumps({**meta, "models": [asdict(s) for s in summaries]}, indent=2))
+    return Path(path)
