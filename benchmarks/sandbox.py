@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agentrl.sandbox import DEFAULT_IMAGE, Limits, Sandbox, open_sandbox
+from agentrl.sandbox.base import AGENT_UID
 from agentrl.sandbox.pool import SandboxPool, percentile
 
 BENCH_LABEL = "agentrl.bench"
@@ -188,7 +189,7 @@ def bench_exec_overhead(limits: Limits, reps: int) -> dict:
     sandbox = tracked_open("docker", limits)
     try:
         container = docker_client().containers.get(sandbox.id)
-        user = container.attrs["Config"].get("User") or "root"
+        user = f"{AGENT_UID}:{AGENT_UID}"  # the agent, whom our exec runs as by default
 
         def ours() -> None:
             check_ok(sandbox.exec(["true"]), "true")
@@ -247,10 +248,50 @@ def _container_memory_mib(container_id: str) -> float | None:
     return None
 
 
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def _engine_rss_mib() -> float:
+    """Resident memory of dockerd and its containerd: what the engine pays per container."""
+    total = 0.0
+    for pid_file in ("/var/run/docker.pid", "/var/run/docker/containerd/containerd.pid"):
+        try:
+            total += _rss_mib(int(Path(pid_file).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _shim_rss_mib(container_ids: set[str]) -> float:
+    """Resident memory of the per-container `containerd-shim` processes of these containers."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or b"containerd-shim" not in argv[0] or b"-id" not in argv:
+            continue
+        cid = argv[argv.index(b"-id") + 1].decode() if argv.index(b"-id") + 1 < len(argv) else ""
+        if cid in container_ids:
+            total += _rss_mib(int(entry.name))
+    return total
+
+
 def bench_concurrency(max_concurrent: int, memory_mb: int) -> dict:
     limits = Limits(memory_mb=memory_mb, cpus=0.25, pids=64)
     client = docker_client()
     avail_before = _mem_available_mib()
+    engine_before = _engine_rss_mib()
     held: list[Sandbox] = []
     error: str | None = None
     t0 = time.perf_counter()
@@ -277,12 +318,11 @@ def bench_concurrency(max_concurrent: int, memory_mb: int) -> dict:
             error = error or f"{type(exc).__name__}: {exc}"
     time.sleep(1.0)  # let the page cache and shims settle before reading memory
     avail_after = _mem_available_mib()
-    per_container = []
-    for sandbox in held:
-        full_id = client.containers.get(sandbox.id).id
-        mib = _container_memory_mib(full_id)
-        if mib is not None:
-            per_container.append(mib)
+    engine_growth = _engine_rss_mib() - engine_before
+    full_ids = {client.containers.get(sandbox.id).id for sandbox in held}
+    per_container = [mib for cid in full_ids if (mib := _container_memory_mib(cid)) is not None]
+    shims = _shim_rss_mib(full_ids)
+    cgroups = sum(per_container)
     t1 = time.perf_counter()
     for sandbox in held:
         tracked_close(sandbox)
@@ -294,10 +334,15 @@ def bench_concurrency(max_concurrent: int, memory_mb: int) -> dict:
         "memory_limit_mb_each": memory_mb,
         "start_wall_s": round(start_wall_s, 2),
         "close_wall_s": round(close_wall_s, 2),
-        "host_mem_used_mib": round(avail_before - avail_after, 1),
-        "host_mem_used_mib_per_sandbox": round((avail_before - avail_after) / max(1, len(held)), 2),
-        "cgroup_mem_mib_total": round(sum(per_container), 1) if per_container else None,
-        "cgroup_mem_mib_per_sandbox_p50": round(percentile(per_container, 50), 2) if per_container else None,
+        # What the sandboxes cost: their cgroups (the processes inside, page cache included),
+        # one containerd-shim each, and the engine's own growth.
+        "mem_used_mib": round(cgroups + shims + engine_growth, 1),
+        "mem_used_mib_per_sandbox": round((cgroups + shims + engine_growth) / max(1, len(held)), 2),
+        "cgroup_mem_mib_total": round(cgroups, 1),
+        "shim_rss_mib_total": round(shims, 1),
+        "engine_rss_growth_mib": round(engine_growth, 1),
+        # Machine-wide, so other work on a shared machine shows up in it too.
+        "host_mem_available_drop_mib": round(avail_before - avail_after, 1),
         "host_mem_available_mib_after": round(avail_after, 1),
         "error": error,
     }

@@ -252,10 +252,26 @@ class SandboxPool:
         return self.acquire_key(key)
 
     async def acquire_async(self, backend: str = "docker", **key_kwargs: object) -> Sandbox:
-        """`acquire` for asyncio code: runs in a worker thread so the event loop never blocks."""
-        import asyncio
+        """`acquire` for asyncio code: runs in a worker thread so the event loop never blocks.
 
-        return await asyncio.to_thread(self.acquire, backend, **key_kwargs)  # type: ignore[arg-type]
+        If the awaiting task is cancelled, the sandbox the thread still produces is closed
+        instead of leaking.
+        """
+        import asyncio
+        import functools
+
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, functools.partial(self.acquire, backend, **key_kwargs))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+
+            def close_orphan(done: asyncio.Future[Sandbox]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    loop.run_in_executor(None, _close_quietly, done.result())
+
+            future.add_done_callback(close_orphan)
+            raise
 
     def acquire_key(self, key: PoolKey) -> Sandbox:
         """`acquire` by a ready-made `PoolKey`."""

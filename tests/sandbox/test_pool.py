@@ -1,4 +1,4 @@
-"""The warm sandbox pool, one property per test, on real backends (`local`, and `docker`).
+"""The warm sandbox pool, one property per test, on real backends (`local`, `bwrap`, `docker`).
 
 Every docker sandbox a test starts carries a label unique to that test, so the test can
 check from the engine's side (not the pool's) what is left, and remove leftovers.
@@ -7,6 +7,7 @@ check from the engine's side (not the pool's) what is left, and remove leftovers
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -68,8 +69,11 @@ class Backend:
             import docker
 
             docker.from_env().containers.get(sandbox.id).remove(force=True)
-        else:
-            shutil.rmtree(sandbox.host_workdir)  # type: ignore[attr-defined]
+        else:  # local and bwrap keep the workspace in a host directory (bwrap: a tmpfs on it)
+            workspace = sandbox.host_workdir  # type: ignore[attr-defined]
+            if os.path.ismount(workspace):
+                subprocess.run(["umount", "-l", str(workspace)], check=True)
+            shutil.rmtree(workspace)
 
     def cleanup(self) -> None:
         for sandbox in self.opened:
@@ -79,8 +83,10 @@ class Backend:
                 container.remove(force=True)
 
 
-@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(params=["local", "bwrap", pytest.param("docker", marks=pytest.mark.docker)])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "bwrap":
+        request.getfixturevalue("bwrap_path")  # fails loudly when bubblewrap is missing
     b = Backend(request.param)
     yield b
     b.cleanup()
@@ -197,7 +203,7 @@ def test_close_removes_every_warm_sandbox(backend: Backend) -> None:
 
 
 def test_a_background_start_failure_surfaces_on_the_next_acquire(backend: Backend) -> None:
-    # A configuration the backend refuses: docker has no such image; local wants an absolute workdir.
+    # A configuration the backend refuses: docker has no such image; the others want an absolute workdir.
     broken = (
         {"image": f"agentrl/no-such-image:{backend.tag}"}
         if backend.name == "docker"
