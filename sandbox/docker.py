@@ -71,6 +71,7 @@ _STDIN_CHUNK = 64 * 1024
 _DRAIN_AFTER_KILL_S = 3.0
 # Bound on file transfers and the killer itself (they are ours, not the agent's commands).
 _INTERNAL_TIMEOUT_S = 60.0
+_OCI_EXEC_FAILED = "OCI runtime exec failed"
 TRUNCATION_NOTE = "\n[agentrl: output truncated, {n} bytes dropped]"
 
 # Runs inside the container, as the user of the timed-out exec (only that user may signal its
@@ -394,12 +395,19 @@ class DockerSandbox:
         )
         stdout = raw.stdout.decode("utf-8", errors="replace")
         stderr = raw.stderr.decode("utf-8", errors="replace")
+        exit_code = raw.exit_code
+        if exit_code == 126 and stdout.startswith(_OCI_EXEC_FAILED):
+            # runc could not start the program; docker reports that as exit 126 with its error
+            # on stdout. Say it the way a shell would: on stderr, 127 when there is no such program.
+            stdout, stderr = "", stdout.strip() + "\n"
+            if "not found" in stderr or "no such file" in stderr:
+                exit_code = 127
         if raw.dropped_stdout:
             stdout += TRUNCATION_NOTE.format(n=raw.dropped_stdout)
         if raw.dropped_stderr:
             stderr += TRUNCATION_NOTE.format(n=raw.dropped_stderr)
         return ExecResult(
-            exit_code=raw.exit_code,
+            exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
             timed_out=raw.timed_out,

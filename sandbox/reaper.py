@@ -27,7 +27,6 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 LABEL_RUN_ID = "agentrl.run_id"
@@ -127,14 +126,37 @@ def _remove(client: Any, container_id: str) -> bool:
 
 
 def _remove_many(client: Any, ids: list[str]) -> list[str]:
-    """Remove containers in parallel: one by one, a pool of 64 takes many seconds at exit."""
-    if not ids:
-        return []
-    if len(ids) == 1:
-        return ids if _remove(client, ids[0]) else []
-    with ThreadPoolExecutor(max_workers=min(8, len(ids))) as ex:
-        done = list(ex.map(lambda cid: _remove(client, cid), ids))
-    return [cid for cid, ok in zip(ids, done, strict=True) if ok]
+    """Remove containers in parallel: one by one, a pool of 64 takes many seconds at exit.
+
+    Plain threads, not concurrent.futures: its executors refuse work once the interpreter
+    starts shutting down, which is exactly when `atexit` calls this.
+    """
+    removed: list[str] = []
+    errors: list[BaseException] = []
+
+    def worker(batch: list[str]) -> None:
+        for cid in batch:
+            try:
+                if _remove(client, cid):
+                    removed.append(cid)
+            except Exception as exc:
+                errors.append(exc)
+
+    n_threads = min(8, len(ids))
+    batches = [ids[i::n_threads] for i in range(n_threads)]
+    threads = [threading.Thread(target=worker, args=(b,), daemon=True) for b in batches[1:]]
+    try:
+        for t in threads:
+            t.start()
+    except RuntimeError:  # no new threads at this stage of shutdown: do it all here
+        threads, batches = [], [ids]
+    if batches:
+        worker(batches[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return removed
 
 
 def _client() -> Any:

@@ -1,0 +1,169 @@
+"""The leak reaper: a run that dies, however it dies, leaves no container behind for long."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from agentrl.sandbox import open_sandbox, reaper
+
+pytestmark = pytest.mark.docker
+
+AGENTRL_CLI = Path(sys.executable).with_name("agentrl")
+
+
+def containers_of(run_id: str) -> list:
+    return docker.from_env().containers.list(all=True, filters={"label": f"agentrl.run_id={run_id}"})
+
+
+def spawn_run(run_id: str, body: str = "", n_sandboxes: int = 2) -> subprocess.Popen:
+    """A child "training run" that opens sandboxes, says READY, then runs `body`
+    (by default: an exec that is still in flight when the test kills it)."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        from agentrl.sandbox import open_sandbox
+        boxes = [open_sandbox("docker") for _ in range({n_sandboxes})]
+        print("READY", flush=True)
+        """
+    ) + textwrap.dedent(body or "boxes[0].exec('sleep 60', timeout=120)\n")
+    env = {**os.environ, "AGENTRL_RUN_ID": run_id}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    line = proc.stdout.readline()
+    assert line.strip() == "READY", (
+        f"child failed to start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
+    return proc
+
+
+@pytest.fixture
+def run_id():
+    rid = f"test-reaper-{uuid.uuid4().hex[:8]}"
+    yield rid
+    for c in containers_of(rid):  # never leave our own experiments behind
+        c.remove(force=True)
+
+
+def test_sigkilled_run_is_reaped(run_id):
+    proc = spawn_run(run_id)
+    time.sleep(0.5)  # mid-episode: the exec is running
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    leaked = containers_of(run_id)
+    assert len(leaked) == 2, "SIGKILL runs no handler, so the containers must still be there"
+    removed = reaper.reap()
+    assert {c.name for c in leaked} <= set(removed)
+    assert containers_of(run_id) == []
+
+
+def test_next_startup_reaps_dead_runs(run_id):
+    proc = spawn_run(run_id, n_sandboxes=1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert len(containers_of(run_id)) == 1
+    # A new process's first sandbox triggers the start-up reap.
+    code = textwrap.dedent(
+        """
+        from agentrl.sandbox import open_sandbox, reaper
+        with open_sandbox("docker"):
+            reaper.wait_startup_reap(timeout=60)
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert containers_of(run_id) == []
+
+
+def test_sigterm_removes_containers_and_still_terminates(run_id):
+    proc = spawn_run(run_id)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM  # died of SIGTERM, as without us
+    assert containers_of(run_id) == []
+
+
+def test_sigterm_chains_to_the_previous_handler(run_id):
+    body = """
+    import signal, sys
+    def mine(signum, frame):
+        print("USER HANDLER", flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, mine)  # installed before any sandbox: ours must chain to it
+    """
+    code_prefix = textwrap.dedent(body)
+    code = code_prefix + textwrap.dedent(
+        """
+        from agentrl.sandbox import open_sandbox
+        boxes = [open_sandbox("docker") for _ in range(2)]
+        print("READY", flush=True)
+        boxes[0].exec('sleep 60', timeout=120)
+        """
+    )
+    env = {**os.environ, "AGENTRL_RUN_ID": run_id}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 3
+    assert "USER HANDLER" in proc.stdout.read()
+    assert containers_of(run_id) == []
+
+
+def test_sigint_removes_containers_and_raises_keyboard_interrupt(run_id):
+    body = """
+    try:
+        boxes[0].exec('sleep 60', timeout=120)
+    except KeyboardInterrupt:
+        print("KEYBOARD INTERRUPT", flush=True)
+    """
+    proc = spawn_run(run_id, body)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "KEYBOARD INTERRUPT" in out
+    assert containers_of(run_id) == []
+
+
+def test_normal_exit_without_close_removes_containers(run_id):
+    proc = spawn_run(run_id, body="pass\n")
+    assert proc.wait(timeout=60) == 0
+    assert containers_of(run_id) == []
+
+
+def test_live_runs_are_left_alone():
+    with open_sandbox("docker") as box:
+        assert box.name not in reaper.reap()
+        assert box.alive()
+
+
+def test_owner_alive_rules():
+    me = reaper.owner_labels()
+    assert reaper.owner_alive(me) is True
+    # Same pid, other start time: the pid was recycled, the owner is gone.
+    assert reaper.owner_alive({**me, reaper.LABEL_PID_START: "1"}) is False
+    # Another boot of this machine.
+    assert reaper.owner_alive({**me, reaper.LABEL_BOOT_ID: "another-boot"}) is False
+    # Another host: this machine cannot tell.
+    assert reaper.owner_alive({**me, reaper.LABEL_HOST: "elsewhere"}) is None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert reaper.owner_alive({**me, reaper.LABEL_PID: str(dead.pid)}) is False
+
+
+def test_cli_reap(run_id):
+    proc = spawn_run(run_id, n_sandboxes=1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    (leaked,) = containers_of(run_id)
+    out = subprocess.run([str(AGENTRL_CLI), "sandbox", "reap"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert leaked.name in out.stdout and "removed" in out.stdout
+    assert containers_of(run_id) == []
