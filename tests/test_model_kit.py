@@ -206,6 +206,23 @@ def test_consecutive_tool_results_share_one_user_turn_as_in_qwen25(tok) -> None:
     assert both.count("<|im_start|>user\n<tool_response>\n4") == 1
 
 
+def test_the_projects_hermes_parser_reads_the_tool_calls_the_template_renders(tok) -> None:
+    from agentrl.parsers import HermesParser
+
+    k = 4  # the assistant turn with two tool calls and no text
+    prompt = tok.apply_chat_template(
+        CONVERSATION[:k], tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    full = tok.apply_chat_template(CONVERSATION[: k + 1], tools=TOOLS, tokenize=False)
+    action = full[len(prompt) : -len("<|im_end|>\n")]  # what the model would have sampled
+    parsed = HermesParser().parse(action)
+    assert not parsed.errors and parsed.content == ""
+    assert [(c.name, c.arguments) for c in parsed.calls] == [
+        ("python", {"code": "print(2+2)"}),
+        ("submit", {"answer": 21}),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Model
 
@@ -299,29 +316,35 @@ def test_cli_model_init_tiny(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # vLLM round trip
 
-# float32 on both sides: the same math in a different order. Measured here: 1e-6; the bound leaves room
-# for other CPUs' kernels while still catching any real mismatch (a wrong RoPE base, bias or norm moves
-# log-probs by 1e-2 or more).
-LOGPROB_ATOL_FP32 = 1e-3
+# The same math in a different order. Measured here: 1e-6 in float32, 8e-3 in bfloat16. The float32 bound
+# leaves room for other CPUs' kernels while still catching any real mismatch (a wrong RoPE base, bias or
+# norm moves log-probs by 1e-2 or more); bfloat16 is there to show the engine's default dtype loads and
+# agrees to bfloat16 precision. A greedy choice can flip on a near-tie in bfloat16, not in float32.
+ROUND_TRIP_TOLERANCES = {
+    "float32": (1e-3, 1.0),  # (max |logprob difference|, minimum greedy agreement)
+    "bfloat16": (5e-2, 0.95),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_matches_transformers_greedy_tokens_and_logprobs(tiny_model_dir: Path, tok) -> None:
+@pytest.mark.parametrize("dtype", list(ROUND_TRIP_TOLERANCES))
+def test_vllm_matches_transformers_greedy_tokens_and_logprobs(tiny_model_dir: Path, tok, dtype: str) -> None:
+    atol, min_agreement = ROUND_TRIP_TOLERANCES[dtype]
     prompts = [
         tok.apply_chat_template(t.messages[:2], tools=t.tools, add_generation_prompt=True, return_dict=False)
         for t in synthetic_transcripts(seed=7, n=3)
     ]
     prompts.append(tok.encode("<|im_start|>user\nPrivet, мир 🙂<|im_end|>\n<|im_start|>assistant\n"))
-    rt = vllm_round_trip(tiny_model_dir, prompts, max_tokens=16, dtype="float32")
+    rt = vllm_round_trip(tiny_model_dir, prompts, max_tokens=16, dtype=dtype)
     print(
-        f"vLLM start-up {rt.startup_s:.1f}s, generate {rt.generate_s:.1f}s, greedy agreement "
+        f"{dtype}: vLLM start-up {rt.startup_s:.1f}s, generate {rt.generate_s:.1f}s, greedy agreement "
         f"{rt.greedy_agreement:.3f}, max |dlogprob| sampled {rt.max_abs_logprob_diff:.2e}, "
         f"prompt {rt.max_abs_prompt_logprob_diff:.2e}"
     )
     assert all(0 < len(t) <= 16 for t in rt.vllm_tokens)
-    assert rt.greedy_agreement == 1.0
-    assert rt.max_abs_logprob_diff < LOGPROB_ATOL_FP32
-    assert rt.max_abs_prompt_logprob_diff < LOGPROB_ATOL_FP32
+    assert rt.greedy_agreement >= min_agreement
+    assert rt.max_abs_logprob_diff < atol
+    assert rt.max_abs_prompt_logprob_diff < atol
     # vLLM detokenizes through the tokenizer it loaded from the same directory.
     assert rt.vllm_texts == [tok.decode(t, skip_special_tokens=True) for t in rt.vllm_tokens]
