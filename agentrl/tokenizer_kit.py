@@ -103,7 +103,8 @@ class TokenizerRecipe(NamedTuple):
     """Everything that determines the trained tokenizer's files (hashed into the model kit's recipe)."""
 
     vocab_size: int = 3072
-    """Learned BPE vocabulary including the 256 byte symbols; the 7 special/tool tokens come on top."""
+    """Upper bound on the learned BPE vocabulary, 256 byte symbols included; the 7 special/tool tokens come
+    on top. Training stops earlier once every pre-token is a single token: the default corpus gives 2536."""
     corpus_seed: int = 0
     """Seed of `synthetic_transcripts`."""
     corpus_transcripts: int = 3000
