@@ -1,0 +1,340 @@
+"""GRPO advantages and the clipped policy loss: pure functions, no state, no distributed code.
+
+References (the formulas each function follows are in its docstring):
+
+- GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.
+- DAPO: Yu et al. 2025 (arXiv:2503.14476): clip-higher (separate low/high clip), token-level loss.
+- Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training" (arXiv:2503.20783): no std
+  scaling (`scale="none"`), no per-sequence length normalisation (`seq-mean-token-sum`).
+- GSPO: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071).
+- k3 KL estimator: Schulman 2020, "Approximating KL Divergence".
+- Truncated importance sampling (TIS): Yao et al. 2025, "Your Efficient RL Framework Secretly
+  Brings You Off-Policy RL Training"; the `tis_imp_ratio_cap` of verl and SkyRL.
+
+Shapes: B sequences, T token positions, tensors in the token-position layout of
+`agentrl.batch` (`loss_mask[b, t] == 1` where token t was sampled). Everything is computed
+with `torch.where(mask, x, 0)` rather than `x * mask`, so garbage (even inf) at padded
+positions never turns into NaN in the loss or its gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from agentrl.batch import token_entropy
+
+AdvantageScale = Literal["group", "none"]
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+RatioLevel = Literal["token", "sequence"]
+
+# exp() of a log-ratio beyond this is either clipped away or a numerical accident; clamping
+# the log-ratio (as verl does) keeps one wild token from producing inf.
+_MAX_LOG_RATIO = 20.0
+
+
+def _group_index(group_ids: Sequence[str] | Tensor, batch_size: int) -> tuple[Tensor, int]:
+    """Map group ids to dense indices 0..G-1 (order of first appearance)."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.shape != (batch_size,):
+            raise ValueError(f"group_ids has shape {tuple(group_ids.shape)}, expected ({batch_size},)")
+        _, index = torch.unique(group_ids, return_inverse=True)  # [B]
+        return index, int(index.max().item()) + 1 if batch_size else 0
+    if len(group_ids) != batch_size:
+        raise ValueError(
+            f"{len(group_ids)} group ids for {batch_size} rewards; give one group id per trajectory"
+        )
+    dense: dict[str, int] = {}
+    index = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], dtype=torch.long)  # [B]
+    return index, len(dense)
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Sequence[str] | Tensor,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Trajectory-level, group-relative advantages (GRPO outcome supervision, DeepSeekMath §4.1.2).
+
+        A_i = r_i - mean_g(r)                        scale="none"  (Dr. GRPO)
+        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)   scale="group" (GRPO)
+
+    where g is the group of trajectory i (the trajectories sharing its group id: same task,
+    same policy). std_g is the *sample* (unbiased, Bessel-corrected) standard deviation,
+    sqrt(Σ_j (r_j - mean_g)² / (n_g - 1)), as in DeepSeekMath's reference implementations
+    (TRL and verl call `torch.std`, which is unbiased). For a group of two, r = (0, 1):
+    mean 0.5, std sqrt(0.5) ≈ 0.7071, A = ∓0.7071 (the population std would give ∓1).
+
+    Degenerate groups give exactly 0: a group whose rewards are all equal (checked with
+    max == min, not with a float mean that could leave 1e-17 behind) and a singleton group.
+    Computed in float64, returned in `rewards.dtype`. Groups need not be contiguous or equal-sized.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if scale not in ("group", "none"):
+        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
+    batch_size = rewards.shape[0]
+    index, num_groups = _group_index(group_ids, batch_size)
+    index = index.to(rewards.device)
+    r = rewards.detach().double()  # [B]
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)  # [G]
+    counts = zeros.index_add(0, index, torch.ones_like(r))  # [G]
+    mean = zeros.index_add(0, index, r) / counts  # [G]
+    centered = r - mean[index]  # [B]
+    group_max = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)  # [G]
+    group_min = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)  # [G]
+    degenerate = (group_max == group_min)[index]  # [B] all-equal rewards, singletons included
+    if scale == "group":
+        sq = zeros.index_add(0, index, centered**2)  # [G]
+        std = (sq / (counts - 1).clamp_min(1)).sqrt()  # [G] unbiased; singletons are masked below
+        centered = centered / (std[index] + eps)  # [B]
+    advantages = torch.where(degenerate, torch.zeros_like(centered), centered)  # [B]
+    return advantages.to(rewards.dtype)
+
+
+def broadcast_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    """Give every action token its trajectory's advantage: out[b, t] = A_b if loss_mask[b, t] else 0."""
+    if advantages.dim() != 1 or advantages.shape[0] != loss_mask.shape[0]:
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} must be [B] with B = loss_mask.shape[0] ({loss_mask.shape[0]})"
+        )
+    expanded = advantages.unsqueeze(-1).expand_as(loss_mask)  # [B, T]
+    return torch.where(loss_mask.bool(), expanded, torch.zeros_like(expanded))  # [B, T]
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π_θ || π_ref) (Schulman 2020), ≥ 0 and unbiased under π_θ.
+
+        k3 = exp(ref - logp) - (ref - logp) - 1
+
+    Its gradient is (1 - exp(ref - logp)) ∇logp. The log-ratio is clamped to ±20 so a token
+    the reference finds impossible cannot produce inf.
+    """
+    delta = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, T]
+    return delta.exp() - delta - 1.0  # [B, T]
+
+
+def aggregate(
+    per_token: Tensor,
+    loss_mask: Tensor,
+    agg: LossAggregation,
+    denominator: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar over the action tokens (DAPO / Dr. GRPO names).
+
+    - `token-mean` (DAPO §3.3): Σ_{b,t} m·l / Σ_{b,t} m — every action token weighs the same.
+    - `seq-mean-token-sum` (Dr. GRPO): (1/S) Σ_b Σ_t m·l — no per-sequence length normalisation.
+    - `seq-mean-token-mean` (original GRPO, GSPO): (1/S) Σ_b (Σ_t m·l / Σ_t m).
+
+    S counts the sequences with at least one action token (an empty sequence neither
+    contributes nor dilutes). `denominator` replaces Σ m (token-mean) or S (seq-mean-*) with a
+    count over the *global* batch: with gradient accumulation over micro-batches, or data
+    parallel ranks, pass the number of action tokens (or sequences) in the whole optimiser
+    step, and the micro-batch losses then *sum* to the full-batch loss instead of averaging
+    per micro-batch. An empty mask gives 0, still attached to the graph (gradient 0, never NaN).
+    """
+    mask = loss_mask.bool()  # [B, T]
+    masked = torch.where(mask, per_token, torch.zeros_like(per_token))  # [B, T]
+    tokens_per_seq = mask.sum(-1)  # [B]
+    if agg == "token-mean":
+        count = float(tokens_per_seq.sum().item()) if denominator is None else float(denominator)
+        return masked.sum() / max(count, 1.0)
+    num_seqs = float((tokens_per_seq > 0).sum().item()) if denominator is None else float(denominator)
+    if agg == "seq-mean-token-sum":
+        per_seq = masked.sum(-1)  # [B]
+    elif agg == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / tokens_per_seq.clamp_min(1).to(masked.dtype)  # [B]
+    else:
+        raise ValueError(
+            f"agg must be one of 'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean'; got {agg!r}"
+        )
+    return per_seq.sum() / max(num_seqs, 1.0)
+
+
+@dataclass
+class LossMetrics:
+    """Diagnostics of one `policy_loss` call. Token statistics are over action tokens only.
+
+    Clip fractions count tokens where the clip is *active* (its gradient is cut): `low` where
+    ratio < 1 - clip_low with a negative advantage, `high` where ratio > 1 + clip_high with a
+    positive one. With ratio="sequence" every token of a sequence carries that sequence's
+    ratio, so these are token-weighted sequence statistics.
+    """
+
+    loss: float  # total: policy term + kl_coef * kl term
+    pg_loss: float  # the clipped-surrogate term alone
+    clip_fraction_low: float
+    clip_fraction_high: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    approx_kl: float  # mean k3 estimate of KL(π_old || π_θ) from the PPO ratio: (r - 1) - log r
+    kl_ref: float  # mean k3 KL to the reference policy; 0.0 when no ref_logprobs
+    entropy: float | None  # mean token entropy; None when no logits were given
+    tis_weight_mean: float  # 1.0 when TIS is off
+    tis_clip_fraction: float  # fraction of action tokens whose TIS weight hit tis_cap
+    num_action_tokens: int
+    num_sequences: int  # sequences with at least one action token
+
+    def as_dict(self, prefix: str = "losses/") -> dict[str, float | int | None]:
+        return {prefix + k: v for k, v in asdict(self).items()}
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    agg: LossAggregation = "token-mean",
+    ratio: RatioLevel = "token",
+    *,
+    old_logprobs: Tensor | None = None,
+    tis_cap: float | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    logits: Tensor | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, LossMetrics]:
+    """Clipped surrogate loss for GRPO-family updates; returns (scalar loss to minimise, metrics).
+
+    Per action token (b, t), with the ratio ρ against the policy that anchors the trust region:
+
+        ρ_{b,t} = exp(logp_{b,t} - anchor_{b,t})             ratio="token"  (PPO / GRPO)
+        ρ_{b,t} = s_b · exp(logp_{b,t} - sg[logp_{b,t}])     ratio="sequence" (GSPO-token)
+        s_b     = exp( (1/|y_b|) Σ_t (logp_{b,t} - anchor_{b,t}) )
+        l_{b,t} = -min(ρ A_b, clip(ρ, 1 - clip_low, 1 + clip_high) A_b) · w_{b,t}
+        loss    = aggregate(l, agg) + kl_coef · aggregate(k3(logp, ref), agg)
+
+    - Clip-higher (DAPO): the ratio is clipped to [1 - clip_low, 1 + clip_high]; with
+      clip_high > clip_low low-probability tokens with positive advantage may grow further,
+      which slows entropy collapse.
+    - `ratio="sequence"` is GSPO in its GSPO-token form (paper eq. 13-14, verl's
+      `compute_policy_loss_gspo`): every token's ratio has the *value* s_b (so clipping is
+      decided per sequence), and the gradient is s_b·∇logp_{b,t}. Aggregated with
+      `seq-mean-token-mean`, which is what the GSPO paper uses, its gradient equals that of
+      the plain sequence objective (1/S) Σ_b min(s_b A_b, clip(s_b) A_b) exactly; the token
+      form is used because it also accepts [B, T] advantages and any aggregation.
+    - The anchor is `old_logprobs` when given (the trainer's own forward pass with the
+      weights that generated the batch, before this update: "decoupled" PPO), otherwise
+      `behavior_logprobs` (the rollout engine's log-probs).
+    - Truncated importance sampling (TIS, Yao et al. 2025): the rollout engine (vLLM, bf16,
+      other kernels) and the trainer do not assign identical probabilities to the same
+      tokens. With `old_logprobs` and `tis_cap` given, each token's loss is multiplied by the
+      detached weight w = min(exp(old - behavior), tis_cap) — token-level, capped above only,
+      applied to the policy term and not to the KL term, exactly as verl's
+      `tis_imp_ratio_cap` and SkyRL's token TIS. Without TIS, w = 1. verl and SkyRL use
+      caps of about 2 to 8.
+    - `advantages` is [B] (one per trajectory, broadcast over its action tokens) or [B, T].
+    - `denominator`: see `aggregate` (micro-batching and data parallel ranks).
+    - `logits` ([B, T, V], token-position layout as in `agentrl.batch`) only feed the entropy
+      metric; no entropy bonus is added.
+
+    Degenerate inputs are defined: no action tokens anywhere gives loss 0 with a zero
+    gradient (not NaN); a one-token sequence's GSPO ratio is its token ratio; all-zero
+    advantages give loss 0 and gradient 0 (plus the KL term if any).
+    """
+    if logprobs.shape != loss_mask.shape or behavior_logprobs.shape != loss_mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, behavior_logprobs {tuple(behavior_logprobs.shape)} and "
+            f"loss_mask {tuple(loss_mask.shape)} must all be [B, T]"
+        )
+    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
+        raise ValueError(
+            f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
+        )
+    if ratio not in ("token", "sequence"):
+        raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
+    if tis_cap is not None and old_logprobs is None:
+        raise ValueError(
+            "tis_cap needs old_logprobs: TIS reweights by exp(old_logprobs - behavior_logprobs); pass the "
+            "trainer's log-probs from before the update, or set tis_cap=None"
+        )
+    if tis_cap is not None and tis_cap <= 0:
+        raise ValueError(f"tis_cap must be positive, got {tis_cap}")
+    if ref_logprobs is None and kl_coef != 0.0:
+        raise ValueError(
+            "kl_coef is non-zero but no ref_logprobs were given; pass the reference model's log-probs"
+        )
+
+    mask = loss_mask.bool()  # [B, T]
+    zeros = torch.zeros_like(logprobs)  # [B, T]
+    if advantages.dim() == 1:
+        advantages = broadcast_advantages(advantages.to(logprobs.dtype), loss_mask)  # [B, T]
+    elif advantages.shape != loss_mask.shape:
+        raise ValueError(
+            f"advantages must be [B] or [B, T] = {tuple(loss_mask.shape)}, got {tuple(advantages.shape)}"
+        )
+    advantages = advantages.detach()
+
+    anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
+    log_ratio = torch.where(mask, logprobs - anchor, zeros)  # [B, T]
+    if ratio == "token":
+        log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, T]
+    else:
+        tokens_per_seq = mask.sum(-1).clamp_min(1).to(logprobs.dtype)  # [B]
+        log_seq_ratio = log_ratio.sum(-1) / tokens_per_seq  # [B] log s_b
+        log_seq_ratio = log_seq_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B]
+        # Value s_b, gradient s_b·∇logp: the logp - sg[logp] term is 0 in value, 1 in derivative.
+        log_ratio = log_seq_ratio.unsqueeze(-1) + (log_ratio - log_ratio.detach())  # [B, T]
+    ratios = log_ratio.exp()  # [B, T]
+
+    surrogate = ratios * advantages  # [B, T]
+    clipped = ratios.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [B, T]
+    pg_per_token = -torch.minimum(surrogate, clipped)  # [B, T]
+
+    if tis_cap is not None:
+        assert old_logprobs is not None
+        tis_log = torch.where(mask, old_logprobs - behavior_logprobs, zeros).detach()  # [B, T]
+        tis_weights = tis_log.clamp(max=_MAX_LOG_RATIO).exp().clamp(max=tis_cap)  # [B, T]
+        pg_per_token = pg_per_token * tis_weights  # [B, T]
+    else:
+        tis_weights = torch.ones_like(logprobs)  # [B, T]
+
+    pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
+    loss = pg_loss
+    kl_per_token = None
+    if ref_logprobs is not None:
+        # Masked inputs (not only a masked sum): no padded garbage may reach exp() or its gradient.
+        kl_per_token = k3_kl(
+            torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros)
+        )  # [B, T]
+        loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
+
+    with torch.no_grad():
+        n_tokens = int(mask.sum().item())
+        denom = max(n_tokens, 1)
+
+        def token_mean(x: Tensor) -> float:
+            return float(torch.where(mask, x, torch.zeros_like(x)).sum().item()) / denom
+
+        r = ratios.detach()
+        adv = advantages
+        clip_lo = mask & (r < 1.0 - clip_low) & (adv < 0)  # [B, T]
+        clip_hi = mask & (r > 1.0 + clip_high) & (adv > 0)  # [B, T]
+        r_on = r[mask]  # [N]
+        metrics = LossMetrics(
+            loss=float(loss.detach().item()),
+            pg_loss=float(pg_loss.detach().item()),
+            clip_fraction_low=float(clip_lo.sum().item()) / denom,
+            clip_fraction_high=float(clip_hi.sum().item()) / denom,
+            ratio_mean=float(r_on.mean().item()) if n_tokens else 1.0,
+            ratio_min=float(r_on.min().item()) if n_tokens else 1.0,
+            ratio_max=float(r_on.max().item()) if n_tokens else 1.0,
+            approx_kl=token_mean((r - 1.0) - torch.log(r)),
+            kl_ref=token_mean(kl_per_token) if kl_per_token is not None else 0.0,
+            entropy=token_mean(token_entropy(logits)) if logits is not None else None,
+            tis_weight_mean=token_mean(tis_weights) if n_tokens else 1.0,
+            tis_clip_fraction=(
+                float((mask & (tis_weights >= tis_cap)).sum().item()) / denom if tis_cap is not None else 0.0
+            ),
+            num_action_tokens=n_tokens,
+            num_sequences=int((mask.sum(-1) > 0).sum().item()),
+        )
+    return loss, metrics
