@@ -1,0 +1,197 @@
+"""FSDP2 plumbing shared by SFT and GRPO: process group, sharding, full state dicts, checkpoints.
+
+One code path for one process and many: the process group is always initialised (a one-rank
+gloo group when not launched by `torchrun`), so a 1-process run and a 2-process run execute the
+same sharded code and give the same numbers. NCCL on GPUs, gloo on CPUs.
+
+Gradients: FSDP2 averages gradients over ranks (reduce-scatter with mean). A loss that is a
+mean over the *global* batch must therefore be computed per rank as
+`local_sum / global_count * world_size`; `global_token_scale` returns that factor.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
+    """Join the `torchrun` process group, or make a one-rank group for a plain `python` run."""
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            os.environ.update(
+                RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(_free_port()),
+            )
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
+
+
+def shard_model(
+    model: nn.Module, *, activation_checkpointing: bool = False, bf16: bool | None = None
+) -> nn.Module:
+    """`fully_shard` every decoder layer, then the root (embeddings, final norm, tied head).
+
+    bf16 defaults to on for CUDA (params and compute in bf16, gradient reduction in fp32) and
+    off on CPU, where fp32 is both faster and what the numerical checks use.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if bf16 is None:
+        bf16 = torch.cuda.is_available()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    layers = _decoder_layers(model)
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, layer in enumerate(layers):
+            layers[i] = checkpoint_wrapper(layer)
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The repeated blocks of a HF causal LM (Qwen2/Llama: model.model.layers)."""
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers"):
+        obj: Any = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return obj
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}; expected model.model.layers")
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded CPU state dict, on every rank (a collective: call it on all ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def global_token_scale(local_count: float, device: torch.device) -> tuple[float, float]:
+    """(scale, global_count) so that `local_sum * scale` is this rank's share of a global token mean."""
+    t = torch.tensor([float(local_count)], device=device)
+    dist.all_reduce(t)
+    global_count = float(t.item())
+    if global_count == 0:
+        return 0.0, 0.0
+    return dist.get_world_size() / global_count, global_count
+
+
+def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Mean of scalar metrics over ranks."""
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], device=device, dtype=torch.float64)
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
+
+
+def save_checkpoint(
+    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Full (unsharded) model + optimizer state and a JSON-able `state`; rank 0 writes. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
+    if dist.get_rank() == 0:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model_sd, "optimizer": optim_sd}, tmp / "weights.pt")
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        tmp.rename(path)  # a crash mid-save never leaves a half-written checkpoint under `path`
+    dist.barrier()
+
+
+def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load what `save_checkpoint` wrote into a sharded model and its optimizer; returns `state`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    path = Path(path)
+    if not (path / "weights.pt").exists():
+        raise FileNotFoundError(f"no checkpoint at {path} (expected {path / 'weights.pt'})")
+    blob = torch.load(path / "weights.pt", map_location="cpu", weights_only=False)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=blob["model"],
+        optim_state_dict=blob["optimizer"],
+        options=StateDictOptions(full_state_dict=True),
+    )
+    return json.loads((path / "state.json").read_text())
+
+
+def export_hf(model_sd: dict[str, torch.Tensor], base_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a transformers checkpoint directory: `base_dir`'s config and tokenizer, these weights."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in base_dir.iterdir():
+        if (
+            f.is_file()
+            and not f.name.endswith((".safetensors", ".bin", ".pt"))
+            and f.name != "model.safetensors.index.json"
+        ):
+            shutil.copy2(f, out_dir / f.name)
+    # Tied weights share storage; safetensors refuses shared tensors, and HF re-ties on load.
+    sd = {k: v.detach().contiguous().clone() for k, v in model_sd.items()}
+    config = json.loads((base_dir / "config.json").read_text())
+    if config.get("tie_word_embeddings"):
+        sd.pop("lm_head.weight", None)
+    save_file(sd, out_dir / "model.safetensors", metadata={"format": "pt"})
+    return out_dir

@@ -1,0 +1,209 @@
+"""Supervised fine-tuning on trajectories, with the RL trainer's loss mask: only assistant tokens train.
+
+Used for warm starts (demonstrations from the environments' oracles) and rejection-sampling
+fine-tuning (the policy's own passing trajectories). The data is `Trajectory` JSONL, so SFT
+trains on exactly the token ids and mask the RL trainer would see; nothing is re-tokenized.
+
+    agentrl sft --model runs/tiny --data demos.jsonl --out runs/sft [--nproc 2]
+
+Runs under FSDP2 (`agentrl.distributed`): one process, or `--nproc N` launches `torchrun`.
+The loss is the mean negative log-likelihood over all assistant tokens of the global batch,
+so 1 and N processes take the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.batch import collate, sequence_logprobs
+from agentrl.trajectory import Trajectory, load_trajectories
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Checkpoint directory to start from (transformers format).")
+    data: str = Field(description="Trajectory JSONL to train on.")
+    out: str = Field(
+        description="Output directory: the fine-tuned checkpoint (transformers format) and metrics.jsonl."
+    )
+    epochs: float = Field(3.0, gt=0, description="Passes over the data (fractions allowed).")
+    lr: float = Field(1e-3, gt=0, description="Peak AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps, then cosine decay to 10% of lr.")
+    batch_size: int = Field(32, gt=0, description="Sequences per optimizer step, over all processes.")
+    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward pass on one process.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
+    only_passed: bool = Field(
+        True, description="Train only on trajectories whose verifier passed (rejection sampling)."
+    )
+    max_seq_len: int = Field(4096, gt=0, description="Drop trajectories longer than this many tokens.")
+    seed: int = Field(0, description="Seed for shuffling and dropout.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute layer activations in backward to save memory."
+    )
+    log_every: int = Field(10, gt=0, description="Log metrics every N optimizer steps.")
+
+
+def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def rank_micro_batches(
+    global_batch: list[Trajectory], rank: int, world: int, micro: int
+) -> list[list[Trajectory]]:
+    """This rank's micro-batches. Every rank gets the same number (FSDP collectives must match);
+    a rank with nothing left runs a copy of a sequence with an all-zero loss mask."""
+    mine = global_batch[rank::world]
+    n_micro = math.ceil(math.ceil(len(global_batch) / world) / micro)
+    out = [mine[i * micro : (i + 1) * micro] for i in range(n_micro)]
+    filler = global_batch[0]
+    blank = Trajectory(**{**filler.__dict__, "loss_mask": [0] * len(filler.token_ids)})
+    return [mb if mb else [blank] for mb in out]
+
+
+def masked_nll_sum(
+    model: torch.nn.Module, trajectories: list[Trajectory], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    """Sum of -log p over the assistant tokens of `trajectories`, and how many there are."""
+    batch = collate(trajectories, pad_id).to(device)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
+    logp = sequence_logprobs(logits, batch.input_ids)  # [B, T]
+    return -(logp * batch.loss_mask).sum(), float(batch.loss_mask.sum().item())
+
+
+def train_sft(cfg: SFTConfig) -> Path:
+    """Run SFT in this process (rank of a `torchrun` group, or a one-rank group)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl.distributed import (
+        all_reduce_mean,
+        export_hf,
+        full_state_dict,
+        global_token_scale,
+        init_distributed,
+        shard_model,
+    )
+
+    info = init_distributed()
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    data = [
+        t
+        for t in load_trajectories(cfg.data)
+        if (t.passed or not cfg.only_passed) and len(t.token_ids) <= cfg.max_seq_len
+    ]
+    if not data:
+        raise ValueError(
+            f"{cfg.data}: no trajectories to train on (only_passed={cfg.only_passed}, max_seq_len={cfg.max_seq_len})"
+        )
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32).to(info.device)
+    model.train()
+    shard_model(model, activation_checkpointing=cfg.activation_checkpointing)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    rng = random.Random(cfg.seed)
+    steps_per_epoch = max(1, len(data) // cfg.batch_size)
+    total_steps = max(1, int(cfg.epochs * steps_per_epoch))
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        print(
+            f"[sft] {len(data)} trajectories, {total_steps} steps of {cfg.batch_size} on {info.world_size} process(es)",
+            file=sys.stderr,
+        )
+    metrics_path = out / "metrics.jsonl"
+    if info.is_main:
+        metrics_path.write_text("")
+    order: list[Trajectory] = []
+    t0 = time.time()
+    for step in range(total_steps):
+        if len(order) < cfg.batch_size:
+            epoch = data[:]
+            rng.shuffle(epoch)
+            order += epoch
+        global_batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        micro = rank_micro_batches(global_batch, info.rank, info.world_size, cfg.micro_batch_size)
+        local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
+        scale, global_tokens = global_token_scale(local_tokens, info.device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total_steps, cfg)
+        loss_sum = 0.0
+        for i, mb in enumerate(micro):
+            # Reduce gradients over ranks only on the last micro-batch of the step.
+            model.set_requires_gradient_sync(i == len(micro) - 1)
+            nll, _ = masked_nll_sum(model, mb, pad_id, info.device)
+            (nll * scale).backward()
+            loss_sum += float(nll.item())
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        # loss_sum is this rank's share; the mean over ranks times world / global is the global mean.
+        m = all_reduce_mean({"loss_sum": loss_sum}, info.device)
+        row = {
+            "step": step + 1,
+            "loss": m["loss_sum"] * info.world_size / max(global_tokens, 1.0),
+            "grad_norm": grad_norm,
+            "lr": opt.param_groups[0]["lr"],
+            "tokens": global_tokens,
+            "elapsed_s": round(time.time() - t0, 2),
+        }
+        if info.is_main:
+            with metrics_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
+                print(
+                    f"[sft] step {row['step']}/{total_steps} loss {row['loss']:.4f} grad {grad_norm:.3f}",
+                    file=sys.stderr,
+                )
+    sd = full_state_dict(model)
+    if info.is_main:
+        export_hf(sd, cfg.model, out)
+        (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
+    import torch.distributed as dist
+
+    dist.barrier()
+    return out
+
+
+def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
+    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes."""
+    if nproc <= 1:
+        path = train_sft(cfg)
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        return path
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "agentrl.sft",
+        cfg.model_dump_json(),
+    ]
+    subprocess.run(cmd, check=True)
+    return Path(cfg.out)
+
+
+if __name__ == "__main__":
+    train_sft(SFTConfig.model_validate_json(sys.argv[1]))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
