@@ -140,6 +140,27 @@ def model_init(
     typer.echo(init_tiny(out, seed=seed))
 
 
+@app.command("sft")
+def sft(
+    model: str = typer.Option(..., help="Checkpoint directory to start from."),
+    data: str = typer.Option(..., help="Trajectory JSONL (e.g. from `agentrl demos`)."),
+    out: str = typer.Option(..., help="Output checkpoint directory."),
+    epochs: float = typer.Option(3.0, help="Passes over the data."),
+    lr: float = typer.Option(1e-3, help="Peak learning rate."),
+    batch_size: int = typer.Option(32, help="Sequences per optimizer step, over all processes."),
+    micro_batch_size: int = typer.Option(8, help="Sequences per forward pass on one process."),
+    all_trajectories: bool = typer.Option(False, "--all", help="Also train on trajectories that did not pass."),
+    nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
+    seed: int = typer.Option(0, help="Seed."),
+) -> None:
+    """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
+    from agentrl.sft import SFTConfig, launch
+
+    cfg = SFTConfig(model=model, data=data, out=out, epochs=epochs, lr=lr, batch_size=batch_size,
+                    micro_batch_size=micro_batch_size, only_passed=not all_trajectories, seed=seed)
+    typer.echo(str(launch(cfg, nproc=nproc)))
+
+
 @app.command("demo")
 def demo(
     out: str = typer.Option("runs/demo", help="Directory for the demo's outputs."),
