@@ -279,6 +279,11 @@ class DockerSandbox:
     """One container, started in the constructor; use it as a context manager or call `close()`."""
 
     backend = "docker"
+    # What this backend isolates, in the vocabulary of `agentrl.sandbox.bwrap`, plus
+    # "user_switch": privileged execs run as a different user (root) than the agent.
+    capabilities: frozenset[str] = frozenset(
+        {"fs_isolation", "net_isolation", "pid_isolation", "user_switch"}
+    )
 
     def __init__(
         self,
