@@ -136,24 +136,33 @@ def aggregate(
     count over the *global* batch: with gradient accumulation over micro-batches, or data
     parallel ranks, pass the number of action tokens (or sequences) in the whole optimiser
     step, and the micro-batch losses then *sum* to the full-batch loss instead of averaging
-    per micro-batch. An empty mask gives 0, still attached to the graph (gradient 0, never NaN).
+    per micro-batch. FSDP/DDP *average* gradients over ranks, so with a global denominator
+    multiply each rank's loss by the world size. An empty mask gives 0, still attached to
+    the graph (gradient 0, never NaN). To divide the token sums by a constant instead (Dr.
+    GRPO's code uses the generation budget; verl's `seq-mean-token-sum-norm`), use
+    `seq-mean-token-sum` with that constant as `denominator`.
     """
     mask = loss_mask.bool()  # [B, T]
     masked = torch.where(mask, per_token, torch.zeros_like(per_token))  # [B, T]
-    tokens_per_seq = mask.sum(-1)  # [B]
+    tokens_per_seq = mask.sum(-1).to(masked.dtype)  # [B]
+    # Counts stay tensors (no device sync); clamp_min(1) makes an empty mask give 0, not NaN.
     if agg == "token-mean":
-        count = float(tokens_per_seq.sum().item()) if denominator is None else float(denominator)
-        return masked.sum() / max(count, 1.0)
-    num_seqs = float((tokens_per_seq > 0).sum().item()) if denominator is None else float(denominator)
+        count = tokens_per_seq.sum() if denominator is None else torch.tensor(float(denominator))
+        return masked.sum() / count.clamp_min(1.0).to(masked.device)
     if agg == "seq-mean-token-sum":
         per_seq = masked.sum(-1)  # [B]
     elif agg == "seq-mean-token-mean":
-        per_seq = masked.sum(-1) / tokens_per_seq.clamp_min(1).to(masked.dtype)  # [B]
+        per_seq = masked.sum(-1) / tokens_per_seq.clamp_min(1.0)  # [B]
     else:
         raise ValueError(
             f"agg must be one of 'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean'; got {agg!r}"
         )
-    return per_seq.sum() / max(num_seqs, 1.0)
+    num_seqs = (
+        (tokens_per_seq > 0).sum().to(masked.dtype)
+        if denominator is None
+        else torch.tensor(float(denominator))
+    )
+    return per_seq.sum() / num_seqs.clamp_min(1.0).to(masked.device)
 
 
 @dataclass
@@ -308,33 +317,49 @@ def policy_loss(
         loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
 
     with torch.no_grad():
-        n_tokens = int(mask.sum().item())
-        denom = max(n_tokens, 1)
+        r = ratios.detach()  # [B, T]
+        on = mask.to(r.dtype)  # [B, T]
+        n = on.sum()
+        denom = n.clamp_min(1.0)
 
-        def token_mean(x: Tensor) -> float:
-            return float(torch.where(mask, x, torch.zeros_like(x)).sum().item()) / denom
+        def token_mean(x: Tensor) -> Tensor:
+            return torch.where(mask, x, torch.zeros_like(x)).sum() / denom
 
-        r = ratios.detach()
-        adv = advantages
-        clip_lo = mask & (r < 1.0 - clip_low) & (adv < 0)  # [B, T]
-        clip_hi = mask & (r > 1.0 + clip_high) & (adv > 0)  # [B, T]
-        r_on = r[mask]  # [N]
-        metrics = LossMetrics(
-            loss=float(loss.detach().item()),
-            pg_loss=float(pg_loss.detach().item()),
-            clip_fraction_low=float(clip_lo.sum().item()) / denom,
-            clip_fraction_high=float(clip_hi.sum().item()) / denom,
-            ratio_mean=float(r_on.mean().item()) if n_tokens else 1.0,
-            ratio_min=float(r_on.min().item()) if n_tokens else 1.0,
-            ratio_max=float(r_on.max().item()) if n_tokens else 1.0,
-            approx_kl=token_mean((r - 1.0) - torch.log(r)),
-            kl_ref=token_mean(kl_per_token) if kl_per_token is not None else 0.0,
-            entropy=token_mean(token_entropy(logits)) if logits is not None else None,
-            tis_weight_mean=token_mean(tis_weights) if n_tokens else 1.0,
-            tis_clip_fraction=(
-                float((mask & (tis_weights >= tis_cap)).sum().item()) / denom if tis_cap is not None else 0.0
-            ),
-            num_action_tokens=n_tokens,
-            num_sequences=int((mask.sum(-1) > 0).sum().item()),
-        )
+        big = torch.finfo(r.dtype).max
+        no_kl = torch.zeros((), dtype=r.dtype, device=r.device)
+        # One stacked tensor and one .tolist(): a single device sync for all the metrics.
+        stats = torch.stack(
+            [
+                loss.detach().to(r.dtype),
+                pg_loss.detach().to(r.dtype),
+                (on * ((r < 1.0 - clip_low) & (advantages < 0))).sum() / denom,
+                (on * ((r > 1.0 + clip_high) & (advantages > 0))).sum() / denom,
+                torch.where(n > 0, token_mean(r), 1.0),
+                torch.where(n > 0, torch.where(mask, r, big).min(), 1.0),
+                torch.where(n > 0, torch.where(mask, r, -big).max(), 1.0),
+                token_mean((r - 1.0) - log_ratio.detach()),  # k3 of the ratio; log r = log_ratio
+                token_mean(kl_per_token.detach()) if kl_per_token is not None else no_kl,
+                token_mean(token_entropy(logits).to(r.dtype)) if logits is not None else no_kl,
+                torch.where(n > 0, token_mean(tis_weights), 1.0),
+                (on * (tis_weights >= tis_cap)).sum() / denom if tis_cap is not None else no_kl,
+                n,
+                (mask.sum(-1) > 0).sum().to(r.dtype),
+            ]
+        ).tolist()
+    metrics = LossMetrics(
+        loss=stats[0],
+        pg_loss=stats[1],
+        clip_fraction_low=stats[2],
+        clip_fraction_high=stats[3],
+        ratio_mean=stats[4],
+        ratio_min=stats[5],
+        ratio_max=stats[6],
+        approx_kl=stats[7],
+        kl_ref=stats[8],
+        entropy=stats[9] if logits is not None else None,
+        tis_weight_mean=stats[10],
+        tis_clip_fraction=stats[11],
+        num_action_tokens=int(stats[12]),
+        num_sequences=int(stats[13]),
+    )
     return loss, metrics
