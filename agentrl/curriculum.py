@@ -263,9 +263,11 @@ class Curriculum:
         """Draw `n` tasks: each slot is a probe with probability probe_prob, a re-probe of an
         out-of-band task with probability reprobe_prob, else a band task drawn ∝ p̂(1 - p̂).
 
-        Band tasks are drawn without replacement within one call and never from `exclude`
-        (e.g. the tasks already in this batch); an empty category falls back to the band,
-        then to a probe, so a call always returns `n` draws.
+        Tracked tasks are drawn without replacement within one call and never from `exclude`
+        (e.g. the tasks already in this batch); re-probes pick uniformly among the out-of-band
+        tasks. An empty category falls back to the band, then to a probe, so a call always
+        returns `n` draws. While fewer than `min_band_tasks` tasks are in the band, band draws
+        become probes (bootstrapping: at the start nothing is known).
         """
         cfg = self.config
         excluded = set(exclude)
@@ -278,7 +280,7 @@ class Curriculum:
             estimates = np.array([self.p_hat(s.task_id) for s in observed])
         band = [i for i, p in enumerate(estimates) if self.in_band(float(p))]
         outside = [i for i, p in enumerate(estimates) if not self.in_band(float(p))]
-        band_usable = len(band) >= cfg.min_band_tasks and len(band) > 0
+        band_big_enough = len(band) >= cfg.min_band_tasks
 
         draws: list[TaskDraw] = []
         for _ in range(n):
@@ -289,7 +291,7 @@ class Curriculum:
                 kind = "reprobe" if outside else "band"
             else:
                 kind = "band"
-            if kind == "band" and not band_usable:
+            if kind == "band" and not (band_big_enough and band):
                 kind = "probe"
             if kind == "probe":
                 draws.append(self._probe())
@@ -307,7 +309,6 @@ class Curriculum:
             i = pool.pop(pick)
             stats = observed[i]
             draws.append(TaskDraw(self.task_factory(stats.index), stats.index, kind, float(estimates[i])))
-            band_usable = len(band) > 0
         return draws
 
     def _probe(self) -> TaskDraw:

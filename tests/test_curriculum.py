@@ -394,3 +394,11 @@ def test_reprobing_finds_tasks_that_became_learnable() -> None:
 
     assert run(0.3) is True
     assert run(0.0) is False
+
+
+def test_min_band_tasks_gate_holds_through_reprobes_in_one_call() -> None:
+    # 3 band tasks < min_band_tasks 5, one out-of-band task, reprobe_prob 0.5: after the single
+    # re-probe is used up, the remaining draws must still be probes, never band draws.
+    cur, ids = band_curriculum(min_band_tasks=5, reprobe_prob=0.5)
+    kinds = Counter(d.kind for d in cur.sample(40))
+    assert kinds["band"] == 0 and kinds["reprobe"] == 1 and kinds["probe"] == 39
