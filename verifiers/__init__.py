@@ -1,7 +1,7 @@
 """Verifier plugins: score an episode from the sandbox's final state (`verify(sandbox, task, episode) -> Verdict`).
 
-Built-ins: `exact-match`, `numeric`, `regex`, `tool-used`, `state`, `composite`, `auto`. Third-party
-plugins register a factory under the `agentrl.verifiers` entry-point group:
+Built-ins: `hidden-tests`, `exact-match`, `numeric`, `regex`, `tool-used`, `state`, `composite`,
+`auto`. Third-party plugins register a factory under the `agentrl.verifiers` entry-point group:
 
     [project.entry-points."agentrl.verifiers"]
     my-verifier = "my_pkg.verifier:MyVerifier"
@@ -10,6 +10,7 @@ plugins register a factory under the `agentrl.verifiers` entry-point group:
 from agentrl.verifiers.answer import ExactMatchVerifier, NumericVerifier, RegexVerifier, ToolUsedVerifier
 from agentrl.verifiers.base import ENTRY_POINT_GROUP, Verdict, Verifier, get, names, register, run_verifier
 from agentrl.verifiers.composite import CompositeVerifier
+from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
 from agentrl.verifiers.state import AutoVerifier, StateVerifier
 
 register("exact-match", ExactMatchVerifier)
@@ -19,12 +20,14 @@ register("tool-used", ToolUsedVerifier)
 register("state", StateVerifier)
 register("composite", CompositeVerifier)
 register("auto", AutoVerifier)
+register("hidden-tests", HiddenTestsVerifier)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "AutoVerifier",
     "CompositeVerifier",
     "ExactMatchVerifier",
+    "HiddenTestsVerifier",
     "NumericVerifier",
     "RegexVerifier",
     "StateVerifier",
