@@ -1,12 +1,23 @@
 """`bwrap`: bubblewrap sandboxes, daemonless, for GPU nodes without Docker.
 
-Each `exec` is one fresh `bwrap` invocation (about 7 ms here) over the sandbox's own
-host-side directories, so files persist across execs while every process dies with its
-exec. Why not one long-lived bwrap with an exec server inside: a per-exec pid namespace
-makes "kill the whole tree on timeout" exact and free (the namespace dies with its init,
-setsid or double-fork cannot escape it), there is no in-sandbox protocol to get wrong, and
-7 ms is small next to an LLM turn. The price: a background process (`server &`) does not
-outlive the exec that started it (on docker it does).
+How an exec runs
+----------------
+Each `exec` is one fresh `bwrap` invocation over the sandbox's persistent workspace and
+/tmp, so files persist across execs while every process dies with its exec (10-30 ms here,
+on two busy cores). Why not one long-lived bwrap with an exec server inside: a per-exec pid
+namespace makes "kill the whole tree on timeout" exact and free (the namespace dies with its
+init; setsid, nohup, double forks and scrubbed environments cannot escape it), there is no
+in-sandbox protocol to get wrong, and the cost is small next to an LLM turn. The price: a
+background process (`server &`) does not outlive the exec that started it (on docker it does).
+
+One long-lived process per sandbox does exist, for the disk cap only: the *tmpfs holder*
+(`_Holder`), a `read` on a pipe inside a user + mount namespace of ours where size-capped
+tmpfs mounts cover the workspace and /tmp directories. Any user may mount a tmpfs in a user
+namespace of their own, so this works without root. Each exec `nsenter`s that namespace and
+runs bwrap from there (the entered capabilities vanish at bwrap's execve, since the uid is
+not 0 there). The holder dies when this Python process does (EOF on its pipe), and the
+kernel frees the tmpfs with it. Without nsenter or nested user namespaces, the sandbox falls
+back to plain directories and a per-file cap (see `sandbox.enforcement.disk`).
 
 The file system
 ---------------
@@ -17,9 +28,9 @@ The file system
   without Docker, set `AGENTRL_BWRAP_ROOTFS=/path/to/rootfs` (a directory holding an
   exported root file system, e.g. copied from `python -m agentrl.sandbox.bwrap export
   agentrl/base:bookworm DEST` run where Docker is): it is used for every image.
-- `workdir` (/workspace) and /tmp: per-sandbox host directories, writable, persistent
-  across execs; size-capped tmpfs mounts when this process may mount (root), else plain
-  directories.
+- `workdir` (/workspace) and /tmp: per-sandbox, writable, persistent across execs,
+  size-capped tmpfs (`disk_mb` each). The host side reaches them at `sandbox.host_workdir`
+  and `sandbox.host_tmp` (under /proc/<holder>/root).
 - /verifier (`PROTECTED_DIR`): a per-sandbox host directory bound READ-ONLY into agent
   execs. bwrap cannot switch users (inside, the single mapped uid is 1000, which is the
   user who ran bwrap), so the verifier's side is the host: `write_file`/`copy_in` with
@@ -34,32 +45,34 @@ network comes back only with `limits.network` via `--share-net`), `--disable-use
 nested user namespaces), `--die-with-parent`, `--new-session` (no TIOCSTI into our tty),
 `--cap-drop ALL`, no_new_privs (bwrap always sets it), `--clearenv`, uid/gid 1000.
 
-Limits: what bwrap enforces here
---------------------------------
+Limits: what bwrap enforces
+---------------------------
 Two paths, chosen per sandbox at start and recorded in `sandbox.enforcement`:
 "cgroup" when this process can create cgroups (root on cgroup v1, or a writable cgroup v2
 subtree with the controllers delegated), else "rlimit" (any unprivileged user).
 
-=================  ===========================================  ==============================================
-Limits field       cgroup path (root / delegated cgroups)       rlimit path (unprivileged)
-=================  ===========================================  ==============================================
+=================  ============================================  =============================================
+Limits field       cgroup path (root / delegated cgroups)        rlimit path (unprivileged user)
+=================  ============================================  =============================================
 memory_mb          ENFORCED in aggregate: memory (+memsw) limit  PER PROCESS only: RLIMIT_AS=memory_mb. N
-                   of the sandbox's cgroup; OOM kills (-9).      processes may use N x memory_mb together;
-                                                                 allocation fails (MemoryError), no OOM kill.
-pids               ENFORCED: pids.max of the cgroup, all execs   ENFORCED per exec: RLIMIT_NPROC=pids set
+                   of the sandbox's cgroup, tmpfs pages          processes may use N x memory_mb together;
+                   included; the OOM killer answers (-9).        allocation fails (MemoryError), no OOM kill.
+                                                                 SysV shm of the exec's ipc namespace is
+                                                                 outside RLIMIT_AS until the exec ends.
+pids               ENFORCED: pids.max of the cgroup, all execs   ENFORCED per exec: RLIMIT_NPROC=pids, set
                    together.                                     *inside* the new user namespace (the kernel
-                                                                 counts per uid per user namespace). Not
-                                                                 enforced when the host user is root: the
-                                                                 kernel exempts kuid 0 (hence cgroups then).
+                                                                 counts per uid per user namespace). The
+                                                                 kernel exempts host root from RLIMIT_NPROC:
+                                                                 root gets cgroups instead.
 cpus               ENFORCED: cfs quota.                          NOT enforced (no rlimit expresses a share).
-disk_mb            ENFORCED when root: /workspace and /tmp are   PER FILE only: RLIMIT_FSIZE=disk_mb (SIGXFSZ).
-                   size-capped tmpfs mounts (ENOSPC). Without    Many files can still fill the host disk;
-                   mount rights: per file only, as on the right. use a quota'd TMPDIR.
+disk_mb            ENFORCED: size-capped tmpfs on /workspace     ENFORCED (same, unprivileged). Fallback when
+                   and /tmp (ENOSPC), /dev/shm 64 MiB.           the holder cannot start: RLIMIT_FSIZE per
+                                                                 file only; many files can fill the host disk.
 network            ENFORCED: own empty net namespace.            ENFORCED (same).
 exec_timeout_s     ENFORCED: SIGKILL of bwrap; the pid           ENFORCED (same).
                    namespace and every process in it die.
 output_limit_bytes ENFORCED on the host side while reading.      ENFORCED (same).
-=================  ===========================================  ==============================================
+=================  ============================================  =============================================
 
 RLIMIT_* are set inside the sandbox with the rootfs's `prlimit` (util-linux, in every
 Debian/Ubuntu root file system), after the user namespace exists: set outside, RLIMIT_NPROC
@@ -73,8 +86,6 @@ back into -N, as the protocol (and `subprocess`) say.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import io
 import itertools
 import json
@@ -357,33 +368,93 @@ class _Cgroups:
                     time.sleep(0.02)  # dying processes leave the cgroup a moment later
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_MS_NOSUID, _MS_NODEV = 2, 4
-_MNT_DETACH = 2
+class _Holder:
+    """Owns a sandbox's size-capped tmpfs mounts, unprivileged, for as long as the sandbox lives.
+
+    Mounting a tmpfs needs CAP_SYS_ADMIN, which any user has inside a user namespace of their
+    own. So one small process per sandbox lives in a user + mount namespace where the host's
+    "/" is bound as is and a `--size`d tmpfs covers the workspace and /tmp directories. Every
+    exec enters that namespace with `nsenter` (its caps vanish at the next execve, since the
+    uid is not 0 there) and runs bwrap from it, so bwrap binds the tmpfs, not the empty host
+    directory. The host side reaches the files through /proc/<holder>/root/<dir>.
+
+    The holder blocks reading a pipe whose only writer is this Python process: when we exit
+    or die, EOF ends it and the kernel frees the tmpfs. No polling, nothing to reap.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], pid: int, nsenter: str) -> None:
+        self.proc = proc
+        self.pid = pid
+        self.nsenter = nsenter
+
+    @classmethod
+    def start(cls, bwrap: str, dirs: list[Path], size_mb: int) -> tuple[_Holder | None, str]:
+        nsenter = shutil.which("nsenter")
+        if nsenter is None:
+            return None, "no nsenter (util-linux) on this host"
+        args = [
+            bwrap,
+            "--unshare-user",
+            "--uid",
+            str(AGENT_UID),
+            "--gid",
+            str(AGENT_UID),
+            "--dev-bind",
+            "/",
+            "/",
+        ]
+        for d in dirs:
+            args += ["--size", str(size_mb << 20), "--tmpfs", str(d)]
+        args += ["--", "/bin/sh", "-c", 'echo "$$" && read _']
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return None, f"could not start the tmpfs holder: {exc}"
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline().strip()
+        if not line.isdigit():
+            holder = cls(proc, 0, nsenter)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            err = proc.stderr.read().decode(errors="replace").strip() if proc.poll() is not None else ""
+            holder.stop()
+            return None, f"the tmpfs holder did not start ({err or 'no pid'})"
+        proc.stdout.close()
+        proc.stderr.close()
+        return cls(proc, int(line), nsenter), ""
+
+    def path(self, host_dir: Path) -> Path:
+        return Path(f"/proc/{self.pid}/root{host_dir}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def enter(self) -> list[str]:
+        return [self.nsenter, f"--target={self.pid}", "--user", "--mount", "--preserve-credentials", "--"]
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
 
 
-def _mount_tmpfs(path: Path, size_mb: int) -> str | None:
-    """Mount a size-capped tmpfs on `path`; return None on success, else why it was not possible."""
-    if os.geteuid() != 0:
-        return "not root: cannot mount a size-capped tmpfs"
-    opts = f"size={size_mb}m,mode=0755".encode()
-    rc = _libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts)
-    if rc != 0:
-        return f"mount tmpfs failed: {os.strerror(ctypes.get_errno())}"
-    return None
-
-
-def _umount(path: Path) -> None:
-    _libc.umount2(str(path).encode(), _MNT_DETACH)
-
-
-def _cleanup(root: Path, mounts: list[Path], cgroups: _Cgroups | None) -> None:
+def _cleanup(root: Path, holder: _Holder | None, cgroups: _Cgroups | None) -> None:
     """Everything a sandbox holds on the host. Runs from close() and, if close() was never
     called, when the sandbox is garbage collected or the interpreter exits."""
     if cgroups is not None:
         cgroups.remove()
-    for m in mounts:
-        _umount(m)
+    if holder is not None:
+        holder.stop()
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -416,8 +487,7 @@ def reap_stale(tmpdir: str | None = None) -> list[str]:
         if _pid_alive(pid):
             continue
         groups = [Path(d) for d in meta.get("cgroups", []) if Path(d).is_dir()]
-        mounts = [d for d in (root / "workspace", root / "tmp") if os.path.ismount(d)]
-        _cleanup(root, mounts, _Cgroups(groups) if groups else None)
+        _cleanup(root, None, _Cgroups(groups) if groups else None)
         reaped.append(sid)
     return reaped
 
@@ -488,19 +558,18 @@ class BwrapSandbox:
             _reaped_once = True
             reap_stale()
         self._root = Path(tempfile.mkdtemp(prefix=f"agentrl-{self.id}-"))
-        self.host_workdir = self._root / "workspace"
-        self.host_tmp = self._root / "tmp"
+        # The directories bwrap binds (as seen in the holder's mount namespace, if any)...
+        self._ws_dir = self._root / "workspace"
+        self._tmp_dir = self._root / "tmp"
         self.host_protected = self._root / "verifier"
-        self._mounts: list[Path] = []
-        disk_notes = []
-        for d in (self.host_workdir, self.host_tmp, self.host_protected):
+        for d in (self._ws_dir, self._tmp_dir, self.host_protected):
             d.mkdir()
-        for d in (self.host_workdir, self.host_tmp):
-            problem = _mount_tmpfs(d, self.limits.disk_mb)
-            if problem is None:
-                self._mounts.append(d)
-            else:
-                disk_notes.append(problem)
+        self._holder, holder_note = _Holder.start(
+            self._bwrap, [self._ws_dir, self._tmp_dir], self.limits.disk_mb
+        )
+        # ...and where the host side reaches them.
+        self.host_workdir = self._holder.path(self._ws_dir) if self._holder else self._ws_dir
+        self.host_tmp = self._holder.path(self._tmp_dir) if self._holder else self._tmp_dir
         self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
         # What reap_stale() needs to clean up after this process if it dies without close().
         meta = {
@@ -524,12 +593,12 @@ class BwrapSandbox:
             cpus="cgroup cfs quota" if cg else f"NOT enforced ({cg_note})",
             disk=(
                 "tmpfs size cap (workspace and /tmp)"
-                if len(self._mounts) == 2
-                else f"RLIMIT_FSIZE (per file; {disk_notes[0]})"
+                if self._holder
+                else f"RLIMIT_FSIZE (per file only; {holder_note})"
             ),
             network="shared with host (limits.network)" if self.limits.network else "namespace (none)",
         )
-        self._finalizer = weakref.finalize(self, _cleanup, self._root, list(self._mounts), self._cgroups)
+        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._holder, self._cgroups)
         self._view = HostView(
             [
                 Mount("/", self.rootfs, agent_writable=False, privileged_writable=False),
@@ -579,8 +648,8 @@ class BwrapSandbox:
             # (64 MiB) and make the rest read-only, or it is a memory bomb outside every rlimit.
             "--size", str(min(64, lim.disk_mb) << 20), "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev",
-            "--bind", str(self.host_workdir), self.workdir,
-            "--bind", str(self.host_tmp), "/tmp",
+            "--bind", str(self._ws_dir), self.workdir,
+            "--bind", str(self._tmp_dir), "/tmp",
             "--bind" if privileged else "--ro-bind", str(self.host_protected), PROTECTED_DIR,
             "--chdir", self.workdir,
             "--clearenv",
@@ -591,11 +660,13 @@ class BwrapSandbox:
         args += ["--", self._prlimit, f"--nproc={lim.pids}"]
         if self._cgroups is None:
             args += [f"--as={lim.memory_mb << 20}"]
-        if len(self._mounts) < 2:
+        if self._holder is None:
             # No size-capped tmpfs: a per-file cap is all that stands between a fill and the disk.
             # (With the tmpfs it would only turn a clean ENOSPC into SIGXFSZ at the same size.)
             args += [f"--fsize={lim.disk_mb << 20}"]
         args += ["--", *argv]
+        if self._holder is not None:
+            args = [*self._holder.enter(), *args]
         if self._cgroups is not None:
             # Join the cgroups before bwrap forks anything, from a host shell that then becomes bwrap.
             joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self._cgroups.procs_files())
@@ -693,7 +764,12 @@ class BwrapSandbox:
     # -- lifecycle ------------------------------------------------------------------------
 
     def alive(self) -> bool:
-        return not self._closed and self.host_workdir.is_dir() and self.rootfs.is_dir()
+        return (
+            not self._closed
+            and (self._holder is None or self._holder.alive())
+            and self.host_workdir.is_dir()
+            and self.rootfs.is_dir()
+        )
 
     def close(self) -> None:
         if self._closed:

@@ -94,6 +94,9 @@ def check_bwrap(image: str = DEFAULT_IMAGE) -> BackendReport:
             f"{version}: a trial `bwrap --unshare-all true` failed (exit {trial.returncode}): "
             f"{trial.stderr.strip()}; the kernel or a security module refuses namespaces to this user",
         )
+    if shutil.which("nsenter") is None:
+        # Not fatal: sandboxes still work, but the disk cap falls back to a per-file limit.
+        version += " (no nsenter: disk capped per file only; install util-linux)"
     from agentrl.sandbox.bwrap import ROOTFS_ENV, SandboxError, cached_rootfs, find_rootfs
 
     if os.environ.get(ROOTFS_ENV):

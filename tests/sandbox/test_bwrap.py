@@ -174,7 +174,8 @@ def test_kill_agent_processes_stops_a_running_exec(sb):
 
 
 def test_close_twice_cleans_up_and_then_refuses(sb):
-    root = sb.host_workdir.parent
+    root = sb._root
+    assert root.is_dir() and sb.host_workdir.is_dir()
     sb.close()
     sb.close()
     assert not root.exists() and not sb.alive()
@@ -197,12 +198,17 @@ def test_what_a_killed_process_left_behind_is_reaped(bwrap_path):
         "from agentrl.sandbox import open_sandbox\n"
         "sb = open_sandbox('bwrap')\n"
         "sb.exec('echo x > /workspace/x')\n"
-        "print(json.dumps([str(sb.host_workdir.parent), sb._cgroups.dirs[0].as_posix() if sb._cgroups else '']))\n"
+        "print(json.dumps([str(sb._root), sb._cgroups.dirs[0].as_posix() if sb._cgroups else '', sb._holder.pid]))\n"
         "os._exit(0)  # no close(), no finalizers: what a SIGKILL leaves\n"
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
-    root, cgroup = json.loads(r.stdout)
+    root, cgroup, holder = json.loads(r.stdout)
+    # The tmpfs holder reads a pipe only the dead process wrote: it is gone, and its tmpfs with it.
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{holder}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{holder}").exists()
     assert Path(root).is_dir()
     assert reap_stale() and not Path(root).exists()
     assert not cgroup or not Path(cgroup).exists()
@@ -238,7 +244,7 @@ def _run_unprivileged(tmp_path: Path) -> None:
         """
         from agentrl.sandbox import Limits, open_sandbox
         with open_sandbox("bwrap", limits=Limits(pids=16, memory_mb=256)) as sb:
-            print(sb.enforcement.pids, sb.enforcement.memory, sep="|")
+            print(sb.enforcement.pids, sb.enforcement.memory, sb.enforcement.disk, sep="|")
             assert sb.exec("id -u").stdout == "1000\\n"
             r = sb.exec("for i in $(seq 40); do sleep 3 & done; wait")
             print("fork-refused" if "fork" in r.stderr.lower() else "fork-allowed")
@@ -246,6 +252,8 @@ def _run_unprivileged(tmp_path: Path) -> None:
             print("mem-refused" if "MemoryError" in r.stderr else "mem-allowed")
             sb.write_file("x.txt", "hi")
             print(sb.exec("cat x.txt").stdout)
+            r = sb.exec("for i in 1 2 3 4 5 6; do head -c 100000000 /dev/zero > f$i; done")
+            print("disk-capped" if "No space left" in r.stderr else r)
         """
     )
     env = {
@@ -265,5 +273,5 @@ def _run_unprivileged(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "RLIMIT_NPROC (per exec)|RLIMIT_AS (per process)"
-    assert lines[1:4] == ["fork-refused", "mem-refused", "hi"]
+    assert lines[0] == "RLIMIT_NPROC (per exec)|RLIMIT_AS (per process)|tmpfs size cap (workspace and /tmp)"
+    assert lines[1:5] == ["fork-refused", "mem-refused", "hi", "disk-capped"]
