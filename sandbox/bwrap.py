@@ -612,6 +612,7 @@ class BwrapSandbox:
         )
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
+        self._in_flight = 0
         self._closed = False
         self._exec_ids = itertools.count()
         # One trial run, so a broken setup fails here, with bwrap's own words, not at the first tool call.
@@ -707,6 +708,8 @@ class BwrapSandbox:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
+        with self._lock:  # a drain in progress (below) finishes before a new exec starts
+            self._in_flight += 1
         try:
             result = run_capped(
                 argv,
@@ -720,13 +723,14 @@ class BwrapSandbox:
             )
         finally:
             with self._lock:
+                self._in_flight -= 1
                 self._running = {p for p in self._running if p.poll() is None}
-                idle = not self._running
-            if idle and self._cgroups is not None:
-                # bwrap is reaped before the kernel has finished tearing down its pid namespace;
-                # until then the dying processes still count against pids.max, and the next exec
-                # would fail to start. Wait them out (and kill stragglers) while no exec runs.
-                self._cgroups.kill_all(wait_s=5.0)
+                if self._in_flight == 0 and self._cgroups is not None:
+                    # bwrap is reaped before the kernel has finished tearing down its pid
+                    # namespace; until then the dying processes still count against pids.max
+                    # and the next exec would fail to start. Wait them out (killing any
+                    # straggler) while no exec is in flight: the lock keeps new ones waiting.
+                    self._cgroups.kill_all(wait_s=5.0)
         if 128 < result.exit_code < 160 and not result.timed_out:
             result = replace(result, exit_code=128 - result.exit_code)
         if not self.alive():

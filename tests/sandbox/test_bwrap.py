@@ -173,6 +173,16 @@ def test_kill_agent_processes_stops_a_running_exec(sb):
     assert results and results[0].exit_code == -9 and results[0].duration_s < 5
 
 
+def test_concurrent_execs_do_not_kill_each_other(sb):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(sb.exec, "sleep 1.5; echo slow")
+        fast = [sb.exec(f"echo {i}") for i in range(5)]
+        assert slow.result(timeout=30).stdout == "slow\n"
+    assert [r.stdout for r in fast] == [f"{i}\n" for i in range(5)]
+
+
 def test_close_twice_cleans_up_and_then_refuses(sb):
     root = sb._root
     assert root.is_dir() and sb.host_workdir.is_dir()
