@@ -21,6 +21,10 @@ env_app = typer.Typer(help="One environment: show its spec, check its contract."
 app.add_typer(env_app, name="env")
 model_app = typer.Typer(help="Local models: build the tiny Qwen2 model and tokenizer.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+verifier_app = typer.Typer(
+    help="Verifier plugins: list them, check an environment's verifier on its tasks.", no_args_is_help=True
+)
+app.add_typer(verifier_app, name="verifier")
 
 
 @envs_app.command("list")
@@ -80,6 +84,57 @@ def env_check(
     finally:
         env.close()
     sys.exit(0 if solved == tasks else 1)
+
+
+def _one_line_doc(obj: object) -> str:
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    # A dataclass without a docstring gets its signature as __doc__: that describes nothing.
+    if doc.startswith(f"{getattr(obj, '__name__', '')}("):
+        doc = ""
+    if not doc:
+        doc = inspect.getdoc(sys.modules.get(getattr(obj, "__module__", ""))) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+
+
+@verifier_app.command("list")
+def verifier_list() -> None:
+    """List every registered verifier (built-ins and `agentrl.verifiers` entry-point plugins)."""
+    from agentrl.verifiers import base, names
+
+    for name in names():  # names() loads the entry-point plugins first
+        factory = base._REGISTRY[name]
+        where = f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
+        typer.echo(f"{name:14s} {_one_line_doc(factory)}  [{where}]")
+
+
+@verifier_app.command("check")
+def verifier_check(
+    env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
+    tasks: int = typer.Option(5, "--tasks", min=1, help="How many tasks to check (task indices 0..N-1)."),
+    backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
+) -> None:
+    """Check the env's verifier on N tasks: the reference must pass, the untouched start must fail.
+
+    Prints each task as kept or dropped with the reason; exits 1 if any task is dropped.
+    """
+    from agentrl.registry import make
+    from agentrl.verifier_check import check_verifier
+
+    env = make(env_id, backend=backend)
+    dropped = 0
+    try:
+        for i in range(tasks):
+            task = env._pick_task({"index": i})
+            check = check_verifier(env, task)
+            dropped += not check.ok
+            reason = " ".join(check.reason.split())
+            typer.echo(f"[{'kept' if check.ok else 'dropped'}] {task.id}: {reason}")
+    finally:
+        env.close()
+    typer.echo(f"{env_id}: kept {tasks - dropped} of {tasks} tasks, dropped {dropped}")
+    sys.exit(1 if dropped else 0)
 
 
 @sandbox_app.command("build")
