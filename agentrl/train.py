@@ -1,0 +1,385 @@
+"""GRPO training of a tool-using agent, top to bottom.
+
+    agentrl train examples/calc_grpo.yaml [key.sub=value ...]          # one process
+    agentrl train examples/calc_grpo.yaml --nproc 2                     # torchrun, FSDP2 over 2 ranks
+
+One step:
+ 1. rank 0 builds a batch with the curriculum and DAPO dynamic sampling: it draws tasks in
+    the learnability band, runs one group of episodes per task through the vLLM policy and
+    the environments, drops zero-variance groups and refills (bounded);
+ 2. the batch goes to every rank; advantages are computed on the whole batch (one per
+    trajectory, group-relative), then each rank takes its share;
+ 3. each rank computes the clipped surrogate over its micro-batches (FSDP2 all-gathers the
+    weights, reduce-scatters the gradients), the global gradient is clipped, AdamW steps;
+ 4. the full weights go to the vLLM policy, whose version increments;
+ 5. metrics to out/metrics.jsonl (and TensorBoard), held-out evaluation every `eval.every`
+    steps, a resumable checkpoint every `checkpoint_every` steps.
+
+Asynchronous mode overlaps 1 with 3-4: a background thread generates the next batch with
+the weights it has while the trainer updates; trajectories more than `max_staleness` versions
+behind are dropped or kept with the truncated importance-sampling correction.
+
+Losses and advantages are the pure functions of `agentrl.grpo`; batching is `agentrl.batch`;
+the curriculum is `agentrl.curriculum`; distribution is `agentrl.distributed`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.batch import collate, sequence_logprobs
+from agentrl.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
+from agentrl.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    export_hf,
+    full_state_dict,
+    global_token_scale,
+    init_distributed,
+    load_checkpoint,
+    save_checkpoint,
+    shard_model,
+)
+from agentrl.grpo import group_advantages, policy_loss
+from agentrl.sft import rank_micro_batches
+from agentrl.train_config import TrainConfig
+from agentrl.trajectory import Trajectory, load_trajectories
+
+
+def log(msg: str) -> None:
+    print(f"[train] {msg}", file=sys.stderr, flush=True)
+
+
+# --- one optimisation step (every rank) -------------------------------------------------------
+
+
+def grpo_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    trajectories: list[Trajectory],
+    cfg: TrainConfig,
+    info: DistInfo,
+    pad_id: int,
+) -> dict[str, float]:
+    """One GRPO update on `trajectories` (the same list on every rank). Returns metrics averaged over ranks."""
+    rewards = torch.tensor([t.reward for t in trajectories])  # [N]
+    advantages = group_advantages(
+        rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale
+    )  # [N]
+    # Keyed by object: the shard below hands out these same objects (plus zero-mask fillers).
+    advantage_of = {id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)}
+    micro = rank_micro_batches(trajectories, info.rank, info.world_size, cfg.optim.micro_batch_size)
+    local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
+    _, global_tokens = global_token_scale(local_tokens, info.device)
+    local_seqs = sum(1 for mb in micro for t in mb if any(t.loss_mask))
+    _, global_seqs = global_token_scale(local_seqs, info.device)
+    # FSDP2 averages gradients over ranks, so each rank divides its sum by global count / world.
+    denom = (global_tokens if cfg.loss.agg == "token-mean" else global_seqs) / info.world_size
+    totals: dict[str, float] = {}
+    loss_total = 0.0
+    for i, mb in enumerate(micro):
+        model.set_requires_gradient_sync(i == len(micro) - 1)
+        batch = collate(mb, pad_id).to(info.device)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
+        logp = sequence_logprobs(logits, batch.input_ids, temperature=cfg.rollout.temperature)  # [B, T]
+        adv = torch.tensor([advantage_of.get(id(t), 0.0) for t in mb], device=info.device)  # [B]
+        # With TIS the trust region is anchored at the trainer's own log-probs of the batch
+        # before this update (this is the first and only epoch, so they are `logp` detached);
+        # the rollout engine's log-probs then only enter through the capped TIS weight.
+        old = logp.detach() if cfg.loss.tis_cap is not None else None
+        loss, metrics = policy_loss(
+            logp,
+            batch.behavior_logprobs,
+            adv,
+            batch.loss_mask,
+            cfg.loss.clip_low,
+            cfg.loss.clip_high,
+            cfg.loss.agg,
+            cfg.loss.ratio,
+            old_logprobs=old,
+            tis_cap=cfg.loss.tis_cap,
+            logits=logits.detach(),
+            denominator=max(denom, 1e-9),
+        )
+        loss.backward()
+        loss_total += float(loss.item())
+        w = float(batch.loss_mask.sum().item())
+        for k, v in metrics.as_dict().items():
+            if isinstance(v, int | float) and v is not None:
+                totals[k] = totals.get(k, 0.0) + float(v) * w
+        totals["_w"] = totals.get("_w", 0.0) + w
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    w = max(totals.pop("_w", 0.0), 1e-9)
+    per_rank = {k: v / w for k, v in totals.items()}
+    per_rank["losses/policy_loss"] = loss_total
+    # Each rank's loss is world · (its sum) / (global count), so the mean over ranks is the global loss.
+    out = all_reduce_mean(per_rank, info.device)
+    out["losses/grad_norm"] = grad_norm
+    out["batch/action_tokens"] = global_tokens
+    out["batch/sequences"] = float(len(trajectories))
+    return out
+
+
+# --- rollouts (rank 0) --------------------------------------------------------------------------
+
+
+@dataclass
+class Generator:
+    """Rank 0's side: the vLLM policy and the environments, turning task draws into groups."""
+
+    cfg: TrainConfig
+    policy: Any
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
+        from agentrl.rollout import RolloutConfig, collect
+
+        r = self.cfg.rollout
+        rc = RolloutConfig(
+            group_size=r.group_size,
+            max_tokens_per_turn=r.max_tokens_per_turn,
+            max_total_tokens=r.max_total_tokens,
+            episode_timeout_s=r.episode_timeout_s,
+            concurrency=r.concurrency,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            seed=self.cfg.seed,
+        )
+        t0 = time.perf_counter()
+        trajs = collect(
+            self.cfg.env, [d.task for d in draws], self.policy, rc, env_kwargs=self.cfg.env_kwargs
+        )
+        self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
+        return group_by_id(trajs)
+
+    def batch(self, curriculum: Curriculum) -> DynamicBatchResult:
+        self.stats = {}
+        return build_batch(curriculum, self.groups)
+
+
+def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:
+    trajs = result.trajectories
+    m: dict[str, float] = {
+        k: float(v) for k, v in curriculum.metrics(result).as_dict().items() if isinstance(v, int | float)
+    }
+    if trajs:
+        m["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
+        m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)
+        m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
+    m["batch/groups"] = float(len(result.groups))
+    m["batch/generated_groups"] = float(result.generated_groups)
+    return m
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def train(cfg: TrainConfig) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    info = init_distributed()
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    ckpt_dir = out / "checkpoints" / "latest"
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32).to(info.device)
+    model.train()
+    shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+
+    import agentrl
+
+    curriculum = Curriculum.from_generator(
+        agentrl.make(cfg.env, backend="local", use_pool=False).task_source, config=cfg.curriculum
+    )
+    start = 0
+    if cfg.resume and (ckpt_dir / "weights.pt").exists():
+        state = load_checkpoint(ckpt_dir, model, opt)
+        curriculum.load_state_dict(state["curriculum"])
+        start = int(state["step"])
+        log(f"resumed from {ckpt_dir} at step {start}")
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    writer = _tensorboard(cfg, out) if info.is_main else None
+
+    replay = load_trajectories(cfg.replay) if cfg.replay else None
+    gen: Generator | None = None
+    policy_dir = out / "policy"
+    if info.is_main and replay is None:
+        from agentrl.policy import VLLMPolicy
+
+        # vLLM loads from a directory; after a resume that is the checkpoint's weights.
+        start_dir = cfg.model
+        if start:
+            start_dir = str(
+                export_hf(
+                    torch.load(ckpt_dir / "weights.pt", weights_only=False)["model"], cfg.model, policy_dir
+                )
+            )
+        gen = Generator(cfg, VLLMPolicy(start_dir, seed=cfg.seed))
+    prefetch: queue.Queue = queue.Queue(maxsize=1)
+    worker: threading.Thread | None = None
+
+    def produce() -> None:
+        # Async mode: keep one batch ready, generated with whatever weights the policy has.
+        assert gen is not None
+        while True:
+            prefetch.put(gen.batch(curriculum))
+
+    for step in range(start, cfg.steps):
+        t_step = time.perf_counter()
+        metrics: dict[str, float] = {}
+        if info.is_main:
+            if replay is not None:
+                trajs = replay
+                metrics["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
+            else:
+                assert gen is not None
+                t0 = time.perf_counter()
+                if cfg.asynchronous.mode == "async":
+                    if worker is None:
+                        worker = threading.Thread(target=produce, daemon=True, name="rollout")
+                        worker.start()
+                    result = prefetch.get()
+                else:
+                    result = gen.batch(curriculum)
+                metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
+                metrics.update(_batch_metrics(result, curriculum))
+                metrics.update(gen.stats)
+                trajs = _apply_staleness(result.trajectories, gen.policy.version, cfg, metrics)
+            payload = [trajs]
+        else:
+            payload = [None]
+        dist.broadcast_object_list(payload, src=0)
+        trajs = payload[0]
+        if not trajs:
+            log(f"step {step + 1}: no informative groups (all groups had equal rewards); skipping the update")
+        else:
+            t0 = time.perf_counter()
+            metrics.update(grpo_step(model, opt, trajs, cfg, info, pad_id))
+            metrics["time/train_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sd = full_state_dict(model)
+        if gen is not None:
+            gen.policy.update_weights(sd)
+            metrics["policy/version"] = float(gen.policy.version)
+        metrics["time/weight_sync_s"] = time.perf_counter() - t0
+        metrics["time/step_s"] = time.perf_counter() - t_step
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            save_checkpoint(ckpt_dir, model, opt, {"step": step + 1, "curriculum": curriculum.state_dict()})
+        if info.is_main:
+            row = {"step": step + 1, **{k: round(v, 6) for k, v in metrics.items()}}
+            with (out / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if writer is not None:
+                for k, v in metrics.items():
+                    writer.add_scalar(k, v, step + 1)
+            log(
+                f"step {step + 1}/{cfg.steps} reward {metrics.get('charts/reward_mean', float('nan')):.3f} "
+                f"loss {metrics.get('losses/policy_loss', float('nan')):.4f} "
+                f"band {metrics.get('curriculum/band_occupancy', float('nan')):.2f} {metrics['time/step_s']:.1f}s"
+            )
+            if gen is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                _evaluate_in_training(cfg, gen.policy, step + 1, out)
+    save_checkpoint(ckpt_dir, model, opt, {"step": cfg.steps, "curriculum": curriculum.state_dict()})
+    sd = full_state_dict(model)
+    if info.is_main:
+        export_hf(sd, cfg.model, out / "final")
+        if writer is not None:
+            writer.close()
+    dist.barrier()
+    return out / "final"
+
+
+def _apply_staleness(
+    trajs: list[Trajectory], version: int, cfg: TrainConfig, metrics: dict[str, float]
+) -> list[Trajectory]:
+    """Async: drop trajectories too many versions behind, or keep them (the TIS weight corrects them)."""
+    ages = [
+        version - (t.policy_version_max if t.policy_version_max is not None else t.policy_version)
+        for t in trajs
+    ]
+    metrics["async/staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
+    if cfg.asynchronous.mode != "async" or cfg.asynchronous.stale == "importance-weight":
+        return trajs
+    kept = [t for t, a in zip(trajs, ages, strict=True) if a <= cfg.asynchronous.max_staleness]
+    metrics["async/dropped_stale"] = float(len(trajs) - len(kept))
+    return kept
+
+
+def _evaluate_in_training(cfg: TrainConfig, policy: Any, step: int, out: Path) -> None:
+    from agentrl.evaluate import evaluate_policy
+
+    summary = evaluate_policy(
+        policy,
+        cfg.env,
+        split=cfg.eval.split,
+        num_tasks=cfg.eval.tasks,
+        samples=cfg.eval.samples,
+        temperature=cfg.eval.temperature,
+        rollout=cfg.rollout,
+        env_kwargs=cfg.env_kwargs,
+        model_name=f"step-{step}",
+    )
+    row = {
+        "step": step,
+        **{f"eval/{k}": v for k, v in summary.pass_at_dict().items()},
+        "eval/mean_reward": summary.mean_reward,
+    }
+    with (out / "eval.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "step"))
+
+
+def _tensorboard(cfg: TrainConfig, out: Path) -> Any:
+    if not cfg.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(
+            "tensorboard=true needs the tensorboard package: pip install 'agentrl[tensorboard]'"
+        ) from exc
+    return SummaryWriter(str(out / "tb"))
+
+
+def launch(cfg: TrainConfig, nproc: int = 1) -> Path:
+    """Train here (nproc=1) or under `torchrun` with `nproc` processes."""
+    import subprocess
+
+    if nproc <= 1:
+        path = train(cfg)
+        dist.destroy_process_group()
+        return path
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "agentrl.train",
+        cfg.model_dump_json(),
+    ]
+    subprocess.run(cmd, check=True)
+    return Path(cfg.out) / "final"
+
+
+if __name__ == "__main__":
+    train(TrainConfig.model_validate_json(sys.argv[1]))
+    dist.destroy_process_group()
