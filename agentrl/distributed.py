@@ -65,6 +65,24 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
 
 
+def run_ranks(module: str, payload: str, nproc: int) -> None:
+    """Run `python -m module payload` as `nproc` ranks under torchrun (standalone rendezvous); blocks."""
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        payload,
+    ]
+    subprocess.run(cmd, check=True)
+
+
 def shard_model(
     model: nn.Module, *, activation_checkpointing: bool = False, bf16: bool | None = None
 ) -> nn.Module:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -182,23 +181,15 @@ def train_sft(cfg: SFTConfig) -> Path:
 
 def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
     """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes."""
+    from agentrl.distributed import run_ranks
+
     if nproc <= 1:
         path = train_sft(cfg)
         import torch.distributed as dist
 
         dist.destroy_process_group()
         return path
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "agentrl.sft",
-        cfg.model_dump_json(),
-    ]
-    subprocess.run(cmd, check=True)
+    run_ranks("agentrl.sft", cfg.model_dump_json(), nproc)
     return Path(cfg.out)
 
 

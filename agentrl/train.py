@@ -47,6 +47,7 @@ from agentrl.distributed import (
     global_token_scale,
     init_distributed,
     load_checkpoint,
+    run_ranks,
     save_checkpoint,
     shard_model,
 )
@@ -360,23 +361,11 @@ def _tensorboard(cfg: TrainConfig, out: Path) -> Any:
 
 def launch(cfg: TrainConfig, nproc: int = 1) -> Path:
     """Train here (nproc=1) or under `torchrun` with `nproc` processes."""
-    import subprocess
-
     if nproc <= 1:
         path = train(cfg)
         dist.destroy_process_group()
         return path
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "agentrl.train",
-        cfg.model_dump_json(),
-    ]
-    subprocess.run(cmd, check=True)
+    run_ranks("agentrl.train", cfg.model_dump_json(), nproc)
     return Path(cfg.out) / "final"
 
 
