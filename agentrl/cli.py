@@ -216,6 +216,20 @@ def sft(
     typer.echo(str(launch(cfg, nproc=nproc)))
 
 
+@app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train_cmd(
+    ctx: typer.Context,
+    config: str = typer.Argument(..., help="YAML or TOML config (see examples/); every field is in agentrl.train_config."),
+    nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
+) -> None:
+    """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config."""
+    from agentrl.train import launch
+    from agentrl.train_config import load_config
+
+    cfg = load_config(config, list(ctx.args))
+    typer.echo(str(launch(cfg, nproc=nproc)))
+
+
 @app.command("demo")
 def demo(
     out: str = typer.Option("runs/demo", help="Directory for the demo's outputs."),
