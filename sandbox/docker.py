@@ -674,9 +674,13 @@ class DockerSandbox:
     def read_file(self, path: str) -> bytes:
         target = self._path(path)
         message = ""
-        # As the agent first (it owns the workspace), then as root for root-owned files such
-        # as the verifier's.
-        for user in (AGENT_USER, ROOT_USER):
+        # As the agent: it owns the workspace. Root is tried only for paths under
+        # PROTECTED_DIR, where the agent cannot plant anything: reading an agent-chosen path
+        # (say a symlink to a root-only file) as root would make us a confused deputy.
+        users = [AGENT_USER]
+        if target.startswith(PROTECTED_DIR + "/"):
+            users.append(ROOT_USER)
+        for user in users:
             raw = self._run(
                 ["cat", "--", target],
                 user=user,

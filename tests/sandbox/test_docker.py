@@ -178,6 +178,14 @@ def test_privileged_writes_verifier_dir_agent_cannot(sb, tmp_path):
     assert r.ok and "2 passed" in r.stdout, r
 
 
+def test_read_file_never_reads_for_the_agent_as_root(sb):
+    sb.write_file(f"{PROTECTED_DIR}/secret.txt", "hidden", mode=0o600, privileged=True)
+    assert sb.read_file(f"{PROTECTED_DIR}/secret.txt") == b"hidden"  # the verifier's own path
+    assert sb.exec(f"ln -s {PROTECTED_DIR}/secret.txt link.txt").ok
+    with pytest.raises(PermissionError):
+        sb.read_file("link.txt")  # an agent-planted path is read as the agent
+
+
 def test_privileged_exec_is_root_without_capabilities(sb):
     r = sb.exec("id -u; grep CapEff /proc/self/status", privileged=True)
     uid, capeff = r.stdout.splitlines()
