@@ -407,6 +407,11 @@ class DockerSandbox:
             stdout, stderr = "", stdout.strip() + "\n"
             if "not found" in stderr or "no such file" in stderr:
                 exit_code = 127
+        if 128 < exit_code < 160 and not raw.timed_out:
+            # Docker reports a command killed by signal N as 128+N; the protocol (like
+            # `subprocess` and the bwrap backend) says -N. A program that itself exits with
+            # 129..159 reads the same: docker cannot tell the two apart.
+            exit_code = 128 - exit_code
         if raw.dropped_stdout:
             stdout += TRUNCATION_NOTE.format(n=raw.dropped_stdout)
         if raw.dropped_stderr:

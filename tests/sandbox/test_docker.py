@@ -64,6 +64,11 @@ def test_exit_codes_and_stderr(sb):
     assert sb.exec("no-such-program").exit_code == 127  # the shell's own convention agrees
 
 
+def test_killed_by_signal_is_negative(sb):
+    assert sb.exec(["sh", "-c", "kill -TERM $$"]).exit_code == -15
+    assert sb.exec(["python3", "-c", "import os; os.kill(os.getpid(), 9)"]).exit_code == -9
+
+
 def test_stdin_str_and_bytes(sb):
     assert sb.exec(["cat"], stdin="héllo").stdout == "héllo"
     assert sb.exec(["wc", "-c"], stdin=b"\x00\x01\x02").stdout.strip() == "3"
