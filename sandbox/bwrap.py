@@ -31,10 +31,11 @@ The file system
 - `workdir` (/workspace) and /tmp: per-sandbox, writable, persistent across execs,
   size-capped tmpfs (`disk_mb` each). The host side reaches them at `sandbox.host_workdir`
   and `sandbox.host_tmp` (under /proc/<holder>/root).
-- /verifier (`PROTECTED_DIR`): a per-sandbox host directory bound READ-ONLY into agent
-  execs. bwrap cannot switch users (inside, the single mapped uid is 1000, which is the
-  user who ran bwrap), so the verifier's side is the host: `write_file`/`copy_in` with
-  `privileged=True` write the host directory directly, and `exec(privileged=True)` binds it
+- /verifier (`PROTECTED_DIR`): a per-sandbox tmpfs (capped like the workspace) bound
+  READ-ONLY into agent execs; the host reaches it at `sandbox.host_protected`. bwrap
+  cannot switch users (inside, the single mapped uid is 1000, which is the user who ran
+  bwrap), so the verifier's side is the host: `write_file`/`copy_in` with
+  `privileged=True` write it from the host side directly, and `exec(privileged=True)` binds it
   read-write. Files therefore show as owned by `agent` inside; the read-only bind, not
   ownership, is what keeps the agent out.
 - /proc is a fresh procfs of the exec's pid namespace; /dev is bwrap's minimal /dev (null,
@@ -561,15 +562,17 @@ class BwrapSandbox:
         # The directories bwrap binds (as seen in the holder's mount namespace, if any)...
         self._ws_dir = self._root / "workspace"
         self._tmp_dir = self._root / "tmp"
-        self.host_protected = self._root / "verifier"
-        for d in (self._ws_dir, self._tmp_dir, self.host_protected):
+        self._prot_dir = self._root / "verifier"
+        for d in (self._ws_dir, self._tmp_dir, self._prot_dir):
             d.mkdir()
+        # /verifier is capped too: a privileged exec binds it read-write and runs agent code.
         self._holder, holder_note = _Holder.start(
-            self._bwrap, [self._ws_dir, self._tmp_dir], self.limits.disk_mb
+            self._bwrap, [self._ws_dir, self._tmp_dir, self._prot_dir], self.limits.disk_mb
         )
         # ...and where the host side reaches them.
         self.host_workdir = self._holder.path(self._ws_dir) if self._holder else self._ws_dir
         self.host_tmp = self._holder.path(self._tmp_dir) if self._holder else self._tmp_dir
+        self.host_protected = self._holder.path(self._prot_dir) if self._holder else self._prot_dir
         self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
         # What reap_stale() needs to clean up after this process if it dies without close().
         meta = {
@@ -651,7 +654,7 @@ class BwrapSandbox:
             "--remount-ro", "/dev",
             "--bind", str(self._ws_dir), self.workdir,
             "--bind", str(self._tmp_dir), "/tmp",
-            "--bind" if privileged else "--ro-bind", str(self.host_protected), PROTECTED_DIR,
+            "--bind" if privileged else "--ro-bind", str(self._prot_dir), PROTECTED_DIR,
             "--chdir", self.workdir,
             "--clearenv",
         ]  # fmt: skip

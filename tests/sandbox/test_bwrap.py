@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.sandbox import Limits, Sandbox, SandboxDead, open_sandbox
-from agentrl.sandbox.bwrap import ROOTFS_ENV, BwrapSandbox, export_rootfs
+from agentrl.sandbox.bwrap import ROOTFS_ENV, BwrapSandbox, export_rootfs, find_rootfs
 from agentrl.sandbox.local import SandboxPathError
 
 pytestmark = pytest.mark.docker
@@ -225,6 +226,23 @@ def test_what_a_killed_process_left_behind_is_reaped(bwrap_path):
     assert not any(root in line for line in Path("/proc/mounts").read_text().splitlines())
 
 
+@pytest.mark.slow
+def test_export_rootfs_to_a_directory_strips_setuid_and_device_nodes(tmp_path):
+    dest = export_rootfs(dest=tmp_path / "rootfs")
+    assert (dest / "usr" / "bin" / "python3").exists() and (dest / ".agentrl-rootfs-complete").exists()
+    su = dest / "usr" / "bin" / "su"
+    assert su.exists() and not su.stat().st_mode & 0o6000  # setuid root in the image
+    devices = [
+        Path(d, f)
+        for d, _, files in os.walk(dest)
+        for f in files
+        if stat.S_ISCHR(os.lstat(Path(d, f)).st_mode) or stat.S_ISBLK(os.lstat(Path(d, f)).st_mode)
+    ]
+    assert devices == []
+    start = time.monotonic()
+    assert export_rootfs(dest=dest) == dest and time.monotonic() - start < 5  # complete: reused
+
+
 def test_missing_workdir_is_a_clear_error(bwrap_path):
     from agentrl.sandbox import SandboxError
 
@@ -245,7 +263,12 @@ def test_unprivileged_user_with_rootfs_from_env(bwrap_path):
 
 def _run_unprivileged(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
-    rootfs = export_rootfs(dest=tmp_path / "rootfs")
+    # A hard-linked copy of the cached export is instant; exporting again costs seconds.
+    rootfs = tmp_path / "rootfs"
+    linked = subprocess.run(["cp", "-al", str(find_rootfs()), str(rootfs)], capture_output=True)
+    if linked.returncode != 0:
+        shutil.rmtree(rootfs, ignore_errors=True)
+        export_rootfs(dest=rootfs)
     assert (rootfs / "usr" / "bin" / "prlimit").exists()
     home = tmp_path / "home"
     home.mkdir()
@@ -253,7 +276,7 @@ def _run_unprivileged(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         from agentrl.sandbox import Limits, open_sandbox
-        with open_sandbox("bwrap", limits=Limits(pids=16, memory_mb=256)) as sb:
+        with open_sandbox("bwrap", limits=Limits(pids=16, memory_mb=256, disk_mb=16)) as sb:
             print(sb.enforcement.pids, sb.enforcement.memory, sb.enforcement.disk, sep="|")
             assert sb.exec("id -u").stdout == "1000\\n"
             r = sb.exec("for i in $(seq 40); do sleep 3 & done; wait")
@@ -262,7 +285,7 @@ def _run_unprivileged(tmp_path: Path) -> None:
             print("mem-refused" if "MemoryError" in r.stderr else "mem-allowed")
             sb.write_file("x.txt", "hi")
             print(sb.exec("cat x.txt").stdout)
-            r = sb.exec("for i in 1 2 3 4 5 6; do head -c 100000000 /dev/zero > f$i; done")
+            r = sb.exec("for i in 1 2 3 4 5 6; do head -c 4000000 /dev/zero > f$i; done")
             print("disk-capped" if "No space left" in r.stderr else r)
         """
     )
