@@ -407,40 +407,36 @@ class HiddenTestsVerifier:
         argv = [self.python, "-I", "-B", f"{run_dir}/runner.py", f"{run_dir}/config.json"]
         res = sandbox.exec(argv, timeout=self.timeout_s, privileged=True)
         output = _tail(res.stdout + ("\n" + res.stderr if res.stderr.strip() else ""))
+
+        def zero(reason: str) -> Verdict:
+            return Verdict(0.0, False, _clip(f"{reason}; pytest's output: {output}" if output else reason))
+
         if res.timed_out:
-            return Verdict(
-                0.0, False, f"hidden tests timed out after {self.timeout_s:g}s (killed); output: {output}"
-            )
+            return zero(f"hidden tests timed out after {self.timeout_s:g}s and were killed")
 
         # 4. The report pytest wrote under /verifier, and nothing else, decides.
         try:
             xml = sandbox.read_file(report_path)
         except FileNotFoundError:
-            how = _describe_exit(res.exit_code)
-            return Verdict(
-                0.0,
-                False,
-                f"pytest crashed before writing its report ({how}; command: {shlex.join(argv)}); "
-                f"output: {output}",
+            return zero(
+                f"no JUnit report: pytest ended ({_describe_exit(res.exit_code)}) before writing one; the "
+                "process was cut short (os._exit, a crash or a kill in the code under test?); "
+                f"command: {shlex.join(argv)}"
             )
         try:
             report = parse_junit(xml)
         except ValueError as exc:
-            return Verdict(0.0, False, f"{exc} (pytest exit {res.exit_code}); output: {output}")
+            return zero(f"{exc} (pytest {_describe_exit(res.exit_code)})")
         if report.collection_errors:
             errors = "; ".join(f"{e.nodeid}: {_tail(e.message, 600)}" for e in report.collection_errors[:3])
             return Verdict(0.0, False, _clip(f"collection error in the hidden tests: {errors}"))
         if res.exit_code not in (0, 1):
-            meaning = _EXIT_MEANING.get(res.exit_code, f"pytest died ({_describe_exit(res.exit_code)})")
-            return Verdict(0.0, False, _clip(f"{meaning}; output: {output}"))
-        not_passed = len(report.tests) - report.count("passed")
+            return zero(_EXIT_MEANING.get(res.exit_code, f"pytest died ({_describe_exit(res.exit_code)})"))
         failing = report.count("failed") + report.count("error")
         if (res.exit_code == 0) != (failing == 0):
-            return Verdict(
-                0.0,
-                False,
-                f"the report ({not_passed} of {len(report.tests)} tests not passed) contradicts pytest's exit "
-                f"status {res.exit_code}: it was tampered with; output: {output}",
+            return zero(
+                f"the report ({failing} of {len(report.tests)} tests failed) contradicts pytest's exit status "
+                f"{res.exit_code}: it was tampered with"
             )
         reward, passed, summary = score(
             report, mode=self.mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass
@@ -452,6 +448,8 @@ def _describe_exit(code: int) -> str:
     # A process killed by signal N: the sandbox says -N, a shell or `docker exec` says 128+N.
     if code < 0:
         return f"killed by signal {-code}"
+    if code in (126, 127):
+        return f"exit {code}: the interpreter is missing from the image or not executable"
     if 128 < code < 160:
         return f"exit {code}: killed by signal {code - 128}"
     return f"exit {code}"

@@ -96,9 +96,7 @@ class FixFunctionEnv(ToolEnv):
 
     def __init__(self, task: Task, **kwargs: Any):
         kwargs.setdefault("verifier", "hidden-tests")
-        super().__init__(
-            tasks=[task], tools=["bash", "write_file", "submit"], max_turns=20, use_pool=False, **kwargs
-        )
+        super().__init__(tasks=[task], tools=["bash", "write_file", "submit"], max_turns=20, **kwargs)
 
     def oracle(self, task: Task) -> Script:
         return Script(tool_call("write_file", path="mathlib.py", content=FIXED))
@@ -270,7 +268,7 @@ def test_attack_sys_exit_zero_at_import(env, task):
 def test_attack_os_exit_zero_at_import_leaves_no_report(env, task):
     verdict, _ = play(env, task, write("mathlib.py", "import os\n\nos._exit(0)\n" + BUGGY))
     assert verdict.reward == 0.0
-    assert "crashed before writing its report (exit 0" in verdict.details, verdict.details
+    assert "no JUnit report: pytest ended (exit 0) before writing one" in verdict.details, verdict.details
 
 
 @pytest.mark.docker
@@ -421,6 +419,26 @@ def test_attack_fake_junit_report_printed_and_written(env, task):
         tool_call("submit", answer=FAKE_JUNIT + "\n3 passed in 0.01s"),
     )
     assert verdict.reward == 0.0 and "1/3 hidden tests passed" in verdict.details, verdict.details
+
+
+@pytest.mark.docker
+def test_attack_report_rewritten_at_exit_by_the_code_under_test(env, task):
+    # The code under test runs inside pytest's process and can write wherever pytest writes.
+    # A report forged after pytest finished contradicts pytest's exit status (1: failures).
+    forger = f"""
+        import atexit, glob
+
+
+        def _forge():
+            for path in glob.glob("/verifier/*/junit.xml"):
+                with open(path, "w") as f:
+                    f.write({FAKE_JUNIT!r})
+
+
+        atexit.register(_forge)
+    """
+    verdict, _ = play(env, task, write("mathlib.py", textwrap.dedent(forger) + BUGGY))
+    assert verdict.reward == 0.0 and "contradicts pytest's exit status 1" in verdict.details, verdict.details
 
 
 # --- failures of the verifier itself: reward 0 with the reason, never an exception ---------
