@@ -354,7 +354,7 @@ class _Cgroups:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+            time.sleep(0.002)
 
     def remove(self) -> None:
         self.kill_all()
