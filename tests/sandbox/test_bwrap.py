@@ -115,6 +115,13 @@ def test_no_network(sb):
     assert sb.exec("cat /proc/net/dev").stdout.count(":") == 1  # only lo
 
 
+def test_network_only_when_limits_allow_it(bwrap_path):
+    host_ifaces = Path("/proc/net/dev").read_text().count(":")
+    with open_sandbox("bwrap", limits=Limits(network=True)) as box:
+        assert box.exec("cat /proc/net/dev").stdout.count(":") == host_ifaces
+        assert box.enforcement.network.startswith("shared")
+
+
 def test_symlinks_planted_by_the_agent_cannot_redirect_host_side_io(sb, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("host secret")
