@@ -449,6 +449,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def measure(args: argparse.Namespace, backends: list[str], limits: Limits, results: dict) -> int:
+    """Fill `results` backend by backend; returns the exit code (1 when a measurement failed)."""
+    exit_code = 0
+    for backend in backends:
+        progress(f"{backend}: probing")
+        problem = backend_problem(backend, limits)
+        if problem is not None:
+            progress(f"{backend}: unavailable ({problem})")
+            results["backends"][backend] = {"available": False, "reason": problem}
+            continue
+        res: dict = {"available": True}
+        try:
+            progress(f"{backend}: {args.start_reps} starts")
+            res.update(bench_start_close(backend, limits, args.start_reps))
+            progress(f"{backend}: {args.reps} execs of each command")
+            res.update(bench_exec(backend, limits, args.reps))
+            progress(f"{backend}: {args.episodes} episodes without and with the pool")
+            res.update(bench_reset(backend, limits, args.episodes, args.episode_s, args.pool_size))
+        except Exception as exc:
+            exit_code = 1
+            res["error"] = f"{type(exc).__name__}: {exc}"
+            progress(f"{backend}: failed\n{traceback.format_exc()}")
+        results["backends"][backend] = res
+    if results["backends"].get("docker", {}).get("available"):
+        results["machine"]["docker_engine"] = docker_client().version().get("Version")
+        try:
+            progress(f"docker: exec overhead, {args.reps} interleaved pairs")
+            results["docker_exec_overhead"] = bench_exec_overhead(limits, args.reps)
+            progress(f"docker: up to {args.max_concurrent} concurrent sandboxes")
+            results["docker_concurrency"] = bench_concurrency(args.max_concurrent, args.concurrent_memory_mb)
+        except Exception as exc:
+            exit_code = 1
+            results["docker_error"] = f"{type(exc).__name__}: {exc}"
+            progress(f"docker: failed\n{traceback.format_exc()}")
+    return exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -474,40 +511,14 @@ def main(argv: list[str] | None = None) -> int:
         },
         "backends": {},
     }
-    exit_code = 0
-    with nothing_left_behind():
-        for backend in backends:
-            progress(f"{backend}: probing")
-            problem = backend_problem(backend, limits)
-            if problem is not None:
-                progress(f"{backend}: unavailable ({problem})")
-                results["backends"][backend] = {"available": False, "reason": problem}
-                continue
-            res: dict = {"available": True}
-            try:
-                progress(f"{backend}: {args.start_reps} starts")
-                res.update(bench_start_close(backend, limits, args.start_reps))
-                progress(f"{backend}: {args.reps} execs of each command")
-                res.update(bench_exec(backend, limits, args.reps))
-                progress(f"{backend}: {args.episodes} episodes without and with the pool")
-                res.update(bench_reset(backend, limits, args.episodes, args.episode_s, args.pool_size))
-            except Exception as exc:
-                exit_code = 1
-                res["error"] = f"{type(exc).__name__}: {exc}"
-                progress(f"{backend}: failed\n{traceback.format_exc()}")
-            results["backends"][backend] = res
-        if results["backends"].get("docker", {}).get("available"):
-            try:
-                progress(f"docker: exec overhead, {args.reps} interleaved pairs")
-                results["docker_exec_overhead"] = bench_exec_overhead(limits, args.reps)
-                progress(f"docker: up to {args.max_concurrent} concurrent sandboxes")
-                results["docker_concurrency"] = bench_concurrency(
-                    args.max_concurrent, args.concurrent_memory_mb
-                )
-            except Exception as exc:
-                exit_code = 1
-                results["docker_error"] = f"{type(exc).__name__}: {exc}"
-                progress(f"docker: failed\n{traceback.format_exc()}")
+    try:
+        with nothing_left_behind():
+            exit_code = measure(args, backends, limits, results)
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM): the sandboxes are gone by now; print what was measured so far.
+        progress("interrupted; every sandbox of this run was closed")
+        results["interrupted"] = True
+        exit_code = 130
     results["targets"] = target_report(results)
     print(json.dumps(results, indent=2))
     return exit_code
