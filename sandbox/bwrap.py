@@ -88,7 +88,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import json
 import os
 import re
@@ -617,7 +616,6 @@ class BwrapSandbox:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._closed = False
-        self._exec_ids = itertools.count()
         # One trial run, so a broken setup fails here, with bwrap's own words, not at the first tool call.
         try:
             trial = self.exec(["/bin/true"], timeout=30)
