@@ -85,6 +85,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import tempfile
 import uuid
 import xml.etree.ElementTree as ET
@@ -301,11 +302,19 @@ class HiddenTestsVerifier:
     """Runs the task's hidden pytest suite after the episode, isolated from the agent's tricks."""
 
     mode: Literal["all", "fraction"] = "all"
+    """"all": reward 1 only if every considered test passed; "fraction": the fraction that passed."""
     fail_to_pass: list[str] | None = None
+    """SWE-bench FAIL_TO_PASS node ids; overrides the task's metadata["FAIL_TO_PASS"]."""
     pass_to_pass: list[str] | None = None
+    """SWE-bench PASS_TO_PASS node ids; overrides the task's metadata["PASS_TO_PASS"]."""
     timeout_s: float = 120.0
+    """Wall-clock limit of the pytest run; past it the run is killed and the reward is 0."""
     pytest_args: list[str] = field(default_factory=list)
+    """Extra pytest arguments (e.g. ["-m", "not slow"]): the hidden tests' own ini file is not read."""
     python: str = SYSTEM_PYTHON
+    """The image's system interpreter, by absolute path (never looked up on PATH)."""
+    max_report_mb: float = 16.0
+    """A larger JUnit report is not read (reward 0): the code under test can make it huge."""
     name: str = "hidden-tests"
     needs_sandbox: ClassVar[bool] = True
 
@@ -400,8 +409,14 @@ class HiddenTestsVerifier:
             Path(stage, "runner.py").write_text(RUNNER)
             Path(stage, "pytest.ini").write_text(INI)
             Path(stage, "config.json").write_text(json.dumps(config))
+            # Staged with the launcher so that one copy (one transfer into the sandbox) does it all.
+            staged_tests = Path(stage, "tests")
+            if hidden.is_file():
+                staged_tests.mkdir()
+                shutil.copy2(hidden, staged_tests / hidden.name)
+            else:
+                shutil.copytree(hidden, staged_tests, symlinks=True)
             sandbox.copy_in(stage, run_dir, privileged=True)
-        sandbox.copy_in(hidden, target, privileged=True)
 
         # 3. pytest, from /verifier, with the system interpreter in isolated mode.
         argv = [self.python, "-I", "-B", f"{run_dir}/runner.py", f"{run_dir}/config.json"]
@@ -415,14 +430,21 @@ class HiddenTestsVerifier:
             return zero(f"hidden tests timed out after {self.timeout_s:g}s and were killed")
 
         # 4. The report pytest wrote under /verifier, and nothing else, decides.
-        try:
-            xml = sandbox.read_file(report_path)
-        except FileNotFoundError:
+        # Its size first: the code under test can make it huge (an exception with a 1 GB message),
+        # and reading it whole would put that in the trainer's memory.
+        size = sandbox.exec(["/usr/bin/stat", "-c", "%s", report_path], timeout=60, privileged=True)
+        if not size.ok:
             return zero(
                 f"no JUnit report: pytest ended ({_describe_exit(res.exit_code)}) before writing one; the "
                 "process was cut short (os._exit, a crash or a kill in the code under test?); "
                 f"command: {shlex.join(argv)}"
             )
+        if int(size.stdout.strip() or 0) > self.max_report_mb * 2**20:
+            return zero(
+                f"the JUnit report is {int(size.stdout) / 2**20:.0f} MiB, over max_report_mb={self.max_report_mb:g}: "
+                "a test printed or raised something huge"
+            )
+        xml = sandbox.read_file(report_path)
         try:
             report = parse_junit(xml)
         except ValueError as exc:

@@ -441,6 +441,13 @@ def test_attack_report_rewritten_at_exit_by_the_code_under_test(env, task):
     assert verdict.reward == 0.0 and "contradicts pytest's exit status 1" in verdict.details, verdict.details
 
 
+@pytest.mark.docker
+def test_attack_huge_report_is_not_read(task):
+    with FixFunctionEnv(task, verifier=("hidden-tests", {"max_report_mb": 1})) as env:
+        verdict, _ = play(env, task, write("mathlib.py", "raise RuntimeError('x' * 3_000_000)\n"))
+    assert verdict.reward == 0.0 and "over max_report_mb=1" in verdict.details, verdict.details
+
+
 # --- failures of the verifier itself: reward 0 with the reason, never an exception ---------
 
 
