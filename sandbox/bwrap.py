@@ -211,7 +211,8 @@ def export_rootfs(image: str = DEFAULT_IMAGE, dest: Path | None = None) -> Path:
     image_id = img.id.split(":", 1)[-1]
     final = dest or rootfs_cache_dir() / image_id
     if (final / _COMPLETE_MARK).exists():
-        _record_tag(image, final)
+        if dest is None:  # only the cache is found by tag; a directory the caller chose is theirs
+            _record_tag(image, final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))

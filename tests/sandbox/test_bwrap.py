@@ -248,6 +248,9 @@ def test_export_rootfs_to_a_directory_strips_setuid_and_device_nodes(tmp_path):
     assert devices == []
     start = time.monotonic()
     assert export_rootfs(dest=dest) == dest and time.monotonic() - start < 5  # complete: reused
+    from agentrl.sandbox.bwrap import cached_rootfs
+
+    assert cached_rootfs() != dest  # the tag index names the cache, never a caller's directory
 
 
 def test_missing_workdir_is_a_clear_error(bwrap_path):
