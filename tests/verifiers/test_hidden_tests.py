@@ -179,6 +179,26 @@ def test_untouched_workspace_scores_zero(env, task):
     assert "1/3 hidden tests passed" in verdict.details and "test_add_small" in verdict.details
 
 
+@pytest.mark.docker
+def test_hidden_tests_as_a_single_file(env, task, tmp_path):
+    (tmp_path / "test_mathlib.py").write_text(HIDDEN_TESTS)
+    single = task.model_copy(update={"hidden_tests": str(tmp_path / "test_mathlib.py")})
+    verdict, _ = play(env, single, tool_call("write_file", path="mathlib.py", content=FIXED))
+    assert verdict.reward == 1.0 and "3/3 hidden tests passed" in verdict.details, verdict.details
+
+
+@pytest.mark.docker
+def test_conftest_shipped_with_the_hidden_tests_is_used(env, task, tmp_path):
+    # The task author's conftest (trusted, copied from the host) still works; only the agent's never loads.
+    (tmp_path / "conftest.py").write_text("import pytest\n\n\n@pytest.fixture\ndef five():\n    return 5\n")
+    (tmp_path / "test_fixture.py").write_text(
+        "from mathlib import add\n\n\ndef test_add(five):\n    assert add(2, 3) == five\n"
+    )
+    own = task.model_copy(update={"hidden_tests": str(tmp_path)})
+    verdict, _ = play(env, own, tool_call("write_file", path="mathlib.py", content=FIXED))
+    assert verdict.reward == 1.0 and "1/1 hidden tests passed" in verdict.details, verdict.details
+
+
 # --- the attacks: one each, all scored 0 ---------------------------------------------------
 
 
