@@ -36,6 +36,8 @@ class DriftReport:
     first_mismatch: int | None = None  # index into token_ids of the first differing id
     rendered_len: int = 0
     detail: str = ""
+    # "tokenization" (same text, different ids) or "template" (the template rewrites the text); "" if none.
+    kind: str = ""
 
 
 @dataclass
