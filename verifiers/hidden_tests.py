@@ -15,7 +15,8 @@ Order of events, after the agent's last action:
    PATH lookup; `-I` ignores every PYTHON* variable and the user site). The launcher
    replaces the environment with a fixed one (system PATH, HOME and TMPDIR in /verifier,
    `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`, no PYTEST_ADDOPTS/PYTHONPATH), imports the system's
-   pytest, and only then *appends* the workspace to `sys.path`.
+   pytest, and only then *appends* the workspace to `sys.path`. (The variable is the
+   autoload switch of the base image's pytest 7.2, which has no `--disable-plugin-autoload` yet.)
 4. pytest gets `-c <our ini>` and `--rootdir` in /verifier (the workspace's `pytest.ini`,
    `pyproject.toml`, `setup.cfg`, `tox.ini` are never read), `--confcutdir` at the hidden
    tests (plus `--noconftest` when they bring no conftest of their own), `-p
