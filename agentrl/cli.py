@@ -122,7 +122,11 @@ def verifier_check(
     from agentrl.registry import make
     from agentrl.verifier_check import check_verifier
 
-    env = make(env_id, backend=backend)
+    try:
+        env = make(env_id, backend=backend)
+    except KeyError as exc:  # an unknown id: the registry's message says what exists
+        typer.echo(f"error: {exc.args[0]}", err=True)
+        raise typer.Exit(2) from None
     dropped = 0
     try:
         for i in range(tasks):

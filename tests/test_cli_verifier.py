@@ -107,3 +107,9 @@ def test_verifier_check_reports_dropped_task_and_exits_1(plugin_env):
     assert "[kept] say/0" in out.stdout
     assert "[dropped] say/1: the reference solution is not accepted" in out.stdout
     assert "kept 1 of 2 tasks, dropped 1" in out.stdout
+
+
+def test_verifier_check_unknown_env_says_did_you_mean():
+    out = run("verifier", "check", "agentrl/cacl-v0", "--tasks", "1")
+    assert out.returncode == 2 and "Did you mean 'agentrl/calc-v0'" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
