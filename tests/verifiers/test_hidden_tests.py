@@ -204,6 +204,7 @@ def test_conftest_shipped_with_the_hidden_tests_is_used(env, task, tmp_path):
 
 @pytest.mark.docker
 def test_attack_workspace_conftest_overwriting_tests(env, task):
+    # The tests' expected values (and every other line of theirs) replaced through a conftest hook.
     conftest = """
         def pytest_collection_modifyitems(items):
             # Replace every test body by a no-op: whatever the expected values were, nothing is asserted.
