@@ -559,30 +559,13 @@ class BwrapSandbox:
             _reaped_once = True
             reap_stale()
         self._root = Path(tempfile.mkdtemp(prefix=f"agentrl-{self.id}-"))
-        # The directories bwrap binds (as seen in the holder's mount namespace, if any)...
-        self._ws_dir = self._root / "workspace"
-        self._tmp_dir = self._root / "tmp"
-        self._prot_dir = self._root / "verifier"
-        for d in (self._ws_dir, self._tmp_dir, self._prot_dir):
-            d.mkdir()
-        # /verifier is capped too: a privileged exec binds it read-write and runs agent code.
-        self._holder, holder_note = _Holder.start(
-            self._bwrap, [self._ws_dir, self._tmp_dir, self._prot_dir], self.limits.disk_mb
-        )
-        # ...and where the host side reaches them.
-        self.host_workdir = self._holder.path(self._ws_dir) if self._holder else self._ws_dir
-        self.host_tmp = self._holder.path(self._tmp_dir) if self._holder else self._tmp_dir
-        self.host_protected = self._holder.path(self._prot_dir) if self._holder else self._prot_dir
-        self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
-        # What reap_stale() needs to clean up after this process if it dies without close().
-        meta = {
-            "id": self.id,
-            "pid": os.getpid(),
-            "image": image,
-            "labels": self.labels,
-            "cgroups": [str(d) for d in self._cgroups.dirs] if self._cgroups else [],
-        }
-        (self._root / "sandbox.json").write_text(json.dumps(meta) + "\n")
+        self._holder: _Holder | None = None
+        self._cgroups: _Cgroups | None = None
+        try:
+            cg_note, holder_note = self._setup_host_side()
+        except BaseException:
+            _cleanup(self._root, self._holder, self._cgroups)  # a half-built sandbox leaves nothing
+            raise
         cg = self._cgroups is not None
         self.enforcement = Enforcement(
             memory="cgroup (aggregate)" if cg else "RLIMIT_AS (per process)",
@@ -629,6 +612,40 @@ class BwrapSandbox:
                 f"bwrap could not start a sandbox (exit {trial.exit_code}): {trial.stderr.strip() or trial.stdout.strip()}; "
                 "run `agentrl sandbox doctor` to see what this machine allows"
             )
+
+    def _setup_host_side(self) -> tuple[str, str]:
+        """Directories, tmpfs holder and cgroups; returns why cgroups / the holder are missing, if so."""
+        self._write_meta()  # first thing: a crash from here on is found by reap_stale()
+        # The directories bwrap binds (as seen in the holder's mount namespace, if any)...
+        self._ws_dir = self._root / "workspace"
+        self._tmp_dir = self._root / "tmp"
+        self._prot_dir = self._root / "verifier"
+        for d in (self._ws_dir, self._tmp_dir, self._prot_dir):
+            d.mkdir()
+        # /verifier is capped too: a privileged exec binds it read-write and runs agent code.
+        self._holder, holder_note = _Holder.start(
+            self._bwrap, [self._ws_dir, self._tmp_dir, self._prot_dir], self.limits.disk_mb
+        )
+        # ...and where the host side reaches them.
+        self.host_workdir = self._holder.path(self._ws_dir) if self._holder else self._ws_dir
+        self.host_tmp = self._holder.path(self._tmp_dir) if self._holder else self._tmp_dir
+        self.host_protected = self._holder.path(self._prot_dir) if self._holder else self._prot_dir
+        self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
+        self._write_meta()
+        return cg_note, holder_note
+
+    def _write_meta(self) -> None:
+        """What reap_stale() needs to clean up after this process if it dies without close()."""
+        meta = {
+            "id": self.id,
+            "pid": os.getpid(),
+            "image": self.image,
+            "labels": self.labels,
+            "cgroups": [str(d) for d in self._cgroups.dirs] if self._cgroups else [],
+        }
+        tmp = self._root / "sandbox.json.tmp"
+        tmp.write_text(json.dumps(meta) + "\n")
+        os.replace(tmp, self._root / "sandbox.json")
 
     # -- commands -------------------------------------------------------------------------
 

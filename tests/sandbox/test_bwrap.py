@@ -253,6 +253,23 @@ def test_export_rootfs_to_a_directory_strips_setuid_and_device_nodes(tmp_path):
     assert cached_rootfs() != dest  # the tag index names the cache, never a caller's directory
 
 
+def test_a_sandbox_failing_half_way_through_setup_leaves_nothing(bwrap_path, monkeypatch):
+    import uuid
+
+    import agentrl.sandbox.bwrap as bw
+
+    known = uuid.uuid4()
+    monkeypatch.setattr(bw.uuid, "uuid4", lambda: known)
+
+    def broken(*args, **kwargs):
+        raise OSError("simulated failure while creating cgroups")
+
+    monkeypatch.setattr(bw._Cgroups, "create", broken)
+    with pytest.raises(OSError, match="simulated"):
+        BwrapSandbox()
+    assert not list(Path(tempfile.gettempdir()).glob(f"agentrl-bwrap-{known.hex[:12]}-*"))
+
+
 def test_missing_workdir_is_a_clear_error(bwrap_path):
     from agentrl.sandbox import SandboxError
 
