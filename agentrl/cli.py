@@ -25,6 +25,10 @@ verifier_app = typer.Typer(
     help="Verifier plugins: list them, check an environment's verifier on its tasks.", no_args_is_help=True
 )
 app.add_typer(verifier_app, name="verifier")
+tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
+tasks_app.add_typer(tasks_synth_app, name="synth")
 
 
 @envs_app.command("list")
@@ -101,10 +105,11 @@ def _one_line_doc(obj: object) -> str:
 @verifier_app.command("list")
 def verifier_list() -> None:
     """List every registered verifier (built-ins and `agentrl.verifiers` entry-point plugins)."""
-    from agentrl.verifiers import base, names
+    from agentrl.verifiers import factory as verifier_factory
+    from agentrl.verifiers import names
 
     for name in names():  # names() loads the entry-point plugins first
-        factory = base._REGISTRY[name]
+        factory = verifier_factory(name)
         where = f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
         typer.echo(f"{name:14s} {_one_line_doc(factory)}  [{where}]")
 
@@ -139,6 +144,42 @@ def verifier_check(
         env.close()
     typer.echo(f"{env_id}: kept {tasks - dropped} of {tasks} tasks, dropped {dropped}")
     sys.exit(1 if dropped else 0)
+
+
+@tasks_synth_app.command("python-repair")
+def tasks_synth_python_repair(
+    packages: str = typer.Option(
+        "toolz,inflection,parse,semver",
+        "--packages",
+        help="Comma-separated packages (see envs/python_repair/packages.py).",
+    ),
+    n: int = typer.Option(300, "--n", help="How many tasks in all, spread evenly over the packages."),
+    seed: int = typer.Option(0, "--seed", help="Fixes which mutants are tried, so which tasks come out."),
+    max_fail_fraction: float = typer.Option(
+        0.25, help="Reject a mutant that fails more than this fraction of the passing tests."
+    ),
+    out: str = typer.Option("", "--out", help="Also write the tasks here as JSONL."),
+) -> None:
+    """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
+    import json
+
+    from agentrl.envs.python_repair.synth import SynthConfig, statistics, synthesize
+    from agentrl.task import save_tasks
+
+    names = [p.strip() for p in packages.split(",") if p.strip()]
+    result = synthesize(names, n, SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction))
+    trials = [t for log in result.trials.values() for t in log]
+    stats = statistics(trials, result.tasks)
+    stats["seconds"] = round(result.seconds, 1)
+    if out:
+        save_tasks(out, result.tasks)
+        stats["written_to"] = out
+    typer.echo(json.dumps(stats, indent=2))
+    if len(result.tasks) < n:
+        typer.echo(
+            f"only {len(result.tasks)} of {n} tasks: the packages ran out of good candidates", err=True
+        )
+        sys.exit(1)
 
 
 @sandbox_app.command("build")

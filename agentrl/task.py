@@ -53,7 +53,7 @@ class Task(BaseModel):
     )
     metadata: dict[str, Any] = Field(
         default_factory=dict,
-        description="Generator facts (kind, difficulty, ...): for reports and oracles, not for verifiers.",
+        description="Generator facts (kind, difficulty, ...) for reports and oracles, and per-task verifier inputs such as FAIL_TO_PASS / PASS_TO_PASS.",
     )
 
 

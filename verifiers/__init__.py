@@ -8,7 +8,17 @@ Built-ins: `hidden-tests`, `exact-match`, `numeric`, `regex`, `tool-used`, `stat
 """
 
 from agentrl.verifiers.answer import ExactMatchVerifier, NumericVerifier, RegexVerifier, ToolUsedVerifier
-from agentrl.verifiers.base import ENTRY_POINT_GROUP, Verdict, Verifier, get, names, register, run_verifier
+from agentrl.verifiers.base import (
+    ENTRY_POINT_GROUP,
+    Verdict,
+    Verifier,
+    arun_verifier,
+    factory,
+    get,
+    names,
+    register,
+    run_verifier,
+)
 from agentrl.verifiers.composite import CompositeVerifier
 from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
 from agentrl.verifiers.state import AutoVerifier, StateVerifier
@@ -34,6 +44,8 @@ __all__ = [
     "ToolUsedVerifier",
     "Verdict",
     "Verifier",
+    "arun_verifier",
+    "factory",
     "get",
     "names",
     "register",

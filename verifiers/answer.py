@@ -30,6 +30,8 @@ def normalize_text(text: str, *, case_sensitive: bool = False) -> str:
 
 @dataclass
 class ExactMatchVerifier:
+    """Passes when the submission equals `task.answer` after normalisation (whitespace, quotes, case)."""
+
     case_sensitive: bool = False
     name: str = "exact-match"
 

@@ -34,6 +34,9 @@ class Verdict:
 
 @runtime_checkable
 class Verifier(Protocol):
+    """`verify` is the contract. A verifier may also define `async def averify(...)` (same
+    arguments); `arun_verifier` awaits it when present and otherwise runs `verify` in a thread."""
+
     name: str
 
     def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict: ...
@@ -75,6 +78,15 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def factory(name: str) -> Callable[..., Verifier]:
+    """The factory registered as `name` (for listings and docs); `get` builds a verifier from it."""
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        raise KeyError(f"no verifier named {name!r}. Registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
 def get(name: str, **kwargs: Any) -> Verifier:
     """Build the verifier registered as `name` with `kwargs`."""
     if name not in _REGISTRY:
@@ -102,6 +114,11 @@ def run_verifier(
     finally:
         # Never wait for a hung verifier thread: the sandbox it uses is closed right after.
         pool.shutdown(wait=False, cancel_futures=True)
+    return _checked(verifier, verdict, t0)
+
+
+def _checked(verifier: Verifier, verdict: Any, t0: float) -> Verdict:
+    """Refuse what is not a finite Verdict (reward 0 with the reason) and stamp the duration."""
     if not isinstance(verdict, Verdict):
         verdict = Verdict(
             0.0, False, f"verifier {verifier.name!r} returned {type(verdict).__name__}, not a Verdict"
@@ -112,3 +129,23 @@ def run_verifier(
             0.0, False, f"verifier {verifier.name!r} returned a non-finite reward {verdict.reward!r}"
         )
     return replace(verdict, duration_s=time.perf_counter() - t0)
+
+
+async def arun_verifier(
+    verifier: Verifier, sandbox: Sandbox | None, task: Task, episode: Episode, timeout_s: float = 300.0
+) -> Verdict:
+    """`run_verifier` for asyncio code: awaits the verifier's own `averify` when it has one (with the
+    same timeout and crash handling), else runs the synchronous verifier in a worker thread."""
+    import asyncio
+
+    averify = getattr(verifier, "averify", None)
+    if averify is None:
+        return await asyncio.to_thread(run_verifier, verifier, sandbox, task, episode, timeout_s)
+    t0 = time.perf_counter()
+    try:
+        verdict = await asyncio.wait_for(averify(sandbox, task, episode), timeout=timeout_s)
+    except TimeoutError:
+        verdict = Verdict(0.0, False, f"verifier {verifier.name!r} timed out after {timeout_s:g}s")
+    except Exception as exc:
+        verdict = Verdict(0.0, False, f"verifier {verifier.name!r} crashed: {type(exc).__name__}: {exc}")
+    return _checked(verifier, verdict, t0)

@@ -30,6 +30,8 @@ CLEAN_ENV = {
 
 @dataclass
 class StateVerifier:
+    """Passes when `task.check_command`, run after the episode, prints exactly `task.answer`."""
+
     timeout_s: float = 60.0
     name: str = "state"
 

@@ -56,3 +56,42 @@ def test_non_verdict_and_nan_are_rejected():
 def test_duration_is_recorded():
     v = run_verifier(Weird(Verdict(1.0, True)), None, T, E)
     assert v.passed and v.duration_s >= 0
+
+
+@dataclass
+class AsyncOne:
+    name: str = "async-one"
+
+    def verify(self, sandbox, task, episode):
+        raise AssertionError("arun_verifier must prefer averify")
+
+    async def averify(self, sandbox, task, episode):
+        return Verdict(1.0, True, "async")
+
+
+@dataclass
+class AsyncSlow:
+    name: str = "async-slow"
+
+    def verify(self, sandbox, task, episode):
+        return Verdict(1.0, True)
+
+    async def averify(self, sandbox, task, episode):
+        import asyncio
+
+        await asyncio.sleep(5)
+        return Verdict(1.0, True)
+
+
+def test_async_verifiers_are_awaited_with_the_same_guards():
+    import asyncio
+
+    from agentrl.verifiers import arun_verifier
+
+    v = asyncio.run(arun_verifier(AsyncOne(), None, T, E))
+    assert v.passed and v.details == "async"
+    v = asyncio.run(arun_verifier(AsyncSlow(), None, T, E, timeout_s=0.1))
+    assert v.reward == 0 and "timed out" in v.details
+    # A synchronous verifier runs in a thread: the event loop is not blocked by it.
+    v = asyncio.run(arun_verifier(Crashy(), None, T, E))
+    assert v.reward == 0 and "crashed" in v.details
