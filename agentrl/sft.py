@@ -110,7 +110,7 @@ def train_sft(cfg: SFTConfig) -> Path:
         )
     tok = AutoTokenizer.from_pretrained(cfg.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32).to(info.device)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
     model.train()
     shard_model(model, activation_checkpointing=cfg.activation_checkpointing)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -197,7 +197,7 @@ def train(cfg: TrainConfig) -> Path:
     ckpt_dir = out / "checkpoints" / "latest"
     tok = AutoTokenizer.from_pretrained(cfg.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32).to(info.device)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
     model.train()
     shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
