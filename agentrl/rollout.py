@@ -78,6 +78,8 @@ class RolloutConfig(BaseModel):
 
 
 EnvFactory = Callable[[], Any]
+EpisodePolicyFactory = Callable[[Any, MaskedSequence], Policy]
+"""(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode."""
 
 
 @dataclass
@@ -174,8 +176,16 @@ def _factory(envs: str | EnvFactory, env_kwargs: dict[str, Any]) -> EnvFactory:
 class _Episode:
     """The state of one episode in flight; `run` fills it, whatever ends it."""
 
-    def __init__(self, spec: _EpisodeSpec, masker: ChatMasker, policy: Policy, cfg: RolloutConfig):
+    def __init__(
+        self,
+        spec: _EpisodeSpec,
+        masker: ChatMasker,
+        policy: Policy,
+        cfg: RolloutConfig,
+        episode_policy: EpisodePolicyFactory | None = None,
+    ):
         self.spec, self.masker, self.policy, self.cfg = spec, masker, policy, cfg
+        self.episode_policy = episode_policy
         self.env: Any = None
         self.seq: MaskedSequence | None = None
         self.task_id = spec.task.id if isinstance(spec.task, Task) else ""
@@ -218,6 +228,8 @@ class _Episode:
         self.task_id = info.get("task_id", self.task_id)
         self.split = info.get("split", self.split)
         self.seq = seq = masker.start(obs)
+        if self.episode_policy is not None:
+            self.policy = self.episode_policy(self.env, seq)
         turn = 0
         while True:
             budget = cfg.max_total_tokens - len(seq)
@@ -298,9 +310,14 @@ class _Episode:
 
 
 async def _run_one(
-    spec: _EpisodeSpec, pool: _EnvPool, masker: ChatMasker, policy: Policy, cfg: RolloutConfig
+    spec: _EpisodeSpec,
+    pool: _EnvPool,
+    masker: ChatMasker,
+    policy: Policy,
+    cfg: RolloutConfig,
+    episode_policy: EpisodePolicyFactory | None = None,
 ) -> Trajectory:
-    ep = _Episode(spec, masker, policy, cfg)
+    ep = _Episode(spec, masker, policy, cfg, episode_policy)
     t0 = time.perf_counter()
     healthy = True
     try:
@@ -350,6 +367,7 @@ async def collect(
     tokenizer: Any = None,
     env_kwargs: dict[str, Any] | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
+    episode_policy: EpisodePolicyFactory | None = None,
 ) -> list[Trajectory]:
     """Roll out `group_size` episodes for each task; return the trajectories in task-then-sample order.
 
@@ -357,6 +375,11 @@ async def collect(
     factory; `tasks` are `Task`s or task indices of the environment's generator. The masker comes from
     `masker`, else from `tokenizer` (else `policy.tokenizer`) and its own chat template.
     `on_trajectory` is called as each episode finishes (progress bars, streaming to disk).
+    `episode_policy`, if given, is called once per episode right after `reset` with the environment and
+    the episode's `MaskedSequence` (whose `messages` the engine keeps current), and that episode plays
+    with the policy it returns instead of `policy`. Scripted agents use it (`agentrl.demos`: oracle
+    demonstrations through this very loop); they need the task and the conversation as messages,
+    which a sampling policy never sees.
     """
     cfg = config or RolloutConfig()
     if masker is None:
@@ -378,7 +401,7 @@ async def collect(
 
     async def one(spec: _EpisodeSpec) -> Trajectory:
         async with semaphore:
-            traj = await _run_one(spec, pool, masker, policy, cfg)
+            traj = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
         if on_trajectory is not None:
             on_trajectory(traj)
         return traj
