@@ -227,6 +227,11 @@ class ChatMasker:
         if first is not None or seq.notes:
             ours_text = self.decode(ours)
             kind = "tokenization" if ours_text == text and not seq.notes else "template"
+            if "\ufffd" in ours_text:
+                # Sampled bytes that are not valid UTF-8 decode to U+FFFD: the text the env saw is lossy.
+                seq.notes.append(
+                    "the policy sampled byte tokens that do not decode as UTF-8 (shown as U+FFFD)"
+                )
             where = ""
             if first is not None:
                 where = (
