@@ -5,6 +5,7 @@
 | `agentrl/calc-v0` | arithmetic and word problems | python, submit | numeric, gated on using python |
 | `agentrl/sqlite-v0` | query or change a SQLite database | bash, python, submit | answer or database state |
 | `agentrl/guess-number-v0` | find a secret number from higher/lower feedback | guess | exact match |
+| `agentrl/python-repair-v0` | fix a bug planted in a real PyPI package (toolz, inflection, parse, semver) | bash, python, read_file, write_file, str_replace, submit | hidden tests (FAIL_TO_PASS + PASS_TO_PASS, all or nothing) |
 """
 
 
@@ -28,4 +29,10 @@ def register_builtins() -> None:
         "agentrl.envs.guess_number:GuessNumberEnv",
         max_turns=12,
         description="Stateful multi-turn game: find the secret number with higher/lower feedback.",
+    )
+    register(
+        "agentrl/python-repair-v0",
+        "agentrl.envs.python_repair.env:PythonRepairEnv",
+        max_turns=30,
+        description="Fix a bug planted by an AST mutation in a real package; scored by the package's own tests.",
     )

@@ -9,6 +9,7 @@ same hash is reused, so a second build costs one `docker inspect`.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -55,6 +56,13 @@ class BaseRecipe:
 
 
 BASE_RECIPES: dict[str, BaseRecipe] = {DEFAULT_IMAGE: BaseRecipe(tag=DEFAULT_IMAGE)}
+
+# Images whose build context has to be prepared first (sources downloaded from a package index,
+# say) have a builder function instead of a folder under `images/`: "module:function", called
+# as `fn(force=...) -> list[str]` after the Dockerfile images, imported only when it runs.
+IMAGE_BUILDERS: dict[str, str] = {
+    "python-repair": "agentrl.envs.python_repair.images:build_images",
+}
 
 
 def _log(msg: str) -> None:
@@ -201,4 +209,8 @@ def build_all(*, base: bool = True, envs: bool = True, force: bool = False) -> l
             built.append(
                 build_dockerfile(f"agentrl/{dockerfile.parent.name}:latest", dockerfile.parent, force=force)
             )
+        for name, target in IMAGE_BUILDERS.items():
+            module, _, attr = target.partition(":")
+            _log(f"building the {name} images")
+            built.extend(getattr(importlib.import_module(module), attr)(force=force))
     return built

@@ -1,0 +1,174 @@
+"""`agentrl/python-repair-v0`: fix a bug planted in a real PyPI package, scored by the package's own tests.
+
+Each episode starts a sandbox of the package's image, copies the package (without its tests)
+into /workspace with one module replaced by its mutant, and shows the bug report built from
+the failing tests. The agent reads, runs and edits code with `bash`, `python`, `read_file`,
+`write_file` and `str_replace`, then calls `submit`. The `hidden-tests` verifier then copies
+the package's test suite in and requires every FAIL_TO_PASS and PASS_TO_PASS test to pass
+(reward 1, else 0).
+
+Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair`); an empty cache
+is filled on first use with a small set (`first_use_n`), which takes a minute or two.
+
+What the sandbox does not hide: on the docker backend the pristine source in the image is
+root-only; on bwrap (one user) the agent could read it at /opt/src/<package>.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.agents import tool_call
+from agentrl.env import ToolEnv
+from agentrl.envs.python_repair.images import stage_source
+from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
+from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
+from agentrl.sandbox.base import Sandbox
+from agentrl.task import Split, Task
+
+log = logging.getLogger(__name__)
+
+TOOLS = ["bash", "python", "read_file", "write_file", "str_replace", "submit"]
+
+
+def load_tasks(
+    packages: Sequence[str] = DEFAULT_PACKAGES,
+    *,
+    split: Split = "train",
+    seed: int = 0,
+    first_use_n: int = 8,
+) -> list[Task]:
+    """The cached tasks of `split`; synthesizes `first_use_n` tasks (doubling up to 8x) when there are none."""
+    tasks = [t for t in cached_tasks(tuple(packages), seed) if t.split == split]
+    n = first_use_n
+    while not tasks and n <= 8 * first_use_n:
+        print(
+            f"[python-repair] no cached {split} tasks for {', '.join(packages)} (seed {seed}): synthesizing "
+            f"{n} now (each mutant runs the package's test suite in a sandbox: about 2-5 s each, a few "
+            "minutes in all). `agentrl tasks synth python-repair --n 300` makes a full set ahead of time.",
+            file=sys.stderr,
+            flush=True,
+        )
+        t0 = time.time()
+        synthesize(list(packages), n, SynthConfig(seed=seed))
+        print(f"[python-repair] synthesized in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        tasks = [t for t in cached_tasks(tuple(packages), seed) if t.split == split]
+        n *= 2
+    if not tasks:
+        raise RuntimeError(
+            f"no python-repair tasks in split {split!r} for packages {list(packages)} (seed {seed}); "
+            "synthesize more with `agentrl tasks synth python-repair --n 300`"
+        )
+    return tasks
+
+
+class PythonRepairOracle:
+    """Applies the reverse mutation: swaps the mutated function back for the original, then submits."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.turn = 0
+
+    def act(self, observation: list[dict[str, Any]]) -> str:
+        meta = self.task.metadata
+        self.turn += 1
+        if self.turn == 1:
+            return tool_call(
+                "str_replace",
+                path=meta["module"],
+                old=meta["mutated_function"],
+                new=meta["original_function"],
+            )
+        last = next((m["content"] for m in reversed(observation) if m["role"] == "tool"), "")
+        if self.turn == 2 and not last.startswith("Replaced"):
+            # The function text was not unique (or the file changed): write the whole module back.
+            module = self.task.files[meta["module"]]
+            original = module.replace(meta["mutated_function"], meta["original_function"], 1)
+            return tool_call("write_file", path=meta["module"], content=original)
+        return tool_call("submit", answer=f"restored {meta['function']} in {meta['module']}")
+
+
+class PythonRepairEnv(ToolEnv):
+    instructions = (
+        "You are a software engineer. A Python package in /workspace has a bug that makes some of its "
+        "tests fail. Investigate with the tools, fix the package's source, then call `submit`."
+    )
+
+    def __init__(
+        self,
+        *,
+        packages: Sequence[str] | str = DEFAULT_PACKAGES,
+        seed: int = 0,
+        split: Split = "train",
+        tasks: Sequence[Task] | None = None,
+        first_use_n: int = 8,
+        tools: list | None = None,
+        verifier: Any = None,
+        max_turns: int = 30,
+        exec_timeout_s: float = 60.0,
+        **kwargs: Any,
+    ):
+        if isinstance(packages, str):
+            packages = [p.strip() for p in packages.split(",") if p.strip()]
+        self.packages = list(packages)
+        if tasks is None:
+            tasks = load_tasks(self.packages, split=split, seed=seed, first_use_n=first_use_n)
+        super().__init__(
+            tasks=list(tasks),
+            tools=tools or TOOLS,
+            verifier=verifier or ("hidden-tests", {"mode": "all", "timeout_s": 120.0}),
+            max_turns=max_turns,
+            split=split,
+            exec_timeout_s=exec_timeout_s,
+            **kwargs,
+        )
+
+    def _prepare_sandbox(self, task: Task) -> Sandbox:
+        # The package comes from the image (root-only copy), then the task's mutant module over it.
+        sb = self._acquire_sandbox(task)
+        try:
+            stage_source(sb, task.metadata["source_dir"])
+            for path, content in task.files.items():
+                sb.write_file(path, content)
+            for cmd in task.setup:
+                res = sb.exec(["/bin/sh", "-c", cmd], timeout=max(self.exec_timeout_s, 60.0))
+                if not res.ok:
+                    raise RuntimeError(f"task {task.id}: set-up command {cmd!r} failed: {res.stderr[-500:]}")
+        except BaseException:
+            sb.close()
+            raise
+        return sb
+
+    def oracle(self, task: Task) -> PythonRepairOracle:
+        return PythonRepairOracle(task)
+
+    def statistics(self) -> dict[str, Any]:
+        return task_statistics(list(self.task_source))  # type: ignore[arg-type]
+
+
+def task_statistics(tasks: Sequence[Task]) -> dict[str, Any]:
+    """Tasks per package, per mutation kind and per split, and seconds per verification (suite run on the mutant)."""
+    seconds = sorted(float(t.metadata.get("test_seconds", 0.0)) for t in tasks)
+    n = len(seconds)
+    return {
+        "tasks": n,
+        "per_package": dict(sorted(Counter(t.metadata["package"] for t in tasks).items())),
+        "per_kind": dict(sorted(Counter(t.metadata["kind"] for t in tasks).items())),
+        "per_split": dict(sorted(Counter(t.split for t in tasks).items())),
+        "functions": len(
+            {(t.metadata["package"], t.metadata["module"], t.metadata["function"]) for t in tasks}
+        ),
+        "fail_to_pass_per_task": {
+            "mean": round(sum(len(t.metadata["FAIL_TO_PASS"]) for t in tasks) / n, 2) if n else None,
+        },
+        "seconds_per_verification": {
+            "mean": round(sum(seconds) / n, 3) if n else None,
+            "p50": seconds[n // 2] if n else None,
+            "p99": seconds[min(n - 1, int(0.99 * n))] if n else None,
+        },
+    }

@@ -1,0 +1,596 @@
+"""The task synthesizer: plant a bug in a real package, keep it only if the package's own tests catch it.
+
+Per package, in one sandbox of the package's image that is reused for every mutant:
+
+1. the pristine source is staged into /workspace and the package's test suite copied under
+   /verifier; the suite runs twice on the original (a test that passes once and fails once is
+   flaky and never used), giving the baseline set of passing tests;
+2. candidate mutations (`mutate.enumerate_sites` over the package's target modules) are put
+   in a fixed order by the seed: functions shuffled, each function's sites shuffled, then
+   taken round-robin across functions so that one big function cannot take the whole quota;
+3. each mutant is written over its module, the suite runs, the original module is written
+   back. A mutant is kept when at least one baseline-passing test fails (FAIL_TO_PASS) and
+   at most `max_fail_fraction` of them do (a bug that breaks most of the suite is an import
+   error in disguise, not a bug report); every other baseline-passing test is PASS_TO_PASS.
+
+Tests run exactly as the `hidden-tests` verifier runs them (its launcher, ini file, arguments
+and JUnit parser), so the node ids recorded here are the ones it will look up.
+
+Everything is deterministic from the seed and cached as an append-only trial log per package
+(`<cache>/synth/<package>-<version>-seed<S>-v<N>.jsonl`): a later call with a larger `n`
+resumes where the log stops; the same call again costs nothing. Each trial records what was
+tried and why it was kept or rejected, which is where the statistics come from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.python_repair.images import image_present, stage_source
+from agentrl.envs.python_repair.mutate import MutationError, Site, apply_site, enumerate_sites, is_equivalent
+from agentrl.envs.python_repair.packages import (
+    DEFAULT_PACKAGES,
+    PackageSpec,
+    cache_root,
+    get_spec,
+    source_dir,
+    tests_dir,
+)
+from agentrl.sandbox.base import DEFAULT_WORKDIR, PROTECTED_DIR, Limits, Sandbox, open_sandbox
+from agentrl.task import Split, Task
+from agentrl.verifiers.hidden_tests import INI, RUNNER, SYSTEM_PATH, SYSTEM_PYTHON, Report, parse_junit
+
+# Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
+SYNTH_VERSION = 1
+SPLIT_FRACTIONS: tuple[tuple[Split, float], ...] = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
+
+REASONS = {
+    "kept": "kept: some tests go pass -> fail, the rest still pass",
+    "no_test_fails": "no test fails (the mutant survives the suite, or is equivalent at run time)",
+    "too_many_fail": "other tests break: more than max_fail_fraction of the passing tests fail",
+    "import_error": "the package no longer imports (collection errors)",
+    "timeout": "the test suite timed out on the mutant (e.g. an infinite loop)",
+    "equivalent": "the mutant's AST equals the original's",
+    "syntax_error": "the mutant does not compile",
+    "crash": "pytest produced no usable report",
+}
+
+
+def split_of(package: str, module: str, function: str) -> Split:
+    """The split of every task mutating this function: a hash, so no function is in two splits."""
+    digest = hashlib.sha256(f"{package}:{module}:{function}".encode()).digest()
+    u = int.from_bytes(digest[:8], "little") / 2**64
+    acc = 0.0
+    for split, frac in SPLIT_FRACTIONS:
+        acc += frac
+        if u < acc:
+            return split
+    return SPLIT_FRACTIONS[-1][0]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    module: str
+    site: Site
+
+    @property
+    def function_key(self) -> str:
+        return f"{self.module}:{self.site.function}"
+
+
+def candidates(spec: PackageSpec, seed: int) -> list[Candidate]:
+    """Every applicable mutation of the package, in the seed's fixed trial order (see the module docstring)."""
+    rng = random.Random(f"python-repair/{spec.name}/{seed}")
+    by_function: dict[str, list[Candidate]] = defaultdict(list)
+    root = source_dir(spec)
+    for module in spec.targets:
+        for site in enumerate_sites((root / module).read_text()):
+            by_function[f"{module}:{site.function}"].append(Candidate(module, site))
+    keys = sorted(by_function)
+    rng.shuffle(keys)
+    for key in keys:
+        rng.shuffle(by_function[key])
+    order: list[Candidate] = []
+    depth = max((len(v) for v in by_function.values()), default=0)
+    for r in range(depth):
+        order.extend(by_function[k][r] for k in keys if r < len(by_function[k]))
+    return order
+
+
+# --- running the suite in the sandbox -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    report: Report | None
+    seconds: float
+    timed_out: bool
+    exit_code: int
+    output: str
+
+
+class SuiteRunner:
+    """One sandbox of a package's image with the pristine source in /workspace and the tests under /verifier."""
+
+    RUN_DIR = f"{PROTECTED_DIR}/synth"
+
+    def __init__(self, spec: PackageSpec, *, backend: str = "docker", limits: Limits | None = None):
+        if backend == "docker" and not image_present(spec):
+            raise RuntimeError(
+                f"the image {spec.image} is not built; run `agentrl sandbox build` first (it downloads the "
+                f"pinned {spec.dist} sdist and builds one image per python-repair package)"
+            )
+        self.spec = spec
+        self.sandbox: Sandbox = open_sandbox(
+            backend,
+            image=spec.image,
+            limits=limits or Limits(cpus=1.0, memory_mb=1024, exec_timeout_s=300.0),
+            labels={"agentrl.purpose": "python-repair-synth"},
+        )
+        try:
+            stage_source(self.sandbox, spec.source_dir_in_image)
+            self._install_tests()
+        except BaseException:
+            self.sandbox.close()
+            raise
+
+    def _install_tests(self) -> None:
+        tests = f"{self.RUN_DIR}/tests"
+        self.report_path = f"{self.RUN_DIR}/junit.xml"
+        has_conftest = any(tests_dir(self.spec).rglob("conftest.py"))
+        # The same launcher, ini and arguments as the hidden-tests verifier: identical node ids.
+        args = [
+            "-c", f"{self.RUN_DIR}/pytest.ini",
+            f"--rootdir={tests}",
+            f"--confcutdir={tests}",
+            *([] if has_conftest else ["--noconftest"]),
+            "-p", "no:cacheprovider",
+            f"--junitxml={self.report_path}",
+            f"--basetemp={self.RUN_DIR}/basetemp",
+            "--color=no",
+            "--code-highlight=no",
+            "-q",
+            tests,
+        ]  # fmt: skip
+        config = {
+            "run_dir": self.RUN_DIR,
+            "import_paths": [DEFAULT_WORKDIR],
+            "args": args,
+            "env": {
+                "PATH": SYSTEM_PATH,
+                "HOME": f"{self.RUN_DIR}/home",
+                "TMPDIR": f"{self.RUN_DIR}/tmp",
+                "LANG": "C.UTF-8",
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                "AGENTRL_WORKSPACE": DEFAULT_WORKDIR,
+            },
+        }
+        with tempfile.TemporaryDirectory(prefix="agentrl-synth-") as stage:
+            Path(stage, "runner.py").write_text(RUNNER)
+            Path(stage, "pytest.ini").write_text(INI)
+            Path(stage, "config.json").write_text(json.dumps(config))
+            import shutil
+
+            shutil.copytree(tests_dir(self.spec), Path(stage, "tests"))
+            self.sandbox.copy_in(stage, self.RUN_DIR, privileged=True)
+        self.argv = [SYSTEM_PYTHON, "-I", "-B", f"{self.RUN_DIR}/runner.py", f"{self.RUN_DIR}/config.json"]
+
+    def run(self, timeout_s: float) -> SuiteRun:
+        self.sandbox.exec(["rm", "-f", self.report_path], privileged=True)
+        res = self.sandbox.exec(self.argv, timeout=timeout_s, privileged=True)
+        output = (res.stdout + res.stderr)[-4000:]
+        report = None
+        if not res.timed_out:
+            try:
+                report = parse_junit(self.sandbox.read_file(self.report_path))
+            except (FileNotFoundError, ValueError):
+                report = None
+        return SuiteRun(report, res.duration_s, res.timed_out, res.exit_code, output)
+
+    def write(self, module: str, text: str) -> None:
+        self.sandbox.write_file(module, text)
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+    def __enter__(self) -> SuiteRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- the trial log ----------------------------------------------------------------------------
+
+
+@dataclass
+class Baseline:
+    passing: list[str]
+    flaky: list[str]
+    failing: list[str]
+    seconds: float
+
+
+@dataclass
+class Trial:
+    index: int
+    package: str
+    module: str
+    function: str
+    kind: str
+    site: str
+    description: str
+    lineno: int
+    outcome: str
+    """A key of `REASONS`."""
+    seconds: float = 0.0
+    """Wall time of the suite on the mutant (0 when it was rejected before running)."""
+    n_failing: int = 0
+    task: dict[str, Any] | None = None
+
+
+def synth_dir(cache_dir: Path | None = None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else cache_root() / "synth"
+
+
+def log_path(spec: PackageSpec, seed: int, cache_dir: Path | None = None) -> Path:
+    return synth_dir(cache_dir) / f"{spec.name}-{spec.version}-seed{seed}-v{SYNTH_VERSION}.jsonl"
+
+
+def baseline_path(spec: PackageSpec, cache_dir: Path | None = None) -> Path:
+    return synth_dir(cache_dir) / f"{spec.name}-{spec.version}-baseline-v{SYNTH_VERSION}.json"
+
+
+def read_log(spec: PackageSpec, seed: int, cache_dir: Path | None = None) -> list[Trial]:
+    path = log_path(spec, seed, cache_dir)
+    if not path.is_file():
+        return []
+    trials = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # a line cut short by an interrupted run: redone on resume
+            trials.append(Trial(**json.loads(line)))
+    return trials
+
+
+def _outcomes(report: Report) -> dict[str, str]:
+    return {nodeid: case.outcome for nodeid, case in report.tests.items()}
+
+
+def baseline(runner: SuiteRunner, cache_dir: Path | None = None) -> Baseline:
+    """Run the untouched suite twice; cached per package version."""
+    path = baseline_path(runner.spec, cache_dir)
+    if path.is_file():
+        return Baseline(**json.loads(path.read_text()))
+    runs = [runner.run(timeout_s=600.0) for _ in range(2)]
+    for r in runs:
+        if r.report is None or r.report.collection_errors:
+            raise RuntimeError(
+                f"{runner.spec.name}: the untouched test suite does not run cleanly in {runner.spec.image} "
+                f"(exit {r.exit_code}, timed out: {r.timed_out}): {r.output[-1500:]}"
+            )
+    a, b = (_outcomes(r.report) for r in runs)  # type: ignore[arg-type]
+    passing = sorted(t for t in a if a[t] == "passed" and b.get(t) == "passed")
+    flaky = sorted(t for t in set(a) | set(b) if (a.get(t) == "passed") != (b.get(t) == "passed"))
+    failing = sorted(t for t in a if a[t] in ("failed", "error") and t not in flaky)
+    result = Baseline(passing, flaky, failing, max(r.seconds for r in runs))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result)))
+    return result
+
+
+# --- the bug report -----------------------------------------------------------------------------
+
+
+# Object reprs carry memory addresses (`<function f at 0x7f...>`): different on every run, and
+# noise in a bug report. Dropping them keeps prompts deterministic from the seed.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def normalize_message(message: str) -> str:
+    return _ADDRESS.sub("", message)
+
+
+def _clip(text: str, n: int) -> str:
+    text = text.strip()
+    return text if len(text) <= n else text[: n - 3].rstrip() + "..."
+
+
+def bug_report(spec: PackageSpec, failures: list[tuple[str, str]], n_passing: int, max_shown: int = 5) -> str:
+    """The task prompt: what a user would file after running the package's test suite.
+
+    Only the failing tests' ids and the messages pytest reported for them: no file, line or
+    function of the package is named beyond what those messages themselves say.
+    """
+    lines = [
+        f"The `{spec.dist}` package ({spec.version}; {spec.kind}) is checked out in /workspace, and "
+        f"its test suite has started failing: {len(failures)} test(s) fail while the other "
+        f"{n_passing - len(failures)} still pass. The failures:",
+        "",
+    ]
+    for nodeid, message in failures[:max_shown]:
+        lines.append(f"- {nodeid}")
+        if message.strip():
+            lines.extend("    " + ln for ln in _clip(normalize_message(message), 600).splitlines()[:12])
+    if len(failures) > max_shown:
+        lines.append(f"- ... and {len(failures) - max_shown} more")
+    lines += [
+        "",
+        "The test suite is not in the workspace; it is run against /workspace after you submit. "
+        "Find the bug in the package's source and fix it without breaking anything else (do not "
+        "just special-case the tests). You can run Python in /workspace to reproduce the failures. "
+        "When you are done, call `submit` with a one-line summary of the fix.",
+    ]
+    return "\n".join(lines)
+
+
+def _task(
+    spec: PackageSpec, cand: Candidate, mutant: Any, base: Baseline, f2p: list[str], run: SuiteRun, seed: int
+) -> Task:
+    assert run.report is not None
+    p2p = [t for t in base.passing if t not in set(f2p)]
+    failures = [(t, run.report.tests[t].message if t in run.report.tests else "") for t in f2p]
+    key = f"{spec.name}:{spec.version}:{cand.module}:{cand.site.key}"
+    return Task(
+        id=f"python-repair/{spec.name}/{hashlib.sha256(key.encode()).hexdigest()[:12]}",
+        prompt=bug_report(spec, failures, len(base.passing)),
+        files={cand.module: mutant.source},
+        image=spec.image,
+        hidden_tests=str(tests_dir(spec)),
+        split=split_of(spec.name, cand.module, cand.site.function),
+        metadata={
+            "package": spec.name,
+            "version": spec.version,
+            "module": cand.module,
+            "function": cand.site.function,
+            "kind": cand.site.kind,
+            "description": mutant.description,
+            "lineno": cand.site.lineno,
+            "source_dir": spec.source_dir_in_image,
+            "FAIL_TO_PASS": f2p,
+            "PASS_TO_PASS": p2p,
+            "original_function": mutant.original_function,
+            "mutated_function": mutant.mutated_function,
+            "test_seconds": round(run.seconds, 3),
+            "seed": seed,
+        },
+    )
+
+
+# --- the synthesis loop -------------------------------------------------------------------------
+
+
+@dataclass
+class SynthConfig:
+    seed: int = 0
+    """Fixes the trial order (and so the tasks): same seed, same tasks."""
+    max_fail_fraction: float = 0.25
+    """Reject a mutant that fails more than this fraction of the passing tests."""
+    max_per_function: int = 4
+    """At most this many tasks mutate the same function."""
+    max_trials_per_task: int = 6
+    """Give up on a package after this many trials per wanted task (its candidates are poor)."""
+    backend: str = "docker"
+    """Sandbox backend the suites run in (docker or bwrap)."""
+    cache_dir: Path | None = None
+    """Where trial logs live; default `<cache>/synth` (see `packages.cache_root`)."""
+
+
+def _log(msg: str) -> None:
+    print(f"[python-repair] {msg}", file=sys.stderr, flush=True)
+
+
+def synthesize_package(spec: PackageSpec, want: int, config: SynthConfig) -> list[Trial]:
+    """Extend the package's trial log until it holds `want` kept tasks (or candidates run out)."""
+    trials = read_log(spec, config.seed, config.cache_dir)
+    kept = sum(t.outcome == "kept" for t in trials)
+    if kept >= want:
+        return trials
+    order = candidates(spec, config.seed)
+    per_function = Counter(f"{t.module}:{t.function}" for t in trials if t.outcome == "kept")
+    budget = want * config.max_trials_per_task
+    start = trials[-1].index + 1 if trials else 0
+    if start >= len(order) or len(trials) >= budget:
+        return trials
+    originals = {m: (source_dir(spec) / m).read_text() for m in spec.targets}
+    path = log_path(spec, config.seed, config.cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    _log(
+        f"{spec.name}: {kept}/{want} tasks cached; synthesizing from trial {start} ({len(order)} candidates)"
+    )
+    with SuiteRunner(spec, backend=config.backend) as runner, open(path, "a") as log:
+        base = baseline(runner, config.cache_dir)
+        timeout = max(30.0, 6 * base.seconds)
+        for index in range(start, len(order)):
+            if kept >= want or len(trials) >= budget:
+                break
+            cand = order[index]
+            if per_function[cand.function_key] >= config.max_per_function:
+                continue
+            try:
+                mutant = apply_site(originals[cand.module], cand.site)
+            except MutationError:
+                continue  # not a trial: the operator cannot be spliced here faithfully
+            trial = Trial(
+                index=index,
+                package=spec.name,
+                module=cand.module,
+                function=cand.site.function,
+                kind=cand.site.kind,
+                site=cand.site.key,
+                description=mutant.description,
+                lineno=cand.site.lineno,
+                outcome="",
+            )
+            if is_equivalent(originals[cand.module], mutant.source):
+                trial.outcome = "equivalent"
+            else:
+                try:
+                    compile(mutant.source, cand.module, "exec")
+                except SyntaxError:
+                    trial.outcome = "syntax_error"
+            if not trial.outcome:
+                runner.write(cand.module, mutant.source)
+                try:
+                    run = runner.run(timeout_s=timeout)
+                finally:
+                    runner.write(cand.module, originals[cand.module])
+                trial.seconds = round(run.seconds, 3)
+                trial.outcome, f2p = _judge(run, base, config)
+                trial.n_failing = len(f2p)
+                if trial.outcome == "kept":
+                    trial.task = _task(spec, cand, mutant, base, f2p, run, config.seed).model_dump(
+                        mode="json"
+                    )
+                    kept += 1
+                    per_function[cand.function_key] += 1
+            trials.append(trial)
+            log.write(json.dumps(asdict(trial)) + "\n")
+            log.flush()
+            if len(trials) % 25 == 0:
+                _log(f"{spec.name}: {len(trials)} trials, {kept} kept ({time.time() - t0:.0f}s)")
+    _log(f"{spec.name}: {kept} tasks after {len(trials)} trials ({time.time() - t0:.0f}s this run)")
+    return trials
+
+
+def _judge(run: SuiteRun, base: Baseline, config: SynthConfig) -> tuple[str, list[str]]:
+    if run.timed_out:
+        return "timeout", []
+    if run.report is None:
+        return "crash", []
+    if run.report.collection_errors:
+        return "import_error", []
+    tests = run.report.tests
+    f2p = [t for t in base.passing if t not in tests or tests[t].outcome != "passed"]
+    if not f2p:
+        return "no_test_fails", []
+    if len(f2p) > config.max_fail_fraction * len(base.passing):
+        return "too_many_fail", f2p
+    return "kept", f2p
+
+
+@dataclass
+class SynthResult:
+    tasks: list[Task]
+    trials: dict[str, list[Trial]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def synthesize(
+    packages: list[str] | tuple[str, ...] = DEFAULT_PACKAGES, n: int = 300, config: SynthConfig | None = None
+) -> SynthResult:
+    """At least `n` tasks (when the candidates allow), spread evenly over `packages`; cached and resumable.
+
+    A package that runs out of good candidates leaves its share to the others.
+    """
+    config = config or SynthConfig()
+    specs = [get_spec(p) for p in packages]
+    if not specs:
+        raise ValueError("no packages given; choose from " + ", ".join(DEFAULT_PACKAGES))
+    t0 = time.time()
+    quota = {s.name: math.ceil(n / len(specs)) for s in specs}
+    logs: dict[str, list[Trial]] = {}
+    for _ in range(len(specs)):  # redistribution rounds
+        exhausted = []
+        for s in specs:
+            logs[s.name] = synthesize_package(s, quota[s.name], config)
+            if sum(t.outcome == "kept" for t in logs[s.name]) < quota[s.name]:
+                exhausted.append(s.name)
+        total = sum(min(quota[k], _kept(v)) for k, v in logs.items())
+        open_ = [s.name for s in specs if s.name not in exhausted]
+        if total >= n or not exhausted or not open_:
+            break
+        for name in exhausted:
+            quota[name] = _kept(logs[name])
+        extra = math.ceil((n - sum(quota[k] for k in exhausted) - sum(quota[k] for k in open_)) / len(open_))
+        for name in open_:
+            quota[name] += max(extra, 0)
+    tasks = []
+    for s in specs:
+        got = [Task.model_validate(t.task) for t in logs[s.name] if t.outcome == "kept"]
+        tasks.extend(got[: quota[s.name]])
+    return SynthResult(tasks, logs, time.time() - t0)
+
+
+def _kept(trials: list[Trial]) -> int:
+    return sum(t.outcome == "kept" for t in trials)
+
+
+def cached_tasks(
+    packages: list[str] | tuple[str, ...] = DEFAULT_PACKAGES, seed: int = 0, cache_dir: Path | None = None
+) -> list[Task]:
+    """Every task already synthesized for these packages and seed (no sandbox started)."""
+    out = []
+    for name in packages:
+        out.extend(
+            Task.model_validate(t.task)
+            for t in read_log(get_spec(name), seed, cache_dir)
+            if t.outcome == "kept"
+        )
+    return out
+
+
+def iter_trials(
+    packages: list[str] | tuple[str, ...], seed: int, cache_dir: Path | None = None
+) -> Iterator[Trial]:
+    for name in packages:
+        yield from read_log(get_spec(name), seed, cache_dir)
+
+
+def statistics(trials: list[Trial], tasks: list[Task] | None = None) -> dict[str, Any]:
+    """Counts tried/kept/rejected (with reasons) per package and per mutation kind, and suite seconds."""
+    by_package: dict[str, Counter] = defaultdict(Counter)
+    by_kind: dict[str, Counter] = defaultdict(Counter)
+    seconds = [t.seconds for t in trials if t.seconds > 0]
+    for t in trials:
+        by_package[t.package][t.outcome] += 1
+        by_kind[t.kind][t.outcome] += 1
+
+    def summary(c: Counter) -> dict[str, Any]:
+        return {
+            "tried": sum(c.values()),
+            "kept": c["kept"],
+            "rejected": sum(v for k, v in c.items() if k != "kept"),
+            "reasons": {k: v for k, v in sorted(c.items()) if k != "kept"},
+        }
+
+    total = Counter()
+    for c in by_package.values():
+        total.update(c)
+    seconds.sort()
+    out: dict[str, Any] = {
+        "total": summary(total),
+        "per_package": {k: summary(v) for k, v in sorted(by_package.items())},
+        "per_kind": {k: summary(v) for k, v in sorted(by_kind.items())},
+        "suite_seconds": {
+            "n": len(seconds),
+            "mean": round(sum(seconds) / len(seconds), 3) if seconds else None,
+            "p50": seconds[len(seconds) // 2] if seconds else None,
+            "p99": seconds[min(len(seconds) - 1, int(0.99 * len(seconds)))] if seconds else None,
+        },
+    }
+    if tasks is not None:
+        out["tasks"] = {
+            "n": len(tasks),
+            "per_package": dict(sorted(Counter(t.metadata["package"] for t in tasks).items())),
+            "per_kind": dict(sorted(Counter(t.metadata["kind"] for t in tasks).items())),
+            "per_split": dict(sorted(Counter(t.split for t in tasks).items())),
+            "functions": len(
+                {(t.metadata["package"], t.metadata["module"], t.metadata["function"]) for t in tasks}
+            ),
+        }
+    return out

@@ -1,0 +1,277 @@
+"""python-repair-v0: mutation operators (pure), the synthesizer (deterministic, through docker), the
+environment's oracle and the ways of not fixing the bug that must score 0.
+
+The docker tests share one small synthesized set (inflection: its suite is the fastest) made
+once per session into a temporary cache, so the whole file stays around a minute or two.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+
+import pytest
+
+from agentrl.agents import run_episode, tool_call
+from agentrl.envs.python_repair.mutate import KINDS, MutationError, Site, apply_site, enumerate_sites
+from agentrl.envs.python_repair.packages import get_spec
+from agentrl.envs.python_repair.synth import SynthConfig, candidates, read_log, split_of, synthesize
+
+SRC = '''\
+import os
+
+
+def clip(values, low=0, high=10, strict=False):
+    """Clip every value into [low, high]."""
+    out = []
+    for v in values:  # keep order
+        if v < low and not strict:
+            v = low
+        out.append(min(v, high))
+    total = len(out) - 1
+    return out[1:total]
+
+
+class Box:
+    def area(self, w, h):
+        if w is None or h == 0:
+            return 0
+        return w * h + sum(range(w))
+'''
+
+
+def _site(kind: str, function: str, variant: int = 0, nth: int = 0) -> Site:
+    sites = [
+        s for s in enumerate_sites(SRC) if s.kind == kind and s.function == function and s.variant == variant
+    ]
+    return sites[nth]
+
+
+def _changed_lines(a: str, b: str) -> list[tuple[str, str]]:
+    """(old line, new line) pairs of a one-region edit."""
+    sm = difflib.SequenceMatcher(None, a.splitlines(), b.splitlines())
+    ops = [op for op in sm.get_opcodes() if op[0] != "equal"]
+    assert len(ops) == 1, ops
+    _, i1, i2, j1, j2 = ops[0]
+    return list(zip(a.splitlines()[i1:i2], b.splitlines()[j1:j2], strict=False)) or [
+        ("\n".join(a.splitlines()[i1:i2]), "\n".join(b.splitlines()[j1:j2]))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "function", "variant", "nth", "old", "new"),
+    [
+        ("compare_negate", "clip", 0, 0, "        if v < low and not strict:", "        if v >= low and not strict:"),
+        ("compare_boundary", "clip", 0, 0, "        if v < low and not strict:", "        if v <= low and not strict:"),
+        ("bool_operator", "clip", 0, 0, "        if v < low and not strict:", "        if v < low or not strict:"),
+        ("constant_off_by_one", "clip", 0, 0, "    total = len(out) - 1", "    total = len(out) - 2"),
+        ("constant_off_by_one", "clip", 1, 1, "    return out[1:total]", "    return out[0:total]"),
+        ("slice_off_by_one", "clip", 1, 0, "    return out[1:total]", "    return out[1:total - 1]"),
+        ("arith_operator", "clip", 0, 0, "    total = len(out) - 1", "    total = len(out) + 1"),
+        ("swap_arguments", "clip", 0, 0, "        out.append(min(v, high))", "        out.append(min(high, v))"),
+        ("wrong_return", "clip", 0, 0, "    return out[1:total]", "    return None"),
+        ("range_off_by_one", "Box.area", 0, 0, "        return w * h + sum(range(w))", "        return w * h + sum(range(w + 1))"),
+        ("swap_operands", "clip", 0, 0, "    total = len(out) - 1", "    total = 1 - len(out)"),
+        ("negate_condition", "Box.area", 0, 0, "        if w is None or h == 0:", "        if not (w is None or h == 0):"),
+        ("change_default", "clip", 1, 0, "def clip(values, low=0, high=10, strict=False):", "def clip(values, low=0, high=11, strict=False):"),
+        ("change_default", "clip", 2, 0, "def clip(values, low=0, high=10, strict=False):", "def clip(values, low=0, high=10, strict=True):"),
+    ],
+)  # fmt: skip
+def test_each_operator_changes_exactly_its_node(kind, function, variant, nth, old, new):
+    mutant = apply_site(SRC, _site(kind, function, variant, nth))
+    assert _changed_lines(SRC, mutant.source) == [(old, new)]
+    assert "# keep order" in mutant.source  # comments elsewhere survive: only the node's span is rewritten
+    assert mutant.source.replace(mutant.mutated_function, mutant.original_function) == SRC
+
+
+def test_drop_statement_removes_one_statement_and_keeps_blocks_valid():
+    drops = [s for s in enumerate_sites(SRC) if s.kind == "drop_statement"]
+    assert {s.function for s in drops} == {"clip", "Box.area"}
+    for site in drops:
+        try:
+            mutant = apply_site(SRC, site)
+        except MutationError:
+            continue
+        ast.parse(mutant.source)
+        assert len(mutant.source.splitlines()) <= len(SRC.splitlines())
+    # The only statement of a block becomes `pass`, so the block stays valid.
+    only = next(s for s in drops if s.function == "clip" and s.lineno == 9)
+    assert "            pass\n" in apply_site(SRC, only).source
+    # Docstrings are never dropped.
+    assert all(s.lineno != 5 for s in drops)
+
+
+def test_every_site_of_a_real_module_is_a_one_region_edit_inside_its_function():
+    """On inflection's real source: the mutant equals the original outside the mutated function."""
+    from agentrl.envs.python_repair.packages import source_dir
+
+    spec = get_spec("inflection")
+    src = (source_dir(spec) / spec.targets[0]).read_text()
+    sites = enumerate_sites(src)
+    assert {s.kind for s in sites} >= set(KINDS) - {
+        "compare_boundary",
+        "range_off_by_one",
+        "slice_off_by_one",
+    }
+    for site in sites[::7]:  # a sample keeps this fast
+        try:
+            m = apply_site(src, site)
+        except MutationError:
+            continue
+        assert m.source != src
+        assert m.source.replace(m.mutated_function, m.original_function, 1) == src
+        assert m.source.count(m.mutated_function) == 1
+
+
+def test_candidate_order_and_split_are_functions_of_the_seed_and_the_function():
+    spec = get_spec("inflection")
+    a, b, c = candidates(spec, 0), candidates(spec, 0), candidates(spec, 1)
+    assert a == b and a != c and sorted(a, key=str) == sorted(c, key=str)
+    # Round-robin: the first candidates all mutate different functions.
+    n_functions = len({x.function_key for x in a})
+    assert len({x.function_key for x in a[:n_functions]}) == n_functions
+    assert split_of("toolz", "toolz/itertoolz.py", "groupby") == split_of(
+        "toolz", "toolz/itertoolz.py", "groupby"
+    )
+    splits = {split_of("p", "m.py", f"f{i}") for i in range(200)}
+    assert splits == {"train", "validation", "test"}
+
+
+# --- through docker -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory):
+    """Three inflection tasks from seed 7, synthesized twice into separate caches."""
+    spec = get_spec("inflection")
+    dirs = [tmp_path_factory.mktemp(f"synth{i}") for i in range(2)]
+    results = [synthesize(["inflection"], 3, SynthConfig(seed=7, cache_dir=d)) for d in dirs]
+    return spec, dirs, results
+
+
+@pytest.mark.docker
+def test_synthesis_is_deterministic_and_keeps_only_caught_mutants(synthesized):
+    spec, dirs, (first, second) = synthesized
+    assert len(first.tasks) == 3
+
+    def content(tasks):  # everything but the measured suite time
+        return [t.model_dump(exclude={"metadata": {"test_seconds"}}) for t in tasks]
+
+    assert content(first.tasks) == content(second.tasks)
+    trials = read_log(spec, 7, dirs[0])
+    assert [(t.site, t.outcome) for t in trials] == [(t.site, t.outcome) for t in read_log(spec, 7, dirs[1])]
+    for task in first.tasks:
+        meta = task.metadata
+        assert meta["FAIL_TO_PASS"] and not set(meta["FAIL_TO_PASS"]) & set(meta["PASS_TO_PASS"])
+        assert task.split == split_of("inflection", meta["module"], meta["function"])
+        # The bug report names failing tests, never the mutated function or its line.
+        assert meta["FAIL_TO_PASS"][0] in task.prompt
+        assert meta["mutated_function"] not in task.prompt
+        assert f"line {meta['lineno']}" not in task.prompt
+        assert list(task.files) == [meta["module"]]
+        assert "test_inflection" not in json.dumps(task.files)
+    # A second call is served from the log: no new trials.
+    again = synthesize(["inflection"], 3, SynthConfig(seed=7, cache_dir=dirs[0]))
+    assert [t.id for t in again.tasks] == [t.id for t in first.tasks]
+    assert len(read_log(spec, 7, dirs[0])) == len(trials)
+
+
+@pytest.fixture(scope="module")
+def env(synthesized):
+    from agentrl.envs.python_repair.env import PythonRepairEnv
+
+    _, _, (first, _) = synthesized
+    e = PythonRepairEnv(tasks=first.tasks, max_turns=4)
+    yield e
+    e.close()
+
+
+@pytest.mark.docker
+def test_oracle_scores_1_and_the_untouched_mutant_0(env, synthesized):
+    from agentrl.verifier_check import check_verifier
+
+    for task in synthesized[2][0].tasks:
+        check = check_verifier(env, task)
+        assert check.ok, check.reason
+        assert check.reference.reward == 1.0 and check.untouched.reward == 0.0
+
+
+class Script:
+    """Runs the given tool calls in order, then submits."""
+
+    def __init__(self, *calls: str):
+        self.calls = list(calls)
+
+    def act(self, observation):
+        return self.calls.pop(0) if self.calls else tool_call("submit", answer="done")
+
+
+def _reward(env, task, agent) -> tuple[float, str]:
+    result = run_episode(env, agent, options={"task": task})
+    return result.reward, result.info["verdict"].details
+
+
+@pytest.mark.docker
+def test_the_workspace_has_the_mutant_and_no_tests_and_cannot_read_the_original(env, synthesized):
+    task = synthesized[2][0].tasks[0]
+    env.reset(options={"task": task})
+    sb = env.sandbox
+    module = task.metadata["module"]
+    assert sb.read_file(module).decode() == task.files[module]
+    listing = sb.exec(
+        ["bash", "-c", "find / -name 'test_*.py' -not -path '/proc/*' -not -path '/usr/*' 2>/dev/null"]
+    )
+    assert listing.stdout.strip() == ""
+    peek = sb.exec(["bash", "-c", f"cat {task.metadata['source_dir']}/{module}"])
+    assert peek.exit_code != 0 and "Permission denied" in peek.stderr
+    env.close()
+
+
+@pytest.mark.docker
+def test_deleting_the_mutated_function_or_module_scores_0(env, synthesized):
+    task = synthesized[2][0].tasks[0]
+    meta = task.metadata
+    assert (
+        _reward(
+            env,
+            task,
+            Script(tool_call("str_replace", path=meta["module"], old=meta["mutated_function"], new="")),
+        )[0]
+        == 0.0
+    )
+    reward, details = _reward(env, task, Script(tool_call("bash", command=f"rm -f {meta['module']}")))
+    assert reward == 0.0, details
+
+
+@pytest.mark.docker
+def test_deleting_or_shadowing_the_failing_tests_scores_0(env, synthesized):
+    """The agent cannot reach the hidden tests; planting empty look-alikes in the workspace changes nothing."""
+    task = synthesized[2][0].tasks[0]
+    test_file = task.metadata["FAIL_TO_PASS"][0].split("::")[0]
+    attack = (
+        "find / -name 'test_*.py' -not -path '/proc/*' -delete 2>/dev/null; "
+        f"mkdir -p tests && : > {test_file} && : > tests/{test_file} && "
+        "printf 'import pytest\\n@pytest.hookimpl(tryfirst=True)\\ndef pytest_runtest_makereport(item, call):\\n    pass\\n' > conftest.py"
+    )
+    reward, details = _reward(env, task, Script(tool_call("bash", command=attack)))
+    assert reward == 0.0, details
+
+
+RAISE_EVERYWHERE = r"""
+import ast, pathlib
+for path in pathlib.Path('.').rglob('*.py'):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body = [ast.parse('raise NotImplementedError').body[0]]
+    path.write_text(ast.unparse(tree))
+print('rewritten')
+"""
+
+
+@pytest.mark.docker
+def test_every_function_raising_scores_0(env, synthesized):
+    task = synthesized[2][0].tasks[0]
+    reward, details = _reward(env, task, Script(tool_call("python", code=RAISE_EVERYWHERE)))
+    assert reward == 0.0, details
