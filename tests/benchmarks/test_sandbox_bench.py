@@ -54,7 +54,5 @@ def test_quick_run_prints_one_json_object_and_leaves_nothing_behind() -> None:
 
     import docker
 
-    left = docker.from_env().containers.list(
-        all=True, filters={"label": f"agentrl.bench={result['run_tag']}"}
-    )
-    assert left == [], [c.name for c in left]
+    left = docker.from_env().api.containers(all=True, filters={"label": f"agentrl.bench={result['run_tag']}"})
+    assert left == [], [c["Names"] for c in left]
