@@ -18,7 +18,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.masker import DRIFT_METRICS, ChatMasker, MaskedSequence
-from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+from tests import fixtures_model
+
+tiny_model_dir = fixtures_model.tiny_model_dir  # the session-wide tiny model, as a fixture of this module
 
 TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "chat_templates"
 if not TEMPLATES.is_dir():
@@ -56,12 +58,12 @@ OBSERVATIONS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir: Path):  # noqa: F811
+def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
-def llama_tokenizer(tiny_model_dir: Path):  # noqa: F811
+def llama_tokenizer(tiny_model_dir: Path):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.add_special_tokens(
         {

@@ -27,18 +27,20 @@ from agentrl.policy import Generation, SamplingConfig, VLLMPolicy, score_logprob
 from agentrl.rollout import RolloutConfig, collect, collect_sync
 from agentrl.task import Task
 from agentrl.trajectory import Trajectory, load_trajectories, save_trajectories
-from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+from tests import fixtures_model
+
+tiny_model_dir = fixtures_model.tiny_model_dir  # the session-wide tiny model, as a fixture of this module
 
 LOGPROB_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir: Path):  # noqa: F811
+def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir: Path):  # noqa: F811
+def policy(tiny_model_dir: Path):
     # In-process engine: one process, about 10 s to start here instead of about a minute.
     p = VLLMPolicy(tiny_model_dir, in_process=True, dtype="float32", max_model_len=2048, cpu_threads=1)
     yield p
@@ -112,7 +114,7 @@ def split_turns(messages: list[dict]) -> tuple[list[dict], list[tuple[dict, list
 def test_real_vllm_calc_trajectories_are_exact(
     policy,
     tokenizer,
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
     tmp_path: Path,
 ) -> None:
     rec = RecordingPolicy(policy)
