@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -25,10 +26,6 @@ verifier_app = typer.Typer(
     help="Verifier plugins: list them, check an environment's verifier on its tasks.", no_args_is_help=True
 )
 app.add_typer(verifier_app, name="verifier")
-tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
-app.add_typer(tasks_app, name="tasks")
-tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
-tasks_app.add_typer(tasks_synth_app, name="synth")
 tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
@@ -186,42 +183,6 @@ def tasks_synth_python_repair(
         sys.exit(1)
 
 
-@tasks_synth_app.command("python-repair")
-def tasks_synth_python_repair(
-    packages: str = typer.Option(
-        "toolz,inflection,parse,semver",
-        "--packages",
-        help="Comma-separated packages (see envs/python_repair/packages.py).",
-    ),
-    n: int = typer.Option(300, "--n", help="How many tasks in all, spread evenly over the packages."),
-    seed: int = typer.Option(0, "--seed", help="Fixes which mutants are tried, so which tasks come out."),
-    max_fail_fraction: float = typer.Option(
-        0.25, help="Reject a mutant that fails more than this fraction of the passing tests."
-    ),
-    out: str = typer.Option("", "--out", help="Also write the tasks here as JSONL."),
-) -> None:
-    """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
-    import json
-
-    from agentrl.envs.python_repair.synth import SynthConfig, statistics, synthesize
-    from agentrl.task import save_tasks
-
-    names = [p.strip() for p in packages.split(",") if p.strip()]
-    result = synthesize(names, n, SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction))
-    trials = [t for log in result.trials.values() for t in log]
-    stats = statistics(trials, result.tasks)
-    stats["seconds"] = round(result.seconds, 1)
-    if out:
-        save_tasks(out, result.tasks)
-        stats["written_to"] = out
-    typer.echo(json.dumps(stats, indent=2))
-    if len(result.tasks) < n:
-        typer.echo(
-            f"only {len(result.tasks)} of {n} tasks: the packages ran out of good candidates", err=True
-        )
-        sys.exit(1)
-
-
 @sandbox_app.command("build")
 def sandbox_build(
     base: bool = typer.Option(
@@ -301,6 +262,53 @@ def sft(
     typer.echo(str(launch(cfg, nproc=nproc)))
 
 
+@app.command("demos")
+def demos(
+    env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0; it must have an oracle."),
+    n: int = typer.Option(..., "--n", min=1, help="How many demonstrations (one per task)."),
+    out: str = typer.Option(..., "--out", help="Trajectory JSONL to write (the input of `agentrl sft`)."),
+    model: str = typer.Option(
+        "", "--model", help="Checkpoint whose tokenizer and chat template make the ids; default: the tiny model."
+    ),
+    split: str = typer.Option("train", "--split", help="Task split: train, validation or test."),
+    start: int = typer.Option(0, "--start", help="First task index of the split."),
+    kinds: str = typer.Option(
+        "", "--kinds", help="Comma-separated task kinds (task.metadata['kind']) to keep; default all."
+    ),
+    backend: str = typer.Option(
+        "local", "--backend", help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap."
+    ),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes in flight."),
+) -> None:
+    """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
+    import json
+    import tempfile
+    from dataclasses import asdict
+
+    from transformers import AutoTokenizer
+
+    from agentrl.demos import generate_demos
+
+    if split not in ("train", "validation", "test"):
+        raise typer.BadParameter(f"unknown split {split!r}; use train, validation or test", param_hint="--split")
+    if not model:
+        from agentrl.model_kit import init_tiny
+
+        model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-tiny", seed=0))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    kind_list = [k.strip() for k in kinds.split(",") if k.strip()] or None
+    _, stats = generate_demos(
+        env_id, n, out, tokenizer, split=split, start=start, kinds=kind_list, backend=backend, concurrency=concurrency
+    )
+    typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
+    if stats.passed < stats.episodes:
+        typer.echo(
+            f"warning: the oracle failed {stats.episodes - stats.passed} of {stats.episodes} episodes "
+            "(`agentrl sft` trains on passed ones only unless --all)",
+            err=True,
+        )
+
+
 @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train_cmd(
     ctx: typer.Context,
@@ -313,6 +321,82 @@ def train_cmd(
 
     cfg = load_config(config, list(ctx.args))
     typer.echo(str(launch(cfg, nproc=nproc)))
+
+
+@app.command("eval")
+def eval_cmd(
+    env: str = typer.Option(..., "--env", help="Environment id, e.g. agentrl/calc-v0."),
+    model: list[str] = typer.Option(
+        ..., "--model", help="Checkpoint directory; repeat to compare models (first: before, last: after)."
+    ),
+    name: list[str] = typer.Option(
+        [], "--name", help="A name per --model (directory under --out, legend label); default: from the path."
+    ),
+    n: int = typer.Option(16, "--n", help="Samples (episodes) per task."),
+    k: str = typer.Option("1,2,4,8,16", "--k", help="Comma-separated k of pass@k; each k <= n."),
+    split: str = typer.Option("test", "--split", help="Task split."),
+    tasks: int = typer.Option(64, "--tasks", help="Tasks 0..N-1 of the split."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    max_turns: int = typer.Option(0, help="Turn limit per episode (0: the environment's own)."),
+    max_tokens_per_turn: int = typer.Option(256, help="Most tokens sampled in one turn."),
+    max_total_tokens: int = typer.Option(2048, help="Context budget of one episode, prompt included."),
+    episode_timeout_s: float = typer.Option(300.0, help="Wall-clock limit of one episode."),
+    concurrency: int = typer.Option(16, help="Episodes in flight at once."),
+    seed: int = typer.Option(0, help="Base seed of every episode's sampling and environment seed."),
+    backend: str = typer.Option(
+        "", help="Sandbox backend override (docker, bwrap, local); part of the budget."
+    ),
+    out: str = typer.Option("runs/eval", "--out", help="Run directory (resumable: rerun to continue)."),
+    force: bool = typer.Option(False, "--force", help="Discard episodes recorded under a different budget."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+) -> None:
+    """Budget-controlled, resumable pass@k evaluation; writes episodes, summary.json, report.md and plots."""
+    from pydantic import ValidationError
+
+    from agentrl.evaluate import EvalConfig, EvalError, evaluate
+
+    try:
+        ks = [int(x) for x in k.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"--k must be comma-separated integers, got {k!r}", param_hint="--k"
+        ) from None
+    try:
+        cfg = EvalConfig(
+            env=env,
+            models=model,
+            names=name or None,
+            n=n,
+            ks=ks,
+            split=split,
+            num_tasks=tasks,
+            temperature=temperature,
+            top_p=top_p,
+            max_turns=max_turns or None,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_total_tokens=max_total_tokens,
+            episode_timeout_s=episode_timeout_s,
+            concurrency=concurrency,
+            seed=seed,
+            env_kwargs={"backend": backend} if backend else {},
+            out=out,
+            force=force,
+            progress=not no_progress,
+        )
+    except ValidationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        summaries = evaluate(cfg)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except (EvalError, KeyError) as exc:  # a budget mismatch, an unknown env id: said plainly, no traceback
+        typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
+        raise typer.Exit(2) from None
+    for s in summaries:
+        typer.echo(f"{s.model}: " + ", ".join(f"{key} {v:.3f}" for key, v in s.pass_at_dict().items()))
+    typer.echo(f"report: {out}/report.md")
 
 
 @app.command("demo")

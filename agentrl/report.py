@@ -148,7 +148,10 @@ def plot_task_scatter(before: ModelSummary, after: ModelSummary, path: str | Pat
     return Path(path)
 
 
-def markdown_report(summaries: Sequence[ModelSummary], *, env_id: str, split: str) -> str:
+def markdown_report(
+    summaries: Sequence[ModelSummary], *, env_id: str, split: str, budget: dict[str, object] | None = None
+) -> str:
+    """A short Markdown summary: one row per model; `budget`, if given, is listed under it."""
     ks = [p.k for p in summaries[0].pass_at]
     lines = [
         f"# Evaluation on `{env_id}` ({split} split)",
@@ -174,6 +177,12 @@ def markdown_report(summaries: Sequence[ModelSummary], *, env_id: str, split: st
             f"- **{s.model}**: finish reasons {reasons}; {s.mean_tokens:.0f} tokens per episode "
             f"({s.mean_action_tokens:.0f} sampled); {s.wall_s:.0f}s wall."
         )
+    if budget:
+        # The conditions every model above was held to: what makes the rows comparable.
+        lines += [
+            "",
+            "Budget (identical for every model): " + ", ".join(f"{k}={v}" for k, v in budget.items()) + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
