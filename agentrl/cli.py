@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import typer
 
@@ -26,6 +25,10 @@ verifier_app = typer.Typer(
     help="Verifier plugins: list them, check an environment's verifier on its tasks.", no_args_is_help=True
 )
 app.add_typer(verifier_app, name="verifier")
+tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
+tasks_app.add_typer(tasks_synth_app, name="synth")
 tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
@@ -183,6 +186,42 @@ def tasks_synth_python_repair(
         sys.exit(1)
 
 
+@tasks_synth_app.command("python-repair")
+def tasks_synth_python_repair(
+    packages: str = typer.Option(
+        "toolz,inflection,parse,semver",
+        "--packages",
+        help="Comma-separated packages (see envs/python_repair/packages.py).",
+    ),
+    n: int = typer.Option(300, "--n", help="How many tasks in all, spread evenly over the packages."),
+    seed: int = typer.Option(0, "--seed", help="Fixes which mutants are tried, so which tasks come out."),
+    max_fail_fraction: float = typer.Option(
+        0.25, help="Reject a mutant that fails more than this fraction of the passing tests."
+    ),
+    out: str = typer.Option("", "--out", help="Also write the tasks here as JSONL."),
+) -> None:
+    """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
+    import json
+
+    from agentrl.envs.python_repair.synth import SynthConfig, statistics, synthesize
+    from agentrl.task import save_tasks
+
+    names = [p.strip() for p in packages.split(",") if p.strip()]
+    result = synthesize(names, n, SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction))
+    trials = [t for log in result.trials.values() for t in log]
+    stats = statistics(trials, result.tasks)
+    stats["seconds"] = round(result.seconds, 1)
+    if out:
+        save_tasks(out, result.tasks)
+        stats["written_to"] = out
+    typer.echo(json.dumps(stats, indent=2))
+    if len(result.tasks) < n:
+        typer.echo(
+            f"only {len(result.tasks)} of {n} tasks: the packages ran out of good candidates", err=True
+        )
+        sys.exit(1)
+
+
 @sandbox_app.command("build")
 def sandbox_build(
     base: bool = typer.Option(
@@ -260,53 +299,6 @@ def sft(
     cfg = SFTConfig(model=model, data=data, out=out, epochs=epochs, lr=lr, batch_size=batch_size,
                     micro_batch_size=micro_batch_size, only_passed=not all_trajectories, seed=seed)
     typer.echo(str(launch(cfg, nproc=nproc)))
-
-
-@app.command("demos")
-def demos(
-    env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0; it must have an oracle."),
-    n: int = typer.Option(..., "--n", min=1, help="How many demonstrations (one per task)."),
-    out: str = typer.Option(..., "--out", help="Trajectory JSONL to write (the input of `agentrl sft`)."),
-    model: str = typer.Option(
-        "", "--model", help="Checkpoint whose tokenizer and chat template make the ids; default: the tiny model."
-    ),
-    split: str = typer.Option("train", "--split", help="Task split: train, validation or test."),
-    start: int = typer.Option(0, "--start", help="First task index of the split."),
-    kinds: str = typer.Option(
-        "", "--kinds", help="Comma-separated task kinds (task.metadata['kind']) to keep; default all."
-    ),
-    backend: str = typer.Option(
-        "local", "--backend", help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap."
-    ),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes in flight."),
-) -> None:
-    """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
-    import json
-    import tempfile
-    from dataclasses import asdict
-
-    from transformers import AutoTokenizer
-
-    from agentrl.demos import generate_demos
-
-    if split not in ("train", "validation", "test"):
-        raise typer.BadParameter(f"unknown split {split!r}; use train, validation or test", param_hint="--split")
-    if not model:
-        from agentrl.model_kit import init_tiny
-
-        model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-tiny", seed=0))
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    kind_list = [k.strip() for k in kinds.split(",") if k.strip()] or None
-    _, stats = generate_demos(
-        env_id, n, out, tokenizer, split=split, start=start, kinds=kind_list, backend=backend, concurrency=concurrency
-    )
-    typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
-    if stats.passed < stats.episodes:
-        typer.echo(
-            f"warning: the oracle failed {stats.episodes - stats.passed} of {stats.episodes} episodes "
-            "(`agentrl sft` trains on passed ones only unless --all)",
-            err=True,
-        )
 
 
 @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
