@@ -53,7 +53,7 @@ from agentrl.task import Split, Task
 from agentrl.verifiers.hidden_tests import INI, RUNNER, SYSTEM_PATH, SYSTEM_PYTHON, Report, parse_junit
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
-SYNTH_VERSION = 1
+SYNTH_VERSION = 2
 SPLIT_FRACTIONS: tuple[tuple[Split, float], ...] = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
 
 REASONS = {
@@ -102,11 +102,24 @@ def candidates(spec: PackageSpec, seed: int) -> list[Candidate]:
     rng.shuffle(keys)
     for key in keys:
         rng.shuffle(by_function[key])
+        by_function[key] = _interleave_kinds(by_function[key])
     order: list[Candidate] = []
     depth = max((len(v) for v in by_function.values()), default=0)
     for r in range(depth):
         order.extend(by_function[k][r] for k in keys if r < len(by_function[k]))
     return order
+
+
+def _interleave_kinds(sites: list[Candidate]) -> list[Candidate]:
+    """Round-robin over mutation kinds (in shuffled order): statements outnumber every other
+    kind of site, and without this most tasks of a function would be dropped statements."""
+    buckets: dict[str, list[Candidate]] = {}
+    for c in sites:
+        buckets.setdefault(c.site.kind, []).append(c)
+    out: list[Candidate] = []
+    for r in range(max((len(b) for b in buckets.values()), default=0)):
+        out.extend(b[r] for b in buckets.values() if r < len(b))
+    return out
 
 
 # --- running the suite in the sandbox -------------------------------------------------------
@@ -324,7 +337,7 @@ def bug_report(spec: PackageSpec, failures: list[tuple[str, str]], n_passing: in
     for nodeid, message in failures[:max_shown]:
         lines.append(f"- {nodeid}")
         if message.strip():
-            lines.extend("    " + ln for ln in _clip(normalize_message(message), 600).splitlines()[:12])
+            lines.extend("    " + ln for ln in normalize_message(_clip(message, 600)).splitlines()[:12])
     if len(failures) > max_shown:
         lines.append(f"- ... and {len(failures) - max_shown} more")
     lines += [

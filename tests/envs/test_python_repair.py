@@ -225,6 +225,8 @@ def test_the_workspace_has_the_mutant_and_no_tests_and_cannot_read_the_original(
     assert listing.stdout.strip() == ""
     peek = sb.exec(["bash", "-c", f"cat {task.metadata['source_dir']}/{module}"])
     assert peek.exit_code != 0 and "Permission denied" in peek.stderr
+    # No bytecode caches: a stale .pyc of the buggy module could outlive a same-size fix.
+    assert sb.exec(["bash", "-c", "echo $PYTHONDONTWRITEBYTECODE"]).stdout.strip() == "1"
     env.close()
 
 
