@@ -18,7 +18,8 @@ Docker only:
 - `docker_exec_overhead`: our `DockerSandbox.exec` against a bare docker-SDK
   `container.exec_run` of the same command on the same container, interleaved; ratio of p50s;
 - `docker_concurrency`: start up to `--max-concurrent` sandboxes with small memory limits,
-  check each answers an exec, report how many and the memory they use, then close all.
+  check each answers an exec, report how many and the memory they use (their cgroups, their
+  containerd-shims' PSS and the engine's growth), then close all.
 
 Every sandbox carries a label unique to this run; on exit (normal, exception, Ctrl-C or
 SIGTERM) every container with that label is removed, so nothing is left behind.
@@ -269,8 +270,20 @@ def _engine_rss_mib() -> float:
     return total
 
 
-def _shim_rss_mib(container_ids: set[str]) -> float:
-    """Resident memory of the per-container `containerd-shim` processes of these containers."""
+def _pss_mib(pid: int) -> float:
+    """Proportional set size: shared pages (the shim binary, libc) split among their users,
+    so summing it over many processes does not count the same page many times, as RSS would."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return _rss_mib(pid)
+
+
+def _shim_pss_mib(container_ids: set[str]) -> float:
+    """Memory of the per-container `containerd-shim` processes of these containers (PSS)."""
     total = 0.0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -283,7 +296,7 @@ def _shim_rss_mib(container_ids: set[str]) -> float:
             continue
         cid = argv[argv.index(b"-id") + 1].decode() if argv.index(b"-id") + 1 < len(argv) else ""
         if cid in container_ids:
-            total += _rss_mib(int(entry.name))
+            total += _pss_mib(int(entry.name))
     return total
 
 
@@ -321,7 +334,7 @@ def bench_concurrency(max_concurrent: int, memory_mb: int) -> dict:
     engine_growth = _engine_rss_mib() - engine_before
     full_ids = {client.containers.get(sandbox.id).id for sandbox in held}
     per_container = [mib for cid in full_ids if (mib := _container_memory_mib(cid)) is not None]
-    shims = _shim_rss_mib(full_ids)
+    shims = _shim_pss_mib(full_ids)
     cgroups = sum(per_container)
     t1 = time.perf_counter()
     for sandbox in held:
@@ -339,7 +352,7 @@ def bench_concurrency(max_concurrent: int, memory_mb: int) -> dict:
         "mem_used_mib": round(cgroups + shims + engine_growth, 1),
         "mem_used_mib_per_sandbox": round((cgroups + shims + engine_growth) / max(1, len(held)), 2),
         "cgroup_mem_mib_total": round(cgroups, 1),
-        "shim_rss_mib_total": round(shims, 1),
+        "shim_pss_mib_total": round(shims, 1),
         "engine_rss_growth_mib": round(engine_growth, 1),
         # Machine-wide, so other work on a shared machine shows up in it too.
         "host_mem_available_drop_mib": round(avail_before - avail_after, 1),
