@@ -41,7 +41,7 @@ def load_tasks(
     *,
     split: Split = "train",
     seed: int = 0,
-    first_use_n: int = 8,
+    first_use_n: int = 4,
 ) -> list[Task]:
     """The cached tasks of `split`; synthesizes `first_use_n` tasks (doubling up to 8x) when there are none."""
     tasks = [t for t in cached_tasks(tuple(packages), seed) if t.split == split]
@@ -106,7 +106,7 @@ class PythonRepairEnv(ToolEnv):
         seed: int = 0,
         split: Split = "train",
         tasks: Sequence[Task] | None = None,
-        first_use_n: int = 8,
+        first_use_n: int = 4,
         tools: list | None = None,
         verifier: Any = None,
         max_turns: int = 30,

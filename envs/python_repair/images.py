@@ -53,6 +53,26 @@ def build_images(*, force: bool = False, names: list[str] | None = None) -> list
     return [build_image(PACKAGES[name], force=force) for name in (names or list(PACKAGES))]
 
 
+def ensure_image(spec: PackageSpec) -> str:
+    """The package's image, built first if this Docker engine does not have it yet.
+
+    Building downloads the pinned sdist once (into the cache); `agentrl sandbox build` does the
+    same ahead of time. Episodes never download anything: they only use built images.
+    """
+    unpacked(spec)  # the host side (sources, hidden tests) may be missing even when the image is not
+    if image_present(spec):
+        return spec.image
+    import sys
+
+    print(
+        f"[python-repair] image {spec.image} not found: building it now (downloads {spec.dist}=={spec.version} "
+        "from the package index once; `agentrl sandbox build` builds every image ahead of time)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return build_image(spec)
+
+
 def image_present(spec: PackageSpec, client=None) -> bool:
     import docker
     import docker.errors

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.python_repair.images import image_present, stage_source
+from agentrl.envs.python_repair.images import ensure_image, stage_source
 from agentrl.envs.python_repair.mutate import MutationError, Site, apply_site, enumerate_sites, is_equivalent
 from agentrl.envs.python_repair.packages import (
     DEFAULT_PACKAGES,
@@ -47,6 +47,7 @@ from agentrl.envs.python_repair.packages import (
     get_spec,
     source_dir,
     tests_dir,
+    unpacked,
 )
 from agentrl.sandbox.base import DEFAULT_WORKDIR, PROTECTED_DIR, Limits, Sandbox, open_sandbox
 from agentrl.task import Split, Task
@@ -140,11 +141,8 @@ class SuiteRunner:
     RUN_DIR = f"{PROTECTED_DIR}/synth"
 
     def __init__(self, spec: PackageSpec, *, backend: str = "docker", limits: Limits | None = None):
-        if backend == "docker" and not image_present(spec):
-            raise RuntimeError(
-                f"the image {spec.image} is not built; run `agentrl sandbox build` first (it downloads the "
-                f"pinned {spec.dist} sdist and builds one image per python-repair package)"
-            )
+        if backend == "docker":
+            ensure_image(spec)
         self.spec = spec
         self.sandbox: Sandbox = open_sandbox(
             backend,
@@ -412,6 +410,11 @@ def synthesize_package(spec: PackageSpec, want: int, config: SynthConfig) -> lis
     kept = sum(t.outcome == "kept" for t in trials)
     if kept >= want:
         return trials
+    # Sources and image come from the build step; on a fresh machine it runs here, once.
+    if config.backend == "docker":
+        ensure_image(spec)
+    else:
+        unpacked(spec)
     order = candidates(spec, config.seed)
     per_function = Counter(f"{t.module}:{t.function}" for t in trials if t.outcome == "kept")
     budget = want * config.max_trials_per_task

@@ -15,7 +15,7 @@ import pytest
 
 from agentrl.agents import run_episode, tool_call
 from agentrl.envs.python_repair.mutate import KINDS, MutationError, Site, apply_site, enumerate_sites
-from agentrl.envs.python_repair.packages import get_spec
+from agentrl.envs.python_repair.packages import get_spec, unpacked
 from agentrl.envs.python_repair.synth import SynthConfig, candidates, read_log, split_of, synthesize
 
 SRC = '''\
@@ -104,10 +104,8 @@ def test_drop_statement_removes_one_statement_and_keeps_blocks_valid():
 
 def test_every_site_of_a_real_module_is_a_one_region_edit_inside_its_function():
     """On inflection's real source: the mutant equals the original outside the mutated function."""
-    from agentrl.envs.python_repair.packages import source_dir
-
     spec = get_spec("inflection")
-    src = (source_dir(spec) / spec.targets[0]).read_text()
+    src = (unpacked(spec) / "source" / spec.targets[0]).read_text()  # the sdist, downloaded once
     sites = enumerate_sites(src)
     assert {s.kind for s in sites} >= set(KINDS) - {
         "compare_boundary",
@@ -126,6 +124,7 @@ def test_every_site_of_a_real_module_is_a_one_region_edit_inside_its_function():
 
 def test_candidate_order_and_split_are_functions_of_the_seed_and_the_function():
     spec = get_spec("inflection")
+    unpacked(spec)
     a, b, c = candidates(spec, 0), candidates(spec, 0), candidates(spec, 1)
     assert a == b and a != c and sorted(a, key=str) == sorted(c, key=str)
     # Round-robin: the first candidates all mutate different functions.
