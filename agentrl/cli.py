@@ -163,6 +163,9 @@ def tasks_synth_python_repair(
         0.25, help="Reject a mutant that fails more than this fraction of the passing tests."
     ),
     out: str = typer.Option("", "--out", help="Also write the tasks here as JSONL."),
+    cache_dir: str = typer.Option(
+        "", "--cache-dir", help="Trial logs directory; default ~/.cache/agentrl/python-repair/synth."
+    ),
 ) -> None:
     """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
     import json
@@ -171,7 +174,8 @@ def tasks_synth_python_repair(
     from agentrl.task import save_tasks
 
     names = [p.strip() for p in packages.split(",") if p.strip()]
-    result = synthesize(names, n, SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction))
+    config = SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction, cache_dir=cache_dir or None)
+    result = synthesize(names, n, config)
     trials = [t for log in result.trials.values() for t in log]
     stats = statistics(trials, result.tasks)
     stats["seconds"] = round(result.seconds, 1)
@@ -199,6 +203,9 @@ def tasks_synth_python_repair(
         0.25, help="Reject a mutant that fails more than this fraction of the passing tests."
     ),
     out: str = typer.Option("", "--out", help="Also write the tasks here as JSONL."),
+    cache_dir: str = typer.Option(
+        "", "--cache-dir", help="Trial logs directory; default ~/.cache/agentrl/python-repair/synth."
+    ),
 ) -> None:
     """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
     import json
@@ -207,7 +214,8 @@ def tasks_synth_python_repair(
     from agentrl.task import save_tasks
 
     names = [p.strip() for p in packages.split(",") if p.strip()]
-    result = synthesize(names, n, SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction))
+    config = SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction, cache_dir=cache_dir or None)
+    result = synthesize(names, n, config)
     trials = [t for log in result.trials.values() for t in log]
     stats = statistics(trials, result.tasks)
     stats["seconds"] = round(result.seconds, 1)

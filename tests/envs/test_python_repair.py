@@ -276,3 +276,22 @@ def test_every_function_raising_scores_0(env, synthesized):
     task = synthesized[2][0].tasks[0]
     reward, details = _reward(env, task, Script(tool_call("python", code=RAISE_EVERYWHERE)))
     assert reward == 0.0, details
+
+
+@pytest.mark.docker
+def test_cli_prints_statistics_and_writes_the_tasks(synthesized, tmp_path):
+    """The real CLI over the fixture's cache: served from the trial log, so it starts no sandbox."""
+    import subprocess
+    import sys
+
+    _, dirs, (first, _) = synthesized
+    out = tmp_path / "tasks.jsonl"
+    cmd = [sys.executable, "-m", "agentrl.cli", "tasks", "synth", "python-repair", "--packages", "inflection"]
+    cmd += ["--n", "3", "--seed", "7", "--cache-dir", str(dirs[0]), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(proc.stdout)
+    assert stats["tasks"]["n"] == 3 and stats["tasks"]["per_package"] == {"inflection": 3}
+    total = stats["total"]
+    assert total["tried"] == total["kept"] + total["rejected"] and total["kept"] >= 3
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [t.id for t in first.tasks]
