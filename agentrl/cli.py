@@ -29,10 +29,6 @@ tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_
 app.add_typer(tasks_app, name="tasks")
 tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
 tasks_app.add_typer(tasks_synth_app, name="synth")
-tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
-app.add_typer(tasks_app, name="tasks")
-tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
-tasks_app.add_typer(tasks_synth_app, name="synth")
 
 
 @envs_app.command("list")
@@ -148,46 +144,6 @@ def verifier_check(
         env.close()
     typer.echo(f"{env_id}: kept {tasks - dropped} of {tasks} tasks, dropped {dropped}")
     sys.exit(1 if dropped else 0)
-
-
-@tasks_synth_app.command("python-repair")
-def tasks_synth_python_repair(
-    packages: str = typer.Option(
-        "toolz,inflection,parse,semver",
-        "--packages",
-        help="Comma-separated packages (see envs/python_repair/packages.py).",
-    ),
-    n: int = typer.Option(300, "--n", help="How many tasks in all, spread evenly over the packages."),
-    seed: int = typer.Option(0, "--seed", help="Fixes which mutants are tried, so which tasks come out."),
-    max_fail_fraction: float = typer.Option(
-        0.25, help="Reject a mutant that fails more than this fraction of the passing tests."
-    ),
-    out: str = typer.Option("", "--out", help="Also write the tasks here as JSONL."),
-    cache_dir: str = typer.Option(
-        "", "--cache-dir", help="Trial logs directory; default ~/.cache/agentrl/python-repair/synth."
-    ),
-) -> None:
-    """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
-    import json
-
-    from agentrl.envs.python_repair.synth import SynthConfig, statistics, synthesize
-    from agentrl.task import save_tasks
-
-    names = [p.strip() for p in packages.split(",") if p.strip()]
-    config = SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction, cache_dir=cache_dir or None)
-    result = synthesize(names, n, config)
-    trials = [t for log in result.trials.values() for t in log]
-    stats = statistics(trials, result.tasks)
-    stats["seconds"] = round(result.seconds, 1)
-    if out:
-        save_tasks(out, result.tasks)
-        stats["written_to"] = out
-    typer.echo(json.dumps(stats, indent=2))
-    if len(result.tasks) < n:
-        typer.echo(
-            f"only {len(result.tasks)} of {n} tasks: the packages ran out of good candidates", err=True
-        )
-        sys.exit(1)
 
 
 @tasks_synth_app.command("python-repair")
