@@ -476,7 +476,6 @@ def _run_model(
     done: dict[tuple[int, int], EpisodeRecord],
     episodes_path: Path,
     cfg: EvalConfig,
-    log: Callable[[str], None],
 ) -> None:
     """Run one model's missing episodes, appending each to `episodes_path` (and `done`) as it ends."""
     total = budget.num_tasks * budget.n
@@ -493,13 +492,6 @@ def _run_model(
             asyncio.run(
                 run_episodes(policy, budget, tasks, missing, concurrency=cfg.concurrency, on_episode=write)
             )
-    except KeyboardInterrupt:
-        progress.close()
-        log(
-            f"interrupted: {len(done)} of {total} episodes of {name} are saved in {episodes_path}; "
-            "run the same command again to continue"
-        )
-        raise
     finally:
         progress.close()
         if hasattr(policy, "close"):  # free its memory before the next model's engine starts
@@ -545,7 +537,13 @@ def evaluate(
         if missing:
             t0 = time.perf_counter()
             try:
-                _run_model(name, factory(path), budget, tasks, missing, done, episodes_path, cfg, log)
+                _run_model(name, factory(path), budget, tasks, missing, done, episodes_path, cfg)
+            except KeyboardInterrupt:  # also while the engine starts, before any episode runs
+                log(
+                    f"interrupted: {len(done)} of {len(all_keys)} episodes of {name} are saved in "
+                    f"{episodes_path}; run the same command again to continue"
+                )
+                raise
             finally:
                 info["wall_s"] += time.perf_counter() - t0
                 (mdir / MODEL_FILE).write_text(json.dumps(info, indent=2))
