@@ -63,3 +63,12 @@ def test_plots_and_reports(tmp_path):
     assert "| trained |" in md and "pass@4" in md and "3 tasks, 4 samples per task" in md
     data = json.loads(write_summary_json([before, after], tmp_path / "s.json", env="x").read_text())
     assert data["env"] == "x" and data["models"][1]["pass_at"][0]["k"] == 1
+
+
+def test_markdown_lists_the_budget():
+    s = summarize("m", episodes({"a": 1}), ks=[1])
+    md = markdown_report(
+        [s], env_id="agentrl/calc-v0", split="test", budget={"temperature": 0.7, "max_turns": 4}
+    )
+    assert "Budget (identical for every model): temperature=0.7, max_turns=4." in md
+    assert "Budget" not in markdown_report([s], env_id="agentrl/calc-v0", split="test")
