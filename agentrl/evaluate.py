@@ -96,7 +96,9 @@ class EvalConfig(BaseModel):
         description="Context budget of a whole episode (prompt included); beyond it: `max_tokens`.",
     )
     episode_timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of one episode.")
-    concurrency: int = Field(16, ge=1, description="Episodes in flight at once (does not change results).")
+    concurrency: int = Field(
+        16, ge=1, description="Episodes in flight at once; not part of the budget (seeds are per episode)."
+    )
     seed: int = Field(0, ge=0, description="Base seed: fixes every episode's sampling and environment seed.")
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -233,6 +235,8 @@ def checkpoint_fingerprint(model_dir: str | Path) -> str:
     gigabytes of weights; a copied or moved checkpoint keeps its fingerprint.
     """
     root = Path(model_dir)
+    if not root.is_dir():  # not a local directory (an engine-side id): the name is all there is
+        return f"id:{model_dir}"
     h = hashlib.sha256()
     files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
     for p in files:
@@ -393,6 +397,8 @@ async def run_episodes(
             temperature=budget.temperature,
             top_p=budget.top_p,
             seed=seed,
+            # Drift is still measured and kept in each trajectory; a warning per episode would only
+            # bury the progress bar.
             warn_on_drift=False,
         )
         async with semaphore:
@@ -511,6 +517,12 @@ def evaluate(
     SIGINT, once the policy is closed and everything finished is on disk.
     """
     out = Path(cfg.out)
+    for path in cfg.models:
+        if not (Path(path) / "config.json").is_file():
+            raise EvalError(
+                f"{path} is not a checkpoint directory (no config.json); give --model a directory saved "
+                "with save_pretrained (config.json, weights, tokenizer)"
+            )
     budget, tasks = make_budget(cfg)
     _prepare_run_dir(out, budget, cfg.force)
     factory = policy_factory or _default_policy_factory(budget, cfg.seed)
@@ -610,23 +622,23 @@ def evaluate_policy(
     episode, top-p, timeout, concurrency). The task list and per-episode seeds are fixed by `seed`
     (not by the training step), so successive in-training evaluations are comparable.
     """
+    env_kwargs = dict(env_kwargs or {})
+    tasks, turns = resolve_tasks(env_id, split, num_tasks, env_kwargs, max_turns)
     budget = EvalBudget(
         env=env_id,
-        env_kwargs=dict(env_kwargs or {}),
+        env_kwargs=env_kwargs,
         split=split,
         num_tasks=num_tasks,
         n=samples,
         temperature=temperature,
         top_p=rollout.top_p,
-        max_turns=1,  # replaced below by the environment's own limit
+        max_turns=turns,
         max_tokens_per_turn=rollout.max_tokens_per_turn,
         max_total_tokens=rollout.max_total_tokens,
         episode_timeout_s=rollout.episode_timeout_s,
         seed=seed,
-        task_ids=[],
+        task_ids=[t.id for t in tasks],
     )
-    tasks, turns = resolve_tasks(env_id, split, num_tasks, budget.env_kwargs, max_turns)
-    budget = budget.model_copy(update={"max_turns": turns, "task_ids": [t.id for t in tasks]})
     records: dict[tuple[int, int], EpisodeRecord] = {}
     keys = [(i, j) for i in range(num_tasks) for j in range(samples)]
     t0 = time.perf_counter()

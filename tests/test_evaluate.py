@@ -121,6 +121,12 @@ def test_budget_resolves_the_task_list_and_turn_limit():
     assert budget.max_turns == 12  # the registered limit, recorded: the budget states what ran
 
 
+def test_a_path_without_a_checkpoint_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(EvalError, match=r"is not a checkpoint directory \(no config.json\)"):
+        evaluate(EvalConfig(env=GUESS, models=[str(tmp_path)], n=1, ks=[1], out=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
+
+
 def test_default_ks():
     assert default_ks(4) == [1, 2, 4] and default_ks(6) == [1, 2, 4, 6] and default_ks(1) == [1]
 
@@ -353,24 +359,12 @@ def test_cli_refuses_a_changed_budget_without_traceback(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "eval_config.json").write_text(json.dumps({"budget": {"env": GUESS, "temperature": 0.5}}))
-    res = subprocess.run(
-        _cli(
-            "--env",
-            GUESS,
-            "--model",
-            str(tmp_path),
-            "--n",
-            "1",
-            "--k",
-            "1",
-            "--tasks",
-            "1",
-            "--out",
-            str(out),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # refused before any engine would load it
+    args = _cli(
+        "--env", GUESS, "--model", str(model), "--n", "1", "--k", "1", "--tasks", "1", "--out", str(out)
+    )  # fmt: skip
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "different budget" in res.stderr and "--force" in res.stderr
