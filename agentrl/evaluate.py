@@ -228,17 +228,22 @@ def read_episodes(path: str | Path, *, repair: bool = True) -> dict[tuple[int, i
     return records
 
 
+_CHECKPOINT_SUFFIXES = {".safetensors", ".bin", ".pt", ".json", ".model", ".tiktoken", ".txt", ".jinja"}
+
+
 def checkpoint_fingerprint(model_dir: str | Path) -> str:
-    """A cheap content fingerprint of a checkpoint: names, sizes and three 1 MiB samples of each file.
+    """A cheap content fingerprint of a checkpoint: names, sizes and three 1 MiB samples of each
+    weight, config and tokenizer file.
 
     Catches a different checkpoint under a reused path (a retrained `final/`) without hashing many
-    gigabytes of weights; a copied or moved checkpoint keeps its fingerprint.
+    gigabytes of weights; a copied or moved checkpoint keeps its fingerprint, and so does one that
+    gains a log file beside its weights.
     """
     root = Path(model_dir)
     if not root.is_dir():  # not a local directory (an engine-side id): the name is all there is
         return f"id:{model_dir}"
     h = hashlib.sha256()
-    files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix in _CHECKPOINT_SUFFIXES)
     for p in files:
         size = p.stat().st_size
         h.update(f"{p.name}\0{size}\0".encode())

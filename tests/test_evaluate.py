@@ -107,6 +107,7 @@ def test_checkpoint_fingerprint_follows_content_not_path(tmp_path):
     b.mkdir()
     for p in a.iterdir():
         (b / p.name).write_bytes(p.read_bytes())
+    (b / "train.log").write_text("not part of the checkpoint")
     assert checkpoint_fingerprint(a) == checkpoint_fingerprint(b)
     data = bytearray((b / "model.safetensors").read_bytes())
     data[len(data) // 2] ^= 1  # one weight byte in the middle changed: a retrained checkpoint
