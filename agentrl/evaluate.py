@@ -589,7 +589,11 @@ def write_report(
             task_ids=budget.task_ids,
             checkpoints={n: str(Path(p).resolve()) for n, p in models.items()},
         ),
-        "pass_at_k": plot_pass_at_k(summaries, out / "pass_at_k.png", title=f"{budget.env} ({budget.split})"),
+        "pass_at_k": plot_pass_at_k(
+            summaries,
+            out / "pass_at_k.png",
+            title=f"{budget.env} ({budget.split}): pass@k, 95% bootstrap CI over tasks",
+        ),
     }
     if len(summaries) >= 2:
         paths["task_scatter"] = plot_task_scatter(summaries[0], summaries[-1], out / "task_scatter.png")

@@ -110,9 +110,11 @@ def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: s
         ax.plot(ks, [p.pass_at_k for p in s.pass_at], marker="o", label=s.model)
         ax.fill_between(ks, [p.ci_low for p in s.pass_at], [p.ci_high for p in s.pass_at], alpha=0.2)
     ax.set_xscale("log", base=2)
+    all_ks = sorted({p.k for s in summaries for p in s.pass_at})
+    ax.set_xticks(all_ks, [str(k) for k in all_ks])  # k itself, not 2^i
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(-0.02, 1.02)  # a model at 0 stays visible on the axis
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title or "pass@k (95% bootstrap CI over tasks)")
