@@ -387,7 +387,13 @@ async def run_episodes(
     from agentrl.masker import ChatMasker
     from agentrl.rollout import RolloutConfig, collect
 
-    masker = ChatMasker(policy.tokenizer)
+    tokenizer = getattr(policy, "tokenizer", None)
+    if tokenizer is None:
+        raise EvalError(
+            f"{type(policy).__name__} has no `tokenizer` attribute; the evaluation needs the checkpoint's "
+            "tokenizer for its chat template (set policy.tokenizer = AutoTokenizer.from_pretrained(path))"
+        )
+    masker = ChatMasker(tokenizer)
     env_kwargs = _env_overrides(budget.env_kwargs, budget.max_turns)
     semaphore = asyncio.Semaphore(concurrency)
 

@@ -177,7 +177,7 @@ def markdown_report(
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(s.finish_reasons.items()))
         lines.append(
             f"- **{s.model}**: finish reasons {reasons}; {s.mean_tokens:.0f} tokens per episode "
-            f"({s.mean_action_tokens:.0f} sampled); {s.wall_s:.0f}s wall."
+            f"({s.mean_action_tokens:.0f} sampled); {s.format_errors} format errors; {s.wall_s:.0f}s wall."
         )
     if budget:
         # The conditions every model above was held to: what makes the rows comparable.
