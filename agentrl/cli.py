@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -244,6 +245,59 @@ def model_init(
     typer.echo(init_tiny(out, seed=seed))
 
 
+@model_app.command("warm-start")
+def model_warm_start(
+    env: str = typer.Option("agentrl/calc-v0", "--env", help="Environment id; it must have an oracle."),
+    out: str = typer.Option(..., "--out", help="Checkpoint directory (reused when it holds the same recipe)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the init and of the SFT (recipe default: 0)."),
+    demos: int | None = typer.Option(None, "--demos", help="Oracle demonstrations to train on."),
+    kinds: str | None = typer.Option(None, "--kinds", help="Comma-separated task kinds to demonstrate; default all."),
+    epochs: float | None = typer.Option(None, "--epochs", help="SFT passes over the demonstrations."),
+    lr: float | None = typer.Option(None, "--lr", help="SFT peak learning rate."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="SFT sequences per optimizer step."),
+    model_override: list[str] = typer.Option(
+        [], "--model-override", help="init_tiny override KEY=VALUE (e.g. hidden_size=128); repeatable."
+    ),
+    eval_tasks: int | None = typer.Option(None, "--eval-tasks", help="Held-out tasks for pass@1 (0 skips)."),
+    eval_samples: int | None = typer.Option(None, "--eval-samples", help="Samples per held-out task."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when the cached recipe matches."),
+) -> None:
+    """Tiny model -> oracle demonstrations -> SFT -> held-out pass@1, cached by the recipe's hash. Prints JSON.
+
+    Unset options take the recipe defaults (agentrl.warm_start.WarmStartRecipe): the calc-v0 recipe
+    tuned to land in RL's learnability band.
+    """
+    import json
+
+    from agentrl.warm_start import WarmStartRecipe, warm_start
+
+    overrides: dict[str, object] = {}
+    for item in model_override:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--model-override")
+        try:  # numbers and booleans as JSON; anything else is a string
+            overrides[key] = json.loads(value)
+        except ValueError:
+            overrides[key] = value
+    given = dict(
+        env=env,
+        seed=seed,
+        demos=demos,
+        demo_kinds=[k.strip() for k in kinds.split(",") if k.strip()] if kinds else None,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        eval_tasks=eval_tasks,
+        eval_samples=eval_samples,
+    )
+    fields = {k: v for k, v in given.items() if v is not None}
+    if overrides:
+        fields["model_overrides"] = overrides
+    result = warm_start(out, WarmStartRecipe(**fields), force=force)
+    typer.echo(json.dumps(result.model_dump(exclude={"record"}), indent=2))
+
+
 @app.command("sft")
 def sft(
     model: str = typer.Option(..., help="Checkpoint directory to start from."),
@@ -263,6 +317,53 @@ def sft(
     cfg = SFTConfig(model=model, data=data, out=out, epochs=epochs, lr=lr, batch_size=batch_size,
                     micro_batch_size=micro_batch_size, only_passed=not all_trajectories, seed=seed)
     typer.echo(str(launch(cfg, nproc=nproc)))
+
+
+@app.command("demos")
+def demos(
+    env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0; it must have an oracle."),
+    n: int = typer.Option(..., "--n", min=1, help="How many demonstrations (one per task)."),
+    out: str = typer.Option(..., "--out", help="Trajectory JSONL to write (the input of `agentrl sft`)."),
+    model: str = typer.Option(
+        "", "--model", help="Checkpoint whose tokenizer and chat template make the ids; default: the tiny model."
+    ),
+    split: str = typer.Option("train", "--split", help="Task split: train, validation or test."),
+    start: int = typer.Option(0, "--start", help="First task index of the split."),
+    kinds: str = typer.Option(
+        "", "--kinds", help="Comma-separated task kinds (task.metadata['kind']) to keep; default all."
+    ),
+    backend: str = typer.Option(
+        "local", "--backend", help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap."
+    ),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes in flight."),
+) -> None:
+    """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
+    import json
+    import tempfile
+    from dataclasses import asdict
+
+    from transformers import AutoTokenizer
+
+    from agentrl.demos import generate_demos
+
+    if split not in ("train", "validation", "test"):
+        raise typer.BadParameter(f"unknown split {split!r}; use train, validation or test", param_hint="--split")
+    if not model:
+        from agentrl.model_kit import init_tiny
+
+        model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-tiny", seed=0))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    kind_list = [k.strip() for k in kinds.split(",") if k.strip()] or None
+    _, stats = generate_demos(
+        env_id, n, out, tokenizer, split=split, start=start, kinds=kind_list, backend=backend, concurrency=concurrency
+    )
+    typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
+    if stats.passed < stats.episodes:
+        typer.echo(
+            f"warning: the oracle failed {stats.episodes - stats.passed} of {stats.episodes} episodes "
+            "(`agentrl sft` trains on passed ones only unless --all)",
+            err=True,
+        )
 
 
 @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
