@@ -14,8 +14,9 @@ A turn that stopped on `max_tokens` has no end-of-turn token: the template's who
 (`<|im_end|>\\n`) is appended as glue with mask 0, so the context the model sees next is what the
 template would show, and the model is never trained to emit an end-of-turn token it did not sample.
 
-The delta of an observation is `render(seen + new, generation prompt)` minus `render(seen)`, where
-`seen` is the conversation the policy has seen (assistant content = the decoded sampled text).
+The delta of an observation is `render(ctx + new, generation prompt)` minus `render(ctx)`, where
+`ctx` is a fixed two-message context (system, user) followed by this turn's assistant message
+(its content = the decoded sampled text): constant cost per turn, whatever the episode's length.
 When the shorter rendering is not a prefix of the longer one, the template is not append-only
 there; the delta then starts where the two renderings diverge and the episode's drift report says
 so. `check_drift` re-renders the whole final conversation and compares ids; it reports
@@ -188,8 +189,12 @@ class ChatMasker:
         """Glue + observation delta + next generation prompt, tokenized once (not yet appended)."""
         sampled = _last_sampled_run(seq)
         glue = self.close_glue(sampled, seq.last_finish_reason)
-        before = self.render(seq.messages, add_generation_prompt=False)
-        after = self.render([*seq.messages, *new_messages], add_generation_prompt=True)
+        # Render the new messages after a short fixed context ending in this turn's assistant message,
+        # not after the whole conversation: the cost per turn stays constant as episodes grow. A template
+        # whose rendering of the new messages depends on older history shows up in the drift check.
+        context = [*_PROBE, seq.messages[-1]] if seq.messages[-1]["role"] == "assistant" else seq.messages
+        before = self.render(context, add_generation_prompt=False)
+        after = self.render([*context, *new_messages], add_generation_prompt=True)
         if after.startswith(before):
             delta = after[len(before) :]
         else:

@@ -225,6 +225,10 @@ class VLLMPolicy:
         )
         if not on_gpu:
             kwargs["enforce_eager"] = True  # no torch.compile backend for CPU here (no Triton-CPU)
+            # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, which CPU
+            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
         kwargs.update(engine_kwargs or {})
         self.engine_kwargs = kwargs
         self._closed = False
