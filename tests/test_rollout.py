@@ -314,3 +314,42 @@ def test_reset_failure_is_an_env_error_for_that_episode_only(tokenizer) -> None:
     bad, good = trajs
     assert bad.finish_reason == "env_error" and "task set-up failed" in bad.error and bad.token_ids == []
     assert good.finish_reason == "submitted" and good.passed
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_rollout_cli_writes_trajectories(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "rollout.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "rollout",
+            "--env",
+            "agentrl/guess-number-v0",
+            "--model",
+            str(tiny_model_dir),
+            "--n",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens-per-turn",
+            "8",
+            "--max-total-tokens",
+            "1024",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trajs = load_trajectories(out)
+    assert len(trajs) == 4 and len({t.group_id for t in trajs}) == 2
+    assert all(sum(t.loss_mask) > 0 and t.turns >= 1 for t in trajs)
+    assert "4 trajectories" in proc.stdout and "mean_reward" in proc.stderr  # summary line, progress bar

@@ -1,0 +1,48 @@
+"""Smoke run of `benchmarks/rollout.py` with a tiny budget: one JSON object of the documented shape on stdout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout.py"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_quick_run_prints_the_ratio_to_plain_generation(tmp_path: Path) -> None:
+    from agentrl.model_kit import init_tiny
+
+    model = init_tiny(tmp_path / "tiny", seed=0)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(model),
+            "--tasks",
+            "2",
+            "--group-size",
+            "2",
+            "--max-tokens-per-turn",
+            "8",
+            "--max-turns",
+            "3",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)  # stdout holds the JSON object only; vLLM's logs went to stderr
+    assert result["benchmark"] == "rollout_vs_plain_generate" and result["target"] == 0.85
+    (run,) = result["runs"]
+    assert run["episodes"] == 4 and run["sampled_tokens"] > 0
+    assert run["rollout_tokens_per_s"] > 0 and run["plain_tokens_per_s"] > 0
+    assert result["ratio"] > 0 and isinstance(result["meets_target"], bool)
