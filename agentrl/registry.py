@@ -126,7 +126,20 @@ def _not_found(env_id: str) -> KeyError:
     )
 
 
+def _import_prefix(env_id: str) -> str:
+    """`"my_pkg.envs:my/Env-v0"` imports `my_pkg.envs` (which registers) and returns `"my/Env-v0"`, as Gymnasium does."""
+    if ":" not in env_id:
+        return env_id
+    module, _, rest = env_id.partition(":")
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"environment id {env_id!r}: cannot import {module!r} to register it ({exc})") from exc
+    return rest
+
+
 def spec(env_id: str) -> EnvSpec:
+    env_id = _import_prefix(env_id)
     if env_id not in registry:
         load_plugins()
     if env_id not in registry:
@@ -157,7 +170,7 @@ def _load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., An
 
 def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
     """Build a registered environment; `overrides` replace the spec's kwargs (max_turns, verifier included)."""
-    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)
+    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)  # spec() handles "module:id"
     kwargs = dict(s.kwargs)
     if s.max_turns is not None:
         kwargs.setdefault("max_turns", s.max_turns)

@@ -25,11 +25,14 @@ the curriculum is `agentrl.curriculum`; distribution is `agentrl.distributed`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,11 +147,15 @@ class Generator:
     cfg: TrainConfig
     policy: Any
     stats: dict[str, float] = field(default_factory=dict)
+    calls: int = 0
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
-        from agentrl.rollout import RolloutConfig, collect
+        from agentrl.rollout import RolloutConfig, collect_sync
 
         r = self.cfg.rollout
+        # A new seed per call: the rollout derives episode k's sampling seed from (seed, k, turn),
+        # so reusing one seed every step would replay the same random stream for every batch.
+        self.calls += 1
         rc = RolloutConfig(
             group_size=r.group_size,
             max_tokens_per_turn=r.max_tokens_per_turn,
@@ -157,18 +164,28 @@ class Generator:
             concurrency=r.concurrency,
             temperature=r.temperature,
             top_p=r.top_p,
-            seed=self.cfg.seed,
+            seed=self.cfg.seed * 1_000_003 + self.calls,
         )
         t0 = time.perf_counter()
-        trajs = collect(
+        trajs = collect_sync(
             self.cfg.env, [d.task for d in draws], self.policy, rc, env_kwargs=self.cfg.env_kwargs
         )
         self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
+        self.stats["rollout/drifted"] = self.stats.get("rollout/drifted", 0.0) + sum(
+            1 for t in trajs if t.drift is not None and t.drift.drifted
+        )
         return group_by_id(trajs)
 
-    def batch(self, curriculum: Curriculum) -> DynamicBatchResult:
+    def batch(self, curriculum: Curriculum) -> tuple[DynamicBatchResult, dict[str, float], dict[str, Any]]:
+        """One dynamic-sampling batch, its metrics, and the curriculum state right after it.
+
+        Metrics and state are taken here, in the thread that changed the curriculum, so the
+        async producer and the trainer never touch the curriculum at the same time.
+        """
         self.stats = {}
-        return build_batch(curriculum, self.groups)
+        result = build_batch(curriculum, self.groups)
+        metrics = {**_batch_metrics(result, curriculum), **self.stats}
+        return result, metrics, curriculum.state_dict()
 
 
 def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:
@@ -181,7 +198,6 @@ def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[s
         m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)
         m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
     m["batch/groups"] = float(len(result.groups))
-    m["batch/generated_groups"] = float(result.generated_groups)
     return m
 
 
@@ -232,14 +248,36 @@ def train(cfg: TrainConfig) -> Path:
                     torch.load(ckpt_dir / "weights.pt", weights_only=False)["model"], cfg.model, policy_dir
                 )
             )
-        gen = Generator(cfg, VLLMPolicy(start_dir, seed=cfg.seed))
+        # An in-process engine (no second process, no weight serialisation) only works while our
+        # process group has one rank: vLLM joins an existing default group and would wait for the
+        # other ranks to create its subgroups. With more ranks, or on GPUs, the engine core runs in
+        # its own process, spawned without torchrun's rendezvous variables.
+        in_process = info.world_size == 1 and not torch.cuda.is_available()
+        with _without_torchrun_env():
+            policy = VLLMPolicy(
+                start_dir,
+                seed=cfg.seed,
+                in_process=in_process,
+                max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
+            )
+        gen = Generator(cfg, policy)
     prefetch: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
     worker: threading.Thread | None = None
+    curriculum_state = curriculum.state_dict()
+
+    # One batch ahead at most: the producer may start the next batch only once the trainer has
+    # taken the last one, so a trajectory is at most one policy version behind when it is trained
+    # on (episodes that straddle a weight push are younger still).
+    slot = threading.Semaphore(1)
 
     def produce() -> None:
-        # Async mode: keep one batch ready, generated with whatever weights the policy has.
         assert gen is not None
-        while True:
+        while not stop.is_set():
+            if not slot.acquire(timeout=0.5):
+                continue
+            if stop.is_set():
+                break
             prefetch.put(gen.batch(curriculum))
 
     for step in range(start, cfg.steps):
@@ -256,12 +294,12 @@ def train(cfg: TrainConfig) -> Path:
                     if worker is None:
                         worker = threading.Thread(target=produce, daemon=True, name="rollout")
                         worker.start()
-                    result = prefetch.get()
+                    result, batch_metrics, curriculum_state = prefetch.get()
+                    slot.release()  # the producer starts the next batch, with the weights of this update
                 else:
-                    result = gen.batch(curriculum)
+                    result, batch_metrics, curriculum_state = gen.batch(curriculum)
                 metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
-                metrics.update(_batch_metrics(result, curriculum))
-                metrics.update(gen.stats)
+                metrics.update(batch_metrics)
                 trajs = _apply_staleness(result.trajectories, gen.policy.version, cfg, metrics)
             payload = [trajs]
         else:
@@ -282,7 +320,7 @@ def train(cfg: TrainConfig) -> Path:
         metrics["time/weight_sync_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = time.perf_counter() - t_step
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            save_checkpoint(ckpt_dir, model, opt, {"step": step + 1, "curriculum": curriculum.state_dict()})
+            save_checkpoint(ckpt_dir, model, opt, {"step": step + 1, "curriculum": curriculum_state})
         if info.is_main:
             row = {"step": step + 1, **{k: round(v, 6) for k, v in metrics.items()}}
             with (out / "metrics.jsonl").open("a") as f:
@@ -297,14 +335,45 @@ def train(cfg: TrainConfig) -> Path:
             )
             if gen is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
                 _evaluate_in_training(cfg, gen.policy, step + 1, out)
-    save_checkpoint(ckpt_dir, model, opt, {"step": cfg.steps, "curriculum": curriculum.state_dict()})
+    stop.set()
+    if worker is not None:
+        worker.join()  # the batch in flight finishes; its groups were generated but are not trained on
+    save_checkpoint(ckpt_dir, model, opt, {"step": cfg.steps, "curriculum": curriculum_state})
     sd = full_state_dict(model)
     if info.is_main:
         export_hf(sd, cfg.model, out / "final")
         if writer is not None:
             writer.close()
+    if gen is not None:
+        gen.policy.close()
     dist.barrier()
     return out / "final"
+
+
+@contextlib.contextmanager
+def _without_torchrun_env() -> Iterator[None]:
+    """Hide torchrun's rendezvous variables from processes spawned inside (the vLLM engine core)."""
+    keys = [k for k in os.environ if k in _TORCHRUN_VARS or k.startswith("TORCHELASTIC_")]
+    saved = {k: os.environ.pop(k) for k in keys}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+_TORCHRUN_VARS = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+}
 
 
 def _apply_staleness(

@@ -136,3 +136,12 @@ def test_third_party_env_and_verifier_found_through_entry_points(plugin_package)
         [str(ROOT / ".venv/bin/agentrl"), "envs", "list"], capture_output=True, text=True, check=True
     )
     assert "demo-plugin/Echo-v0" in listing.stdout and "third-party echo env" in listing.stdout
+
+
+def test_module_prefix_imports_the_module_that_registers():
+    """`"pkg.module:ns/Env-v0"` imports pkg.module first, as gymnasium.make does."""
+    registry.pop("test/Coin-v0", None)
+    env = agentrl.make("tests.coin_env:test/Coin-v0")
+    assert env.spec.id == "test/Coin-v0"
+    with pytest.raises(ImportError, match="cannot import 'no_such_module_xyz'"):
+        agentrl.make("no_such_module_xyz:test/Coin-v0")

@@ -1,0 +1,39 @@
+"""A test environment where a random policy succeeds about half the time: GRPO gets informative groups.
+
+Imported by id `tests.coin_env:test/Coin-v0` (the module registers on import), also from the
+trainer's torchrun subprocesses. The agent is rewarded when its first message has an even number
+of characters: no skill, pure chance, exactly what a wiring test of the training loop needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import agentrl
+from agentrl.env import ToolEnv
+from agentrl.task import Task
+from agentrl.verifiers import Verdict
+
+
+@dataclass
+class EvenLength:
+    name: str = "even-length"
+
+    def verify(self, sandbox, task, episode):
+        first = next((m["content"] for m in episode.messages if m["role"] == "assistant"), "")
+        ok = len(first) % 2 == 0
+        return Verdict(float(ok), ok, f"first message has {len(first)} characters")
+
+
+class CoinTasks:
+    def generate(self, index: int, split: str = "train") -> Task:
+        return Task(id=f"coin/{split}/{index}", prompt=f"Say anything. ({index})", split=split)
+
+
+class CoinEnv(ToolEnv):
+    def __init__(self, **kw):
+        kw.setdefault("max_turns", 1)
+        super().__init__(tasks=CoinTasks(), tools=["submit"], verifier=EvenLength(), **kw)
+
+
+agentrl.register("test/Coin-v0", "tests.coin_env:CoinEnv", max_turns=1, description="random-policy wiring test")
