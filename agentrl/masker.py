@@ -232,11 +232,10 @@ class ChatMasker:
         if first is not None or seq.notes:
             ours_text = self.decode(ours)
             kind = "tokenization" if ours_text == text and not seq.notes else "template"
+            notes = list(seq.notes)
             if "\ufffd" in ours_text:
                 # Sampled bytes that are not valid UTF-8 decode to U+FFFD: the text the env saw is lossy.
-                seq.notes.append(
-                    "the policy sampled byte tokens that do not decode as UTF-8 (shown as U+FFFD)"
-                )
+                notes.append("the policy sampled byte tokens that do not decode as UTF-8 (shown as U+FFFD)")
             where = ""
             if first is not None:
                 where = (
@@ -248,7 +247,7 @@ class ChatMasker:
                 drifted=True,
                 first_mismatch=first if first is not None else min(len(ours), len(rendered)),
                 rendered_len=len(rendered),
-                detail=f"{kind}: {where}{'; '.join(seq.notes)}".rstrip("; "),
+                detail=f"{kind}: {where}{'; '.join(notes)}".rstrip("; "),
                 kind=kind,
             )
         with _metrics_lock:

@@ -5,7 +5,8 @@
 - `group_size` episodes per task (same task, different samples) share a `group_id`.
 - Up to `concurrency` episodes are in flight; their generations batch inside the policy's engine
   (continuous batching), and every environment call (`make`, `reset`, `step`, `end_episode`) runs
-  on a thread of its own, so a slow or hung tool never stalls the event loop or the other episodes.
+  on a worker thread (a pool that grows when all are busy), so a slow or hung tool never stalls the
+  event loop or the other episodes.
 - Limits: turns (the environment's `max_turns`), tokens per turn (`max_tokens_per_turn`), tokens
   per trajectory (`max_total_tokens`: the episode ends `max_tokens` rather than overflow), and
   wall time per episode (`episode_timeout_s`: it ends `timeout`).
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -126,24 +128,54 @@ def _close_quietly(env: Any) -> None:
         log.warning("closing environment %r failed: %s", env, exc)
 
 
-async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run `fn` on a fresh daemon thread and await it.
+class _ElasticDaemonPool:
+    """Daemon worker threads for environment calls; grows whenever every worker is busy.
 
-    Not `asyncio.to_thread`: its shared executor has a few workers, and a tool that hangs forever
-    would hold one for good; enough of them would stall every environment call in the process.
+    Not `asyncio.to_thread`: its executor has a few workers, and a tool that hangs forever holds one
+    for good; enough of them would stall every environment call in the process. Not a thread per
+    call either: `Thread.start()` blocks the event loop until the thread runs (milliseconds on a
+    loaded machine, every turn). Daemon threads, so a hung tool never blocks interpreter exit.
     """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, daemon=True, name="agentrl-env").start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                self._idle += 1
+
+
+_ENV_THREADS = _ElasticDaemonPool()
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run `fn` on an environment worker thread and await it (cancelling the await abandons the call)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
     def run() -> None:
         try:
-            result = fn(*args, **kwargs)
+            outcome: tuple[Any, BaseException | None] = (fn(*args, **kwargs), None)
         except BaseException as exc:
-            loop.call_soon_threadsafe(_settle, fut, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, fut, result, None)
+            outcome = (None, exc)
+        # An abandoned call (its episode timed out) may return after the rollout's loop is closed.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, fut, *outcome)
 
-    threading.Thread(target=run, daemon=True, name="agentrl-env").start()
+    _ENV_THREADS.submit(run)
     return await fut
 
 
