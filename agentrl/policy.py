@@ -35,6 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     import torch
 
+# vLLM logs to stdout by default; our commands and benchmarks print JSON there. Its logs go to
+# stderr unless the user chose otherwise (set before vLLM is imported: it reads this at import).
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -229,6 +233,10 @@ class VLLMPolicy:
             # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
+            # The CPU default block is 128 tokens, and prefix caching reuses full blocks only: every new
+            # turn of an episode would recompute up to 127 tokens of its context. 32 is the smallest size
+            # the CPU kernels are tuned for.
+            kwargs["block_size"] = 32
         kwargs.update(engine_kwargs or {})
         self.engine_kwargs = kwargs
         self._closed = False

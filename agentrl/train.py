@@ -258,6 +258,9 @@ def train(cfg: TrainConfig) -> Path:
                 start_dir,
                 seed=cfg.seed,
                 in_process=in_process,
+                # fp32 on CPU, as the trainer computes: behaviour log-probs then match to ~1e-6;
+                # on GPUs vLLM's choice (bf16), with the TIS correction covering the mismatch.
+                dtype="auto" if torch.cuda.is_available() else "float32",
                 max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
             )
         gen = Generator(cfg, policy)
