@@ -248,10 +248,25 @@ def model_init(
 @model_app.command("warm-start")
 def model_warm_start(
     env: str = typer.Option("agentrl/calc-v0", "--env", help="Environment id; it must have an oracle."),
-    out: str = typer.Option(..., "--out", help="Checkpoint directory (reused when it holds the same recipe)."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the init and of the SFT (recipe default: 0)."),
-    demos: int | None = typer.Option(None, "--demos", help="Oracle demonstrations to train on."),
-    kinds: str | None = typer.Option(None, "--kinds", help="Comma-separated task kinds to demonstrate; default all."),
+    out: str = typer.Option(
+        ..., "--out", help="Checkpoint directory (reused when it holds the same recipe)."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of the init and of the SFT (recipe default: 0)."
+    ),
+    short_demos: int | None = typer.Option(
+        None, "--short-demos", help="Demonstrations of the short-context first stage (0 skips it)."
+    ),
+    short_epochs: float | None = typer.Option(None, "--short-epochs", help="SFT passes in the short stage."),
+    short_lr: float | None = typer.Option(
+        None, "--short-lr", help="SFT peak learning rate of the short stage."
+    ),
+    demos: int | None = typer.Option(
+        None, "--demos", help="Demonstrations in the environment's own context."
+    ),
+    kinds: str | None = typer.Option(
+        None, "--kinds", help="Comma-separated task kinds to demonstrate; default all."
+    ),
     epochs: float | None = typer.Option(None, "--epochs", help="SFT passes over the demonstrations."),
     lr: float | None = typer.Option(None, "--lr", help="SFT peak learning rate."),
     batch_size: int | None = typer.Option(None, "--batch-size", help="SFT sequences per optimizer step."),
@@ -283,6 +298,9 @@ def model_warm_start(
     given = dict(
         env=env,
         seed=seed,
+        short_demos=short_demos,
+        short_epochs=short_epochs,
+        short_lr=short_lr,
         demos=demos,
         demo_kinds=[k.strip() for k in kinds.split(",") if k.strip()] if kinds else None,
         epochs=epochs,
@@ -325,7 +343,9 @@ def demos(
     n: int = typer.Option(..., "--n", min=1, help="How many demonstrations (one per task)."),
     out: str = typer.Option(..., "--out", help="Trajectory JSONL to write (the input of `agentrl sft`)."),
     model: str = typer.Option(
-        "", "--model", help="Checkpoint whose tokenizer and chat template make the ids; default: the tiny model."
+        "",
+        "--model",
+        help="Checkpoint whose tokenizer and chat template make the ids; default: the tiny model.",
     ),
     split: str = typer.Option("train", "--split", help="Task split: train, validation or test."),
     start: int = typer.Option(0, "--start", help="First task index of the split."),
@@ -333,7 +353,9 @@ def demos(
         "", "--kinds", help="Comma-separated task kinds (task.metadata['kind']) to keep; default all."
     ),
     backend: str = typer.Option(
-        "local", "--backend", help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap."
+        "local",
+        "--backend",
+        help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap.",
     ),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes in flight."),
 ) -> None:
@@ -347,7 +369,9 @@ def demos(
     from agentrl.demos import generate_demos
 
     if split not in ("train", "validation", "test"):
-        raise typer.BadParameter(f"unknown split {split!r}; use train, validation or test", param_hint="--split")
+        raise typer.BadParameter(
+            f"unknown split {split!r}; use train, validation or test", param_hint="--split"
+        )
     if not model:
         from agentrl.model_kit import init_tiny
 
@@ -355,7 +379,15 @@ def demos(
     tokenizer = AutoTokenizer.from_pretrained(model)
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()] or None
     _, stats = generate_demos(
-        env_id, n, out, tokenizer, split=split, start=start, kinds=kind_list, backend=backend, concurrency=concurrency
+        env_id,
+        n,
+        out,
+        tokenizer,
+        split=split,
+        start=start,
+        kinds=kind_list,
+        backend=backend,
+        concurrency=concurrency,
     )
     typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
     if stats.passed < stats.episodes:
@@ -369,7 +401,9 @@ def demos(
 @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train_cmd(
     ctx: typer.Context,
-    config: str = typer.Argument(..., help="YAML or TOML config (see examples/); every field is in agentrl.train_config."),
+    config: str = typer.Argument(
+        ..., help="YAML or TOML config (see examples/); every field is in agentrl.train_config."
+    ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
 ) -> None:
     """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config."""
@@ -547,12 +581,17 @@ def rollout_cmd(
 
 @app.command("demo")
 def demo(
-    out: str = typer.Option("runs/demo", help="Directory for the demo's outputs."),
+    out: str = typer.Option("runs/demo", help="Directory for the demo's outputs (reused by a second run)."),
+    quick: bool = typer.Option(False, "--quick", help="A minutes-long smoke version (tiny budgets; for tests)."),
+    nproc: int = typer.Option(2, help="Trainer processes (FSDP ranks) under torchrun."),
+    steps: int = typer.Option(None, help="GRPO steps (default: examples/calc_grpo.yaml)."),
+    eval_tasks: int = typer.Option(None, help="Held-out tasks for before/after evaluation."),
+    eval_samples: int = typer.Option(None, help="Samples per held-out task."),
 ) -> None:
-    """Run the main job end to end: as far as the pipeline has been built, and say which stages ran."""
+    """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
     from agentrl.demo import run_demo
 
-    sys.exit(run_demo(out))
+    sys.exit(run_demo(out, quick=quick, nproc=nproc, steps=steps, eval_tasks=eval_tasks, eval_samples=eval_samples))
 
 
 def main() -> None:

@@ -2,11 +2,17 @@
 
     agentrl model warm-start --env agentrl/calc-v0 --out runs/warm-calc
 
-One recipe (`WarmStartRecipe`), four stages, all deterministic from `seed`:
+One recipe (`WarmStartRecipe`), all deterministic from `seed`:
 
 1. `init_tiny`: the random-init Qwen2 model and its tokenizer (`model_overrides` change its sizes);
-2. `generate_demos`: the environment's oracle through the rollout engine and its masker;
-3. `agentrl.sft`: masked SFT on the demonstrations (only the oracle's tokens train);
+2. the short stage: `generate_demos` (the environment's oracle through the rollout engine and its
+   masker) in a short context (the environment without the tool schemas in its system prompt), then
+   masked SFT (`agentrl.sft`: only the oracle's tokens train). Calc's skill is copying: the expression
+   from the question into the python call, the printed number into `submit`. A tiny model learns to
+   copy only after hundreds of steps, and at 420 tokens an episode, 85% of them the system prompt,
+   those steps are what a CPU build cannot afford; at 150 tokens each step costs a third;
+3. the main stage: demonstrations in the environment's own context (the token ids RL will see), a
+   short SFT from the short stage's checkpoint;
 4. the measurement: held-out pass@1, `eval_tasks` tasks of the test split x `eval_samples` samples at
    `eval_temperature`, with vLLM, in a subprocess of its own (vLLM's process-wide state, its
    distributed group included, must not leak into the SFT of a later build in this process).
@@ -52,16 +58,33 @@ class WarmStartRecipe(BaseModel):
     env: str = Field("agentrl/calc-v0", description="Environment id; it must have an oracle.")
     seed: int = Field(0, description="Seed of the weight initialisation and of the SFT's shuffling.")
     model_overrides: dict[str, Any] = Field(
-        default_factory=dict,
+        default_factory=lambda: dict(
+            hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=352
+        ),
         description="`init_tiny` overrides (TinyModelSpec / TokenizerRecipe fields), e.g. num_hidden_layers.",
     )
-    demos: int = Field(1024, ge=1, description="Oracle demonstrations (one per train task).")
+    short_demos: int = Field(
+        1024,
+        ge=0,
+        description="Demonstrations for a first SFT stage in a short context: the environment made with "
+        "`short_env_kwargs` (default: no tool schemas in the system prompt, 150 tokens an episode instead of "
+        "420), so each step costs a third. 0 skips the stage.",
+    )
+    short_env_kwargs: dict[str, Any] = Field(
+        default_factory=lambda: {"tools_in_prompt": False},
+        description="`agentrl.make` overrides of the short stage's environment.",
+    )
+    short_epochs: float = Field(4.0, gt=0, description="SFT passes over the short-context demonstrations.")
+    short_lr: float = Field(6e-3, gt=0, description="SFT peak learning rate of the short stage.")
+    demos: int = Field(
+        256, ge=1, description="Oracle demonstrations in the environment's own context (one per train task)."
+    )
     demo_kinds: list[str] | None = Field(
         None, description="Keep only train tasks of these kinds (task.metadata['kind']); None keeps all."
     )
-    epochs: float = Field(2.0, gt=0, description="SFT passes over the demonstrations.")
-    lr: float = Field(3e-3, gt=0, description="SFT peak learning rate.")
-    batch_size: int = Field(32, ge=1, description="SFT sequences per optimizer step.")
+    epochs: float = Field(1.0, gt=0, description="SFT passes over the demonstrations.")
+    lr: float = Field(2e-3, gt=0, description="SFT peak learning rate.")
+    batch_size: int = Field(8, ge=1, description="SFT sequences per optimizer step (both stages).")
     micro_batch_size: int = Field(
         16, ge=1, description="SFT sequences per forward pass (memory, not results)."
     )
@@ -177,9 +200,7 @@ def warm_start(
 def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from agentrl.demos import generate_demos
     from agentrl.model_kit import init_tiny
-    from agentrl.sft import SFTConfig
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
@@ -187,51 +208,51 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
         t0 = time.perf_counter()
         base = init_tiny(work / "base", seed=recipe.seed, **recipe.model_overrides)
         t_init = time.perf_counter() - t0
-        _log(f"tiny model in {t_init:.1f}s; {recipe.demos} demonstrations of {recipe.env}")
-        demos_path = work / "demos.jsonl"
-        _, stats = generate_demos(
-            recipe.env,
-            recipe.demos,
-            demos_path,
-            AutoTokenizer.from_pretrained(base),
-            split="train",
-            kinds=recipe.demo_kinds,
-            backend=recipe.backend,
-        )
-        if stats.passed == 0:
-            raise RuntimeError(
-                f"the oracle of {recipe.env} passed none of {stats.episodes} tasks; check the environment "
-                f"with `agentrl env check {recipe.env} --backend {recipe.backend}`"
+        _log(f"tiny model in {t_init:.1f}s")
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        stages: list[dict[str, Any]] = []
+        if recipe.short_demos:
+            short = _stage(
+                "short",
+                work,
+                base,
+                tokenizer,
+                recipe,
+                recipe.short_demos,
+                recipe.short_env_kwargs,
+                recipe.short_epochs,
+                recipe.short_lr,
+                threads,
+                stages,
+                keep_files=False,
             )
-        _log(f"{stats.passed}/{stats.episodes} demonstrations passed in {stats.seconds:.1f}s; SFT")
-        t1 = time.perf_counter()
-        model = work / "model"
-        cfg = SFTConfig(
-            model=str(base),
-            data=str(demos_path),
-            out=str(model),
-            epochs=recipe.epochs,
-            lr=recipe.lr,
-            batch_size=recipe.batch_size,
-            micro_batch_size=recipe.micro_batch_size,
-            warmup_steps=recipe.warmup_steps,
-            seed=recipe.seed,
+            base = short
+        model = _stage(
+            "main",
+            work,
+            base,
+            tokenizer,
+            recipe,
+            recipe.demos,
+            {},
+            recipe.epochs,
+            recipe.lr,
+            threads,
+            stages,
+            keep_files=True,
         )
-        _sft(cfg, threads)
-        t_sft = time.perf_counter() - t1
-        losses = [json.loads(line)["loss"] for line in (model / "metrics.jsonl").read_text().splitlines()]
-        shutil.move(str(demos_path), model / "demos.jsonl")
+        main = stages[-1]
         record: dict[str, Any] = {
             "hash": digest,
             "recipe": recipe.model_dump(),
             "build": {
                 "seconds": round(time.perf_counter() - t0, 1),
                 "init_s": round(t_init, 1),
-                "demos": asdict(stats),
-                "sft_s": round(t_sft, 1),
-                "sft_steps": len(losses),
-                "sft_first_loss": losses[0],
-                "sft_last_loss": losses[-1],
+                "stages": stages,
+                "demos": stages[-1]["demos"],
+                "sft_steps": main["sft_steps"],
+                "sft_first_loss": main["sft_first_loss"],
+                "sft_last_loss": main["sft_last_loss"],
             },
             "measurement": None,
         }
@@ -241,10 +262,82 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
         model.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _log(
-        f"built {out} in {record['build']['seconds']}s (SFT {t_sft:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f})"
-    )
+    _log(f"built {out} in {record['build']['seconds']}s")
     return record
+
+
+def _stage(
+    name: str,
+    work: Path,
+    base: Path,
+    tokenizer: Any,
+    recipe: WarmStartRecipe,
+    n: int,
+    env_kwargs: dict[str, Any],
+    epochs: float,
+    lr: float,
+    threads: int,
+    log: list[dict[str, Any]],
+    keep_files: bool,
+) -> Path:
+    """Demonstrations of `recipe.env` (with `env_kwargs`), then SFT of `base` on them; returns the checkpoint.
+
+    `keep_files` keeps the demonstrations and the SFT metrics in the checkpoint (the last stage's).
+    """
+    from agentrl.demos import generate_demos
+    from agentrl.sft import SFTConfig
+
+    demos_path = work / f"{name}-demos.jsonl"
+    _, stats = generate_demos(
+        recipe.env,
+        n,
+        demos_path,
+        tokenizer,
+        split="train",
+        kinds=recipe.demo_kinds,
+        backend=recipe.backend,
+        env_kwargs=env_kwargs,
+    )
+    if stats.passed == 0:
+        raise RuntimeError(
+            f"the oracle of {recipe.env} passed none of {stats.episodes} tasks; check the environment "
+            f"with `agentrl env check {recipe.env} --backend {recipe.backend}`"
+        )
+    _log(f"{name}: {stats.passed}/{stats.episodes} demonstrations passed in {stats.seconds:.1f}s; SFT")
+    t0 = time.perf_counter()
+    out = work / name
+    cfg = SFTConfig(
+        model=str(base),
+        data=str(demos_path),
+        out=str(out),
+        epochs=epochs,
+        lr=lr,
+        batch_size=recipe.batch_size,
+        micro_batch_size=recipe.micro_batch_size,
+        warmup_steps=recipe.warmup_steps,
+        seed=recipe.seed,
+    )
+    _sft(cfg, threads)
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if keep_files:
+        shutil.move(str(demos_path), out / "demos.jsonl")
+    else:
+        # `export_hf` copies every non-weight file of the base checkpoint into the next SFT's output,
+        # which would overwrite that SFT's own metrics.jsonl and sft_config.json with these.
+        for leftover in ("metrics.jsonl", "sft_config.json"):
+            (out / leftover).unlink(missing_ok=True)
+    log.append(
+        {
+            "stage": name,
+            "demos": asdict(stats),
+            "sft_s": round(time.perf_counter() - t0, 1),
+            "sft_steps": len(losses),
+            "sft_first_loss": losses[0],
+            "sft_last_loss": losses[-1],
+        }
+    )
+    _log(f"{name}: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return out
 
 
 def _sft(cfg: Any, threads: int) -> None:

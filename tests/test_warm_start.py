@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from agentrl.cli import app
 from agentrl.warm_start import RECORD_FILE, WarmStartRecipe, build_hash, warm_start
 
-# Every field but these four at the default, so the CLI can name the same recipe.
-SMALL = WarmStartRecipe(demos=8, epochs=1, batch_size=4, eval_tasks=4)
+# Both SFT stages on a few demonstrations; every other field at its default, so the CLI can name it.
+SMALL = WarmStartRecipe(short_demos=4, short_epochs=1, demos=8, epochs=1, batch_size=4, eval_tasks=4)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,8 @@ def test_build_trains_measures_and_records(built):
     record = json.loads((out / RECORD_FILE).read_text())
     assert record["hash"] == result.build_hash == build_hash(SMALL)
     assert record["build"]["demos"]["passed"] == 8
-    assert record["build"]["sft_steps"] == 2  # 8 demonstrations, batches of 4, one epoch
+    assert [st["sft_steps"] for st in record["build"]["stages"]] == [1, 2]  # 4 then 8 demos, batches of 4
+    assert (out / "demos.jsonl").read_text().count("\n") == 8
     assert record["build"]["sft_last_loss"] < record["build"]["sft_first_loss"]
     m = record["measurement"]
     assert (m["tasks"], m["samples"]) == (4, 1) and result.pass_at_1 == m["pass_at_1"]
@@ -56,7 +57,8 @@ def test_same_recipe_is_reused_without_training(built):
     assert again.reused and again.pass_at_1 == first.pass_at_1 and again.build_s == first.build_s
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     # The CLI finds the same cache (a measurement spec of 0 tasks skips measuring; no rebuild).
-    args = ["model", "warm-start", "--out", str(out), "--demos", "8", "--epochs", "1", "--batch-size", "4"]
+    args = ["model", "warm-start", "--out", str(out), "--short-demos", "4", "--short-epochs", "1"]
+    args += ["--demos", "8", "--epochs", "1", "--batch-size", "4"]
     result = CliRunner().invoke(app, [*args, "--eval-tasks", "0"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
