@@ -53,6 +53,8 @@ if [ "${AGENTRL_SKIP_DOCKER:-0}" = "1" ]; then
   log "AGENTRL_SKIP_DOCKER=1: not touching Docker"
 else
   scripts/ensure-system.sh
-  "$venv/bin/agentrl" sandbox build --base
+  # The base image (debootstrap) and the environment images (python-repair: one per package, its
+  # sdist fetched from PyPI at build time, never at run time); each reused while its recipe holds.
+  "$venv/bin/agentrl" sandbox build
 fi
 log "set-up done in $(( $(date +%s) - t0 ))s"
