@@ -581,12 +581,17 @@ def rollout_cmd(
 
 @app.command("demo")
 def demo(
-    out: str = typer.Option("runs/demo", help="Directory for the demo's outputs."),
+    out: str = typer.Option("runs/demo", help="Directory for the demo's outputs (reused by a second run)."),
+    quick: bool = typer.Option(False, "--quick", help="A minutes-long smoke version (tiny budgets; for tests)."),
+    nproc: int = typer.Option(2, help="Trainer processes (FSDP ranks) under torchrun."),
+    steps: int = typer.Option(None, help="GRPO steps (default: examples/calc_grpo.yaml)."),
+    eval_tasks: int = typer.Option(None, help="Held-out tasks for before/after evaluation."),
+    eval_samples: int = typer.Option(None, help="Samples per held-out task."),
 ) -> None:
-    """Run the main job end to end: as far as the pipeline has been built, and say which stages ran."""
+    """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
     from agentrl.demo import run_demo
 
-    sys.exit(run_demo(out))
+    sys.exit(run_demo(out, quick=quick, nproc=nproc, steps=steps, eval_tasks=eval_tasks, eval_samples=eval_samples))
 
 
 def main() -> None:
