@@ -189,7 +189,8 @@ class Generator:
 
 
 def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:
-    trajs = result.trajectories
+    # Rewards over every generated group (dropped zero-variance ones too): what the policy scored.
+    trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
     m: dict[str, float] = {
         k: float(v) for k, v in curriculum.metrics(result).as_dict().items() if isinstance(v, int | float)
     }
@@ -310,7 +311,10 @@ def train(cfg: TrainConfig) -> Path:
         dist.broadcast_object_list(payload, src=0)
         trajs = payload[0]
         if not trajs:
-            log(f"step {step + 1}: no informative groups (all groups had equal rewards); skipping the update")
+            if info.is_main:
+                log(
+                    f"step {step + 1}: no informative groups (all groups had equal rewards); skipping the update"
+                )
         else:
             t0 = time.perf_counter()
             metrics.update(grpo_step(model, opt, trajs, cfg, info, pad_id))
