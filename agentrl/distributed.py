@@ -191,6 +191,21 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     return json.loads((path / "state.json").read_text())
 
 
+HF_CHECKPOINT_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+        "chat_template.json",
+        "preprocessor_config.json",
+    }
+)
+
+
 def export_hf(model_sd: dict[str, torch.Tensor], base_dir: str | Path, out_dir: str | Path) -> Path:
     """Write a transformers checkpoint directory: `base_dir`'s config and tokenizer, these weights."""
     import shutil
@@ -199,12 +214,10 @@ def export_hf(model_sd: dict[str, torch.Tensor], base_dir: str | Path, out_dir: 
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Only what makes a transformers checkpoint: a base directory may also hold a run's logs and
+    # records (metrics.jsonl, sft_config.json, build records) that must not leak into this one.
     for f in base_dir.iterdir():
-        if (
-            f.is_file()
-            and not f.name.endswith((".safetensors", ".bin", ".pt"))
-            and f.name != "model.safetensors.index.json"
-        ):
+        if f.is_file() and (f.name in HF_CHECKPOINT_FILES or f.name.startswith("tokenizer")):
             shutil.copy2(f, out_dir / f.name)
     # Tied weights share storage; safetensors refuses shared tensors, and HF re-ties on load.
     sd = {k: v.detach().contiguous().clone() for k, v in model_sd.items()}
