@@ -79,6 +79,7 @@ class ToolEnv(gymnasium.Env[list, str]):
         exec_timeout_s: float = 30.0,
         verifier_timeout_s: float = 300.0,
         max_action_chars: int = 65536,
+        sandbox_env: dict[str, str] | None = None,
         env_id: str | None = None,
         render_mode: str | None = None,
     ):
@@ -103,6 +104,9 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.exec_timeout_s = exec_timeout_s
         self.verifier_timeout_s = verifier_timeout_s
         self.max_action_chars = max_action_chars
+        # Environment variables every sandbox of this env starts with (the agent can change them
+        # in its own commands; verifiers run with their own clean environment).
+        self.sandbox_env = dict(sandbox_env or {})
         self.env_id = env_id or type(self).__name__
         self.render_mode = render_mode
         self.observation_space = Messages()
@@ -152,7 +156,9 @@ class ToolEnv(gymnasium.Env[list, str]):
 
     def _acquire_sandbox(self, task: Task) -> Sandbox:
         labels = {"agentrl.env_id": self.env_id}
-        kwargs = dict(image=task.image, limits=self.limits, workdir=DEFAULT_WORKDIR, env={}, labels=labels)
+        kwargs = dict(
+            image=task.image, limits=self.limits, workdir=DEFAULT_WORKDIR, env=self.sandbox_env, labels=labels
+        )
         if self.use_pool:
             from agentrl.sandbox.pool import get_default_pool
 

@@ -28,7 +28,7 @@ from agentrl.env import ToolEnv
 from agentrl.envs.python_repair.images import stage_source
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
 from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
-from agentrl.sandbox.base import DEFAULT_WORKDIR, Sandbox, open_sandbox
+from agentrl.sandbox.base import Sandbox
 from agentrl.task import Split, Task
 
 log = logging.getLogger(__name__)
@@ -125,26 +125,12 @@ class PythonRepairEnv(ToolEnv):
             max_turns=max_turns,
             split=split,
             exec_timeout_s=exec_timeout_s,
+            # No bytecode caches in the workspace: a .pyc written when the agent ran the buggy
+            # module is trusted by mtime (1 s resolution) and size, so a same-size fix within that
+            # second would be tested as the old code. The verifier itself runs with -B.
+            sandbox_env={"PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("sandbox_env", {})},
             **kwargs,
         )
-
-    def _acquire_sandbox(self, task: Task) -> Sandbox:
-        # No bytecode caches in the workspace: a .pyc written when the agent ran the buggy module
-        # is trusted by mtime (1 s resolution) and size, so a same-size fix within that second
-        # would be tested as the old code. The verifier itself runs with -B.
-        labels = {"agentrl.env_id": self.env_id}
-        kwargs = dict(
-            image=task.image,
-            limits=self.limits,
-            workdir=DEFAULT_WORKDIR,
-            env={"PYTHONDONTWRITEBYTECODE": "1"},
-            labels=labels,
-        )
-        if self.use_pool:
-            from agentrl.sandbox.pool import get_default_pool
-
-            return get_default_pool().acquire(backend=self.backend, **kwargs)
-        return open_sandbox(self.backend, **kwargs)
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
         # The package comes from the image (root-only copy), then the task's mutant module over it.
