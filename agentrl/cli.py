@@ -325,15 +325,26 @@ def sft(
     lr: float = typer.Option(1e-3, help="Peak learning rate."),
     batch_size: int = typer.Option(32, help="Sequences per optimizer step, over all processes."),
     micro_batch_size: int = typer.Option(8, help="Sequences per forward pass on one process."),
-    all_trajectories: bool = typer.Option(False, "--all", help="Also train on trajectories that did not pass."),
+    all_trajectories: bool = typer.Option(
+        False, "--all", help="Also train on trajectories that did not pass."
+    ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
     seed: int = typer.Option(0, help="Seed."),
 ) -> None:
     """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
     from agentrl.sft import SFTConfig, launch
 
-    cfg = SFTConfig(model=model, data=data, out=out, epochs=epochs, lr=lr, batch_size=batch_size,
-                    micro_batch_size=micro_batch_size, only_passed=not all_trajectories, seed=seed)
+    cfg = SFTConfig(
+        model=model,
+        data=data,
+        out=out,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        micro_batch_size=micro_batch_size,
+        only_passed=not all_trajectories,
+        seed=seed,
+    )
     typer.echo(str(launch(cfg, nproc=nproc)))
 
 
@@ -582,7 +593,9 @@ def rollout_cmd(
 @app.command("demo")
 def demo(
     out: str = typer.Option("runs/demo", help="Directory for the demo's outputs (reused by a second run)."),
-    quick: bool = typer.Option(False, "--quick", help="A minutes-long smoke version (tiny budgets; for tests)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="A minutes-long smoke version (tiny budgets; for tests)."
+    ),
     nproc: int = typer.Option(2, help="Trainer processes (FSDP ranks) under torchrun."),
     steps: int = typer.Option(None, help="GRPO steps (default: examples/calc_grpo.yaml)."),
     eval_tasks: int = typer.Option(None, help="Held-out tasks for before/after evaluation."),
@@ -591,7 +604,9 @@ def demo(
     """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
     from agentrl.demo import run_demo
 
-    sys.exit(run_demo(out, quick=quick, nproc=nproc, steps=steps, eval_tasks=eval_tasks, eval_samples=eval_samples))
+    sys.exit(
+        run_demo(out, quick=quick, nproc=nproc, steps=steps, eval_tasks=eval_tasks, eval_samples=eval_samples)
+    )
 
 
 def main() -> None:

@@ -134,7 +134,9 @@ def _import_prefix(env_id: str) -> str:
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"environment id {env_id!r}: cannot import {module!r} to register it ({exc})") from exc
+        raise ImportError(
+            f"environment id {env_id!r}: cannot import {module!r} to register it ({exc})"
+        ) from exc
     return rest
 
 

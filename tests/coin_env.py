@@ -36,4 +36,6 @@ class CoinEnv(ToolEnv):
         super().__init__(tasks=CoinTasks(), tools=["submit"], verifier=EvenLength(), **kw)
 
 
-agentrl.register("test/Coin-v0", "tests.coin_env:CoinEnv", max_turns=1, description="random-policy wiring test")
+agentrl.register(
+    "test/Coin-v0", "tests.coin_env:CoinEnv", max_turns=1, description="random-policy wiring test"
+)
