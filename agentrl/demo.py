@@ -114,14 +114,15 @@ def run_demo(
 
     # 3. one budget for both checkpoints
     t0 = time.time()
+    n = eval_samples or (2 if quick else 4)
     ecfg = EvalConfig(
         env=cfg.env,
         models=[ws.path, str(final)],
         names=["warm-start", "grpo"],
-        n=eval_samples or (2 if quick else 8),
-        ks=[1, 2] if quick else [1, 2, 4, 8],
+        n=n,
+        ks=[k for k in (1, 2, 4, 8, 16, 32) if k <= n],
         split="test",
-        num_tasks=eval_tasks or (4 if quick else 48),
+        num_tasks=eval_tasks or (4 if quick else 32),
         temperature=1.0,
         max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
         max_total_tokens=cfg.rollout.max_total_tokens,
