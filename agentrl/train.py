@@ -219,15 +219,20 @@ def train(cfg: TrainConfig) -> Path:
     shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
-    import agentrl
+    # Only rank 0 draws tasks and generates: the other ranks (and replayed runs) never build the
+    # environment, whose task supply may be costly to load (python-repair synthesizes on first use).
+    curriculum: Curriculum | None = None
+    if info.is_main and cfg.replay is None:
+        import agentrl
 
-    curriculum = Curriculum.from_generator(
-        agentrl.make(cfg.env, backend="local", use_pool=False).task_source, config=cfg.curriculum
-    )
+        env = agentrl.make(cfg.env, backend="local", use_pool=False)
+        curriculum = Curriculum.from_generator(env.task_source, config=cfg.curriculum)
+        env.close()
     start = 0
     if cfg.resume and (ckpt_dir / "weights.pt").exists():
         state = load_checkpoint(ckpt_dir, model, opt)
-        curriculum.load_state_dict(state["curriculum"])
+        if curriculum is not None and state.get("curriculum") is not None:
+            curriculum.load_state_dict(state["curriculum"])
         start = int(state["step"])
         log(f"resumed from {ckpt_dir} at step {start}")
     if info.is_main:
@@ -268,7 +273,7 @@ def train(cfg: TrainConfig) -> Path:
     prefetch: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     worker: threading.Thread | None = None
-    curriculum_state = curriculum.state_dict()
+    curriculum_state = curriculum.state_dict() if curriculum is not None else None
 
     # One batch ahead at most: the producer may start the next batch only once the trainer has
     # taken the last one, so a trajectory is at most one policy version behind when it is trained
@@ -276,7 +281,7 @@ def train(cfg: TrainConfig) -> Path:
     slot = threading.Semaphore(1)
 
     def produce() -> None:
-        assert gen is not None
+        assert gen is not None and curriculum is not None
         while not stop.is_set():
             if not slot.acquire(timeout=0.5):
                 continue
@@ -301,6 +306,7 @@ def train(cfg: TrainConfig) -> Path:
                     result, batch_metrics, curriculum_state = prefetch.get()
                     slot.release()  # the producer starts the next batch, with the weights of this update
                 else:
+                    assert curriculum is not None
                     result, batch_metrics, curriculum_state = gen.batch(curriculum)
                 metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
                 metrics.update(batch_metrics)
