@@ -165,6 +165,9 @@ class _KeyState:
     error: Exception | None = None  # a background failure no caller has seen yet
     failures: int = 0  # consecutive failed starts; drives the back-off
     retry_at: float = 0.0  # time.monotonic() before which no background start begins
+    # The back-off round (`failures`) whose error a caller has already been given: starts that
+    # ran together and failed after it belong to the same round and must not raise twice.
+    reported_round: int = 0
 
 
 class SandboxPool:
@@ -446,6 +449,7 @@ class SandboxPool:
             state = self._state_locked(key, to_close)
             if state.error is not None:
                 error, state.error = state.error, None
+                state.reported_round = state.failures
                 raise self._background_error(key, state, error)
             if state.ready:
                 return state.ready.popleft(), False
@@ -467,6 +471,7 @@ class SandboxPool:
                 state.waiting -= 1
             if state.error is not None:
                 error, state.error = state.error, None
+                state.reported_round = state.failures
                 raise self._background_error(key, state, error)
             if state.ready:
                 return state.ready.popleft(), False
@@ -539,8 +544,8 @@ class SandboxPool:
                 state.running -= 1
                 self._start_failures += 1
                 delay_s = self._back_off_locked(state)
-                if state.error is None:
-                    state.error = exc  # the first failure is the informative one
+                if state.error is None and state.reported_round != state.failures:
+                    state.error = exc  # the first failure of a round is the informative one
                 self._cond.notify_all()
             log.warning(
                 "background start of a %s failed (%s: %s); next background try in %.0f s",
@@ -554,6 +559,7 @@ class SandboxPool:
         with self._cond:
             state.running -= 1
             state.failures = 0
+            state.reported_round = 0
             self._started += 1
             self._start_latencies_s.append(time.monotonic() - t0)
             if self._closed or self._keys.get(key) is not state:

@@ -243,6 +243,38 @@ def test_a_background_start_failure_surfaces_on_the_next_acquire(backend: Backen
         assert backend.acquire(pool).exec("true").ok
 
 
+def test_starts_that_fail_together_raise_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two background starts run at once and fail at different moments: a caller that has seen the
+    # first failure must not be handed the second one as another background error (CI caught this
+    # race). The order is forced with an event, so the test does not depend on timing.
+    both_running = threading.Barrier(2, timeout=30)
+    release_second = threading.Event()
+    calls = 0
+    lock = threading.Lock()
+
+    def failing_open(self: PoolKey) -> Sandbox:
+        nonlocal calls
+        with lock:
+            calls += 1
+            mine = calls
+        if mine <= 2:
+            both_running.wait()  # both background starts are running before either fails
+        if mine == 2:
+            release_second.wait(30)
+        raise ValueError(f"start {mine} refused")
+
+    monkeypatch.setattr(PoolKey, "open", failing_open)
+    with SandboxPool(size=2, workers=2, backoff_initial_s=30.0) as pool:
+        pool.prewarm(backend="local", wait=False)
+        wait_until(lambda: pool.stats().start_failures >= 1, 10, "the first start to fail")
+        with pytest.raises(SandboxPoolError, match="start 1 refused"):
+            pool.acquire(backend="local")
+        release_second.set()
+        wait_until(lambda: pool.stats().start_failures >= 2, 10, "the second start to fail")
+        with pytest.raises(ValueError, match="start 3 refused"):
+            pool.acquire(backend="local")  # tries a start itself: the backend's own error
+
+
 def test_prewarm_with_wait_raises_a_background_failure(backend: Backend) -> None:
     broken = (
         {"image": f"agentrl/no-such-image:{backend.tag}"}
