@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import queue
 import threading
@@ -164,6 +165,21 @@ class VLLMWeightSyncExtension:
         return loaded
 
 
+def checkpoint_dtype(model: str | os.PathLike[str]) -> str:
+    """The dtype a local checkpoint was saved in (config.json), "float32" when it does not say.
+
+    On CPU, vLLM's "auto" turns a float32 checkpoint into bfloat16: for a tiny model that changes
+    which tokens are sampled, and the rollout's log-probs then disagree with the float32 trainer's.
+    So on CPU, "auto" means the checkpoint's own dtype.
+    """
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return str(dtype).removeprefix("torch.")
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -214,6 +230,8 @@ class VLLMPolicy:
                 os.environ.setdefault(key, value)
         # Multiprocessing in the engine follows this variable, so it must agree with `in_process`.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        if dtype == "auto" and not on_gpu:
+            dtype = checkpoint_dtype(self.model)
         kwargs: dict[str, Any] = dict(
             model=self.model,
             dtype=dtype,

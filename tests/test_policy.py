@@ -140,3 +140,16 @@ def test_async_engine_in_its_own_process_takes_weight_updates(
         assert gen.policy_version == 1
         assert gen.token_ids == HFPolicy(other_model_dir).generate_sync(PROMPTS[0], greedy).token_ids
         assert max_diff(other_model_dir, PROMPTS[0], gen, 1.0) < TOL
+
+
+def test_checkpoint_dtype_reads_config_and_defaults_to_float32(tmp_path) -> None:
+    # On CPU the policy passes this to vLLM instead of "auto" (which would mean bfloat16 there).
+    from agentrl.policy import checkpoint_dtype
+
+    (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
+    assert checkpoint_dtype(tmp_path) == "bfloat16"
+    (tmp_path / "config.json").write_text('{"torch_dtype": "torch.float16"}')
+    assert checkpoint_dtype(tmp_path) == "float16"
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_dtype(tmp_path) == "float32"
+    assert checkpoint_dtype(tmp_path / "missing") == "float32"
