@@ -63,8 +63,9 @@ class WarmStartRecipe(BaseModel):
       7.87 -> 0.005, main 1.27 -> 0.012 per action token; built in 410 s (demos 89 s, SFT 319 s);
       pass@1 0.61 (arithmetic 0.53, word problems 0.68), inside the 0.2-0.7 band;
     - the same with lr 5e-3 and steps of 4 or 8 (the previous defaults): pass@1 0.00. The learning
-      rate is what matters: at 3e-3 and above the copying transition does not come within 2,000
-      steps, at 1e-3 (batch 16 or 32) it comes after ~8,000 sequences, at 2e-3 (batch 32) about the same;
+      rate is what matters: at 1e-3 (batch 16 or 32) and 2e-3 (batch 32) the copying transition
+      comes after ~8,000-10,000 sequences; at 3e-3 (batch 32) not within 800 steps, at 5e-3 (batch 8)
+      only after ~1,500 steps (12,000 sequences, and not at all with 2 heads and rope_theta 1e6);
     - the main stage adapts fast: from a short-stage model, 25 / 50 / 75 / 125 steps of 16 give an
       exact-action probability (teacher-forced, held out) of 0.02 / 0.18 / 0.35 / 0.64. `epochs`
       (steps = demos x epochs / batch_size) is the knob that moves pass@1 inside the band.
