@@ -308,7 +308,16 @@ def test_calc_two_checkpoints_sigint_restart_then_summary_and_plots(
 
     # 1. Interrupt with SIGINT once the first episode is on disk.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # SIGINT back to its default in the child: a suite started in the background by a script inherits
+    # it ignored, and then the Ctrl-C below would never reach the evaluation.
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 300
         while lines() < 1:

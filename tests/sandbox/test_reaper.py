@@ -25,6 +25,12 @@ def containers_of(run_id: str) -> list:
     return docker.from_env().containers.list(all=True, filters={"label": f"agentrl.run_id={run_id}"})
 
 
+def default_sigint() -> None:
+    # A suite started in the background by a script (`make test &`) inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler; the child must see the Ctrl-C a test sends.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_run(run_id: str, body: str = "", n_sandboxes: int = 2) -> subprocess.Popen:
     """A child "training run" that opens sandboxes, says READY, then runs `body`
     (by default: an exec that is still in flight when the test kills it)."""
@@ -38,7 +44,12 @@ def spawn_run(run_id: str, body: str = "", n_sandboxes: int = 2) -> subprocess.P
     ) + textwrap.dedent(body or "boxes[0].exec('sleep 60', timeout=120)\n")
     env = {**os.environ, "AGENTRL_RUN_ID": run_id}
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
     )
     line = proc.stdout.readline()
     assert line.strip() == "READY", (
