@@ -97,6 +97,27 @@ def group_advantages(
     return advantages.to(rewards.dtype)
 
 
+def weight_negatives(advantages: Tensor, weight: float) -> Tensor:
+    """Scale the negative advantages by `weight` in [0, 1], leave the others as they are.
+
+        A'_i = A_i           if A_i >= 0
+        A'_i = weight · A_i  if A_i < 0
+
+    weight=1 is plain GRPO; weight=0 keeps positive-sample reinforcement only (PSR), and values
+    in between are the weighted REINFORCE of Zhu et al. 2025, "The Surprising Effectiveness of
+    Negative Reinforcement in LLM Reasoning" (arXiv:2506.01347), there written as a weight λ on
+    the positive samples (the same objective up to the learning rate). They find negatives keep
+    pass@k up while positives are what raise pass@1; on a small model whose failures are
+    scattered sampling slips, pushing those slips down moves the whole model more than it
+    sharpens it (see the README's "Where it stands").
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"negative weight must be in [0, 1], got {weight}")
+    if weight == 1.0:
+        return advantages
+    return torch.where(advantages < 0, advantages * weight, advantages)  # [B]
+
+
 def broadcast_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
     """Give every action token its trajectory's advantage: out[b, t] = A_b if loss_mask[b, t] else 0."""
     if advantages.dim() != 1 or advantages.shape[0] != loss_mask.shape[0]:

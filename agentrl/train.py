@@ -9,8 +9,11 @@ One step:
     the environments, drops zero-variance groups and refills (bounded);
  2. the batch goes to every rank; advantages are computed on the whole batch (one per
     trajectory, group-relative), then each rank takes its share;
- 3. each rank computes the clipped surrogate over its micro-batches (FSDP2 all-gathers the
-    weights, reduce-scatters the gradients), the global gradient is clipped, AdamW steps;
+ 3. `optim.epochs` passes over the batch, each split into `optim.mini_batches` optimizer
+    steps: each rank computes the clipped surrogate over its micro-batches (FSDP2 all-gathers
+    the weights, reduce-scatters the gradients), the global gradient is clipped, AdamW steps.
+    With more than one step per batch the ratio is taken against the log-probs from before
+    the first one, computed up front (as are the reference's when `loss.kl_coef` > 0);
  4. the full weights go to the vLLM policy, whose version increments;
  5. metrics to out/metrics.jsonl (and TensorBoard), held-out evaluation every `eval.every`
     steps, a resumable checkpoint every `checkpoint_every` steps.
@@ -54,7 +57,7 @@ from agentrl.distributed import (
     save_checkpoint,
     shard_model,
 )
-from agentrl.grpo import group_advantages, policy_loss
+from agentrl.grpo import group_advantages, policy_loss, weight_negatives
 from agentrl.sft import rank_micro_batches
 from agentrl.train_config import TrainConfig
 from agentrl.trajectory import Trajectory, load_trajectories
@@ -74,66 +77,175 @@ def grpo_step(
     cfg: TrainConfig,
     info: DistInfo,
     pad_id: int,
+    *,
+    ref_model: torch.nn.Module | None = None,
+    updates_done: int = 0,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """One GRPO update on `trajectories` (the same list on every rank). Returns metrics averaged over ranks."""
+    """GRPO updates on `trajectories` (the same list on every rank): `optim.epochs` passes, each
+    split into `optim.mini_batches` optimizer steps. Returns metrics averaged over ranks and updates.
+
+    `updates_done` (optimizer steps taken before this batch) drives the learning-rate warm-up;
+    `seed` fixes the mini-batch shuffle, identically on every rank.
+    """
     rewards = torch.tensor([t.reward for t in trajectories])  # [N]
     advantages = group_advantages(
         rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale
     )  # [N]
-    # Keyed by object: the shard below hands out these same objects (plus zero-mask fillers).
+    advantages = weight_negatives(advantages, cfg.loss.negative_weight)  # [N]
+    # Keyed by object: the shards below hand out these same objects (plus zero-mask fillers).
     advantage_of = {id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)}
-    micro = rank_micro_batches(trajectories, info.rank, info.world_size, cfg.optim.micro_batch_size)
-    local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
-    _, global_tokens = global_token_scale(local_tokens, info.device)
-    local_seqs = sum(1 for mb in micro for t in mb if any(t.loss_mask))
-    _, global_seqs = global_token_scale(local_seqs, info.device)
-    # FSDP2 averages gradients over ranks, so each rank divides its sum by global count / world.
-    denom = (global_tokens if cfg.loss.agg == "token-mean" else global_seqs) / info.world_size
-    totals: dict[str, float] = {}
-    loss_total = 0.0
-    for i, mb in enumerate(micro):
-        model.set_requires_gradient_sync(i == len(micro) - 1)
-        batch = collate(mb, pad_id).to(info.device)
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
-        logp = sequence_logprobs(logits, batch.input_ids, temperature=cfg.rollout.temperature)  # [B, T]
-        adv = torch.tensor([advantage_of.get(id(t), 0.0) for t in mb], device=info.device)  # [B]
-        # With TIS the trust region is anchored at the trainer's own log-probs of the batch
-        # before this update (this is the first and only epoch, so they are `logp` detached);
-        # the rollout engine's log-probs then only enter through the capped TIS weight.
-        old = logp.detach() if cfg.loss.tis_cap is not None else None
-        loss, metrics = policy_loss(
-            logp,
-            batch.behavior_logprobs,
-            adv,
-            batch.loss_mask,
-            cfg.loss.clip_low,
-            cfg.loss.clip_high,
-            cfg.loss.agg,
-            cfg.loss.ratio,
-            old_logprobs=old,
-            tis_cap=cfg.loss.tis_cap,
-            logits=logits.detach(),
-            denominator=max(denom, 1e-9),
+    n_updates = cfg.optim.epochs * cfg.optim.mini_batches
+    # The trust region is anchored at the trainer's own log-probs of the batch before its first
+    # update ("decoupled" PPO: the rollout engine's log-probs only enter through the capped TIS
+    # weight). With one update those are the live log-probs detached; with more, the ratio must
+    # move away from 1 between updates, so they are computed once up front, as is the reference.
+    anchored = cfg.loss.tis_cap is not None or n_updates > 1
+    before: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+    if n_updates > 1 or ref_model is not None:
+        before = _logprobs_before_update(
+            model if n_updates > 1 else None, ref_model, trajectories, cfg, info, pad_id
         )
-        loss.backward()
-        loss_total += float(loss.item())
-        w = float(batch.loss_mask.sum().item())
-        for k, v in metrics.as_dict().items():
-            if isinstance(v, int | float) and v is not None:
-                totals[k] = totals.get(k, 0.0) + float(v) * w
-        totals["_w"] = totals.get("_w", 0.0) + w
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    w = max(totals.pop("_w", 0.0), 1e-9)
-    per_rank = {k: v / w for k, v in totals.items()}
-    per_rank["losses/policy_loss"] = loss_total
+    order = list(range(len(trajectories)))
+    shuffle = torch.Generator().manual_seed(seed)
+    totals: dict[str, float] = {}
+    loss_total = grad_norm_total = 0.0
+    tokens_total = 0.0
+    for epoch in range(cfg.optim.epochs):
+        if epoch > 0:  # the first pass keeps the batch's order: one update reproduces the plain step
+            order = torch.randperm(len(trajectories), generator=shuffle).tolist()
+        for part in range(cfg.optim.mini_batches):
+            mini = [trajectories[i] for i in order[part :: cfg.optim.mini_batches]]
+            for group in opt.param_groups:
+                group["lr"] = learning_rate(cfg, updates_done)
+            updates_done += 1
+            micro = rank_micro_batches(mini, info.rank, info.world_size, cfg.optim.micro_batch_size)
+            local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
+            _, global_tokens = global_token_scale(local_tokens, info.device)
+            local_seqs = sum(1 for mb in micro for t in mb if any(t.loss_mask))
+            _, global_seqs = global_token_scale(local_seqs, info.device)
+            # FSDP2 averages gradients over ranks, so each rank divides its sum by global count / world.
+            denom = (global_tokens if cfg.loss.agg == "token-mean" else global_seqs) / info.world_size
+            tokens_total += global_tokens
+            for i, mb in enumerate(micro):
+                model.set_requires_gradient_sync(i == len(micro) - 1)
+                batch = collate(mb, pad_id).to(info.device)
+                logits = model(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask
+                ).logits  # [B, T, V]
+                logp = sequence_logprobs(
+                    logits, batch.input_ids, temperature=cfg.rollout.temperature
+                )  # [B, T]
+                adv = torch.tensor([advantage_of.get(id(t), 0.0) for t in mb], device=info.device)  # [B]
+                width = logp.shape[1]
+                old = ref = None
+                if anchored:
+                    old = (
+                        logp.detach()
+                        if n_updates == 1
+                        else _rows([before.get(id(t), (None, None))[0] for t in mb], width, logp)
+                    )  # [B, T]
+                if ref_model is not None:
+                    ref = _rows([before.get(id(t), (None, None))[1] for t in mb], width, logp)  # [B, T]
+                loss, metrics = policy_loss(
+                    logp,
+                    batch.behavior_logprobs,
+                    adv,
+                    batch.loss_mask,
+                    cfg.loss.clip_low,
+                    cfg.loss.clip_high,
+                    cfg.loss.agg,
+                    cfg.loss.ratio,
+                    old_logprobs=old,
+                    tis_cap=cfg.loss.tis_cap,
+                    ref_logprobs=ref,
+                    kl_coef=cfg.loss.kl_coef,
+                    logits=logits.detach(),
+                    denominator=max(denom, 1e-9),
+                )
+                loss.backward()
+                loss_total += float(loss.item())
+                w = float(batch.loss_mask.sum().item())
+                for k, v in metrics.as_dict().items():
+                    if isinstance(v, int | float) and v is not None:
+                        totals[k] = totals.get(k, 0.0) + float(v) * w
+                totals["_w"] = totals.get("_w", 0.0) + w
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            grad_norm_total += float(
+                grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            )
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    # Token-weighted over all ranks: the mean over ranks of the weighted sums, over that of the weights.
+    totals["losses/policy_loss"] = loss_total / n_updates
     # Each rank's loss is world · (its sum) / (global count), so the mean over ranks is the global loss.
-    out = all_reduce_mean(per_rank, info.device)
-    out["losses/grad_norm"] = grad_norm
-    out["batch/action_tokens"] = global_tokens
+    out = all_reduce_mean(totals, info.device)
+    w = max(out.pop("_w", 0.0), 1e-9)
+    out = {k: v if k == "losses/policy_loss" else v / w for k, v in out.items()}
+    out["losses/grad_norm"] = grad_norm_total / n_updates
+    out["batch/action_tokens"] = tokens_total / n_updates
     out["batch/sequences"] = float(len(trajectories))
+    out["optim/lr"] = learning_rate(cfg, updates_done - 1)
+    out["optim/updates"] = float(updates_done)
+    return out
+
+
+def learning_rate(cfg: TrainConfig, update: int) -> float:
+    """Learning rate of optimizer step `update` (0-based): linear warm-up, then constant."""
+    if cfg.optim.warmup_steps and update < cfg.optim.warmup_steps:
+        return cfg.optim.lr * (update + 1) / cfg.optim.warmup_steps
+    return cfg.optim.lr
+
+
+def _logprobs_before_update(
+    model: torch.nn.Module | None,
+    ref_model: torch.nn.Module | None,
+    trajectories: list[Trajectory],
+    cfg: TrainConfig,
+    info: DistInfo,
+    pad_id: int,
+) -> dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """Per trajectory (keyed by id): the policy's and the reference's log-probs before any update,
+    each [len(token_ids)]. Every rank computes its own share (the shards are what it trains on)
+    plus the zero-mask fillers, so the FSDP collectives of the forward passes match."""
+    out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+    micro = rank_micro_batches(trajectories, info.rank, info.world_size, cfg.optim.micro_batch_size)
+    mine = [t for mb in micro for t in mb]
+    # The mini-batches reshuffle trajectories across ranks, so every rank needs every row: run
+    # this rank's share, then gather the rows of the others.
+    with torch.no_grad():
+        for mb in micro:
+            batch = collate(mb, pad_id).to(info.device)
+            rows = []
+            for m in (model, ref_model):
+                if m is None:
+                    rows.append(None)
+                    continue
+                logits = m(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
+                rows.append(
+                    sequence_logprobs(logits, batch.input_ids, temperature=cfg.rollout.temperature)
+                )  # [B, T]
+            for b, t in enumerate(mb):
+                n = len(t.token_ids)
+                out[id(t)] = tuple(None if r is None else r[b, :n].cpu() for r in rows)  # type: ignore[assignment]
+    if info.world_size > 1:
+        index = {id(t): i for i, t in enumerate(trajectories)}
+        local = {index[id(t)]: out[id(t)] for t in mine if id(t) in index and any(t.loss_mask)}
+        gathered: list[Any] = [None] * info.world_size
+        dist.all_gather_object(gathered, local)
+        for part in gathered:
+            for i, rows in part.items():
+                out[id(trajectories[i])] = rows
+    return out
+
+
+def _rows(rows: list[torch.Tensor | None], width: int, like: torch.Tensor) -> torch.Tensor:
+    """Stack per-trajectory [n] rows into [B, width], zero-padded; a missing row (a zero-mask
+    filler) is all zeros, which its mask ignores."""
+    out = torch.zeros((len(rows), width), dtype=like.dtype, device=like.device)  # [B, T]
+    for b, r in enumerate(rows):
+        if r is not None:
+            out[b, : r.shape[0]] = r.to(like.device)
     return out
 
 
@@ -218,6 +330,12 @@ def train(cfg: TrainConfig) -> Path:
     model.train()
     shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    ref_model: torch.nn.Module | None = None
+    if cfg.loss.kl_coef > 0:
+        # The starting checkpoint, frozen: the KL penalty keeps the policy near it.
+        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
+        ref_model.eval().requires_grad_(False)
+        shard_model(ref_model, activation_checkpointing=False, bf16=cfg.optim.bf16)
 
     # Only rank 0 draws tasks and generates: the other ranks (and replayed runs) never build the
     # environment, whose task supply may be costly to load (python-repair synthesizes on first use).
@@ -229,11 +347,13 @@ def train(cfg: TrainConfig) -> Path:
         curriculum = Curriculum.from_generator(env.task_source, config=cfg.curriculum)
         env.close()
     start = 0
+    updates = 0  # optimizer steps so far (the warm-up counts these, not training steps)
     if cfg.resume and (ckpt_dir / "weights.pt").exists():
         state = load_checkpoint(ckpt_dir, model, opt)
         if curriculum is not None and state.get("curriculum") is not None:
             curriculum.load_state_dict(state["curriculum"])
         start = int(state["step"])
+        updates = int(state.get("updates", 0))
         log(f"resumed from {ckpt_dir} at step {start}")
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -323,7 +443,20 @@ def train(cfg: TrainConfig) -> Path:
                 )
         else:
             t0 = time.perf_counter()
-            metrics.update(grpo_step(model, opt, trajs, cfg, info, pad_id))
+            metrics.update(
+                grpo_step(
+                    model,
+                    opt,
+                    trajs,
+                    cfg,
+                    info,
+                    pad_id,
+                    ref_model=ref_model,
+                    updates_done=updates,
+                    seed=cfg.seed + step,
+                )
+            )
+            updates = int(metrics["optim/updates"])
             metrics["time/train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         sd = full_state_dict(model)
@@ -333,7 +466,9 @@ def train(cfg: TrainConfig) -> Path:
         metrics["time/weight_sync_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = time.perf_counter() - t_step
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            save_checkpoint(ckpt_dir, model, opt, {"step": step + 1, "curriculum": curriculum_state})
+            save_checkpoint(
+                ckpt_dir, model, opt, {"step": step + 1, "updates": updates, "curriculum": curriculum_state}
+            )
         if info.is_main:
             row = {"step": step + 1, **{k: round(v, 6) for k, v in metrics.items()}}
             with (out / "metrics.jsonl").open("a") as f:
@@ -351,7 +486,9 @@ def train(cfg: TrainConfig) -> Path:
     stop.set()
     if worker is not None:
         worker.join()  # the batch in flight finishes; its groups were generated but are not trained on
-    save_checkpoint(ckpt_dir, model, opt, {"step": cfg.steps, "curriculum": curriculum_state})
+    save_checkpoint(
+        ckpt_dir, model, opt, {"step": cfg.steps, "updates": updates, "curriculum": curriculum_state}
+    )
     sd = full_state_dict(model)
     if info.is_main:
         export_hf(sd, cfg.model, out / "final")

@@ -36,10 +36,23 @@ class RolloutSettings(_Strict):
 
 class OptimSettings(_Strict):
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate (constant after warm-up).")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warm-up over this many optimizer steps, then constant."
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     micro_batch_size: int = Field(8, gt=0, description="Sequences per forward pass on one process.")
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each batch (PPO epochs; verl's ppo_epochs, TRL's num_iterations). "
+        "After the first update the ratio to the pre-update policy leaves 1 and the clip bounds the step.",
+    )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per pass: the batch is split into this many mini-batches of whole trajectories.",
+    )
     activation_checkpointing: bool = Field(
         False, description="Recompute decoder-layer activations in backward."
     )
@@ -61,6 +74,13 @@ class LossSettings(_Strict):
     )
     adv_scale: Literal["group", "none"] = Field(
         "group", description="Divide advantages by the group's reward std, or not (Dr. GRPO)."
+    )
+    negative_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Scale on negative advantages: 1 is GRPO, 0 positive-sample reinforcement only "
+        "(Zhu et al. 2025); agentrl.grpo.weight_negatives.",
     )
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the k3 KL penalty to the starting model (0: no reference model)."

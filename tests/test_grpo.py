@@ -14,6 +14,7 @@ from agentrl.grpo import (
     group_advantages,
     k3_kl,
     policy_loss,
+    weight_negatives,
 )
 
 AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -73,6 +74,15 @@ def test_group_ids_as_a_tensor_match_strings() -> None:
 def test_group_advantages_reject_mismatched_lengths() -> None:
     with pytest.raises(ValueError, match="one group id per trajectory"):
         group_advantages(REWARDS, ["a"])
+
+
+def test_weight_negatives_scales_only_negative_advantages() -> None:
+    adv = torch.tensor([-1.0, 0.5, 0.0, -2.0])
+    close(weight_negatives(adv, 0.25), [-0.25, 0.5, 0.0, -0.5])
+    close(weight_negatives(adv, 0.0), [0.0, 0.5, 0.0, 0.0])  # positive-sample reinforcement only
+    assert weight_negatives(adv, 1.0) is adv  # plain GRPO: untouched
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        weight_negatives(adv, 1.5)
 
 
 def test_broadcast_advantages_fill_action_tokens_only() -> None:

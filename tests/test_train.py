@@ -107,6 +107,51 @@ def test_two_processes_match_one_and_resume_reproduces_the_next_step(tiny_model_
     assert (tmp_path / "one" / "final" / "model.safetensors").exists()
 
 
+def test_learning_rate_warms_up_linearly_over_optimizer_steps():
+    from agentrl.train import learning_rate
+
+    cfg = TrainConfig(model="m", optim={"lr": 1e-4, "warmup_steps": 4})
+    assert [learning_rate(cfg, u) for u in range(6)] == pytest.approx(
+        [2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4]
+    )
+    assert learning_rate(TrainConfig(model="m", optim={"lr": 1e-4}), 0) == 1e-4
+
+
+@pytest.mark.slow
+def test_ppo_epochs_mini_batches_and_kl_match_across_processes_and_resume(tiny_model_dir, tmp_path):  # noqa: F811
+    """Two passes of two mini-batches per batch (4 optimizer steps), warm-up over 6 of them, a KL
+    penalty to the frozen start: 2 processes take the steps of 1, and a resume continues the
+    warm-up and the update count where they were."""
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    data = tmp_path / "batch.jsonl"
+    save_trajectories(data, grpo_batch(vocab, groups=4))
+    base = dict(
+        model=str(tiny_model_dir),
+        replay=str(data),
+        steps=2,
+        checkpoint_every=1,
+        optim={"lr": 1e-3, "micro_batch_size": 2, "epochs": 2, "mini_batches": 2, "warmup_steps": 6},
+        loss={"kl_coef": 0.1, "negative_weight": 0.5},
+    )
+    one = run(TrainConfig(**base, out=str(tmp_path / "one")), 1)
+    two = run(TrainConfig(**base, out=str(tmp_path / "two")), 2)
+    assert [r["optim/updates"] for r in one] == [4.0, 8.0]
+    assert [r["optim/lr"] for r in one] == pytest.approx(
+        [1e-3 * 4 / 6, 1e-3], abs=1e-6
+    )  # JSONL rounds to 6 places
+    # After the first of 4 updates the ratio leaves 1 and the policy leaves the reference.
+    assert one[0]["losses/kl_ref"] > 0 and one[0]["losses/approx_kl"] > 0
+    for a, b in zip(one, two, strict=True):
+        # Later updates start from weights that already differ by float rounding: 1e-4 relative.
+        assert b["losses/policy_loss"] == pytest.approx(a["losses/policy_loss"], rel=1e-4, abs=1e-7)
+        assert b["losses/kl_ref"] == pytest.approx(a["losses/kl_ref"], rel=1e-3, abs=1e-9)
+        assert b["losses/grad_norm"] == pytest.approx(a["losses/grad_norm"], rel=1e-3)
+    run(TrainConfig(**{**base, "steps": 1}, out=str(tmp_path / "resume")), 1)
+    resumed = run(TrainConfig(**base, out=str(tmp_path / "resume")), 1)
+    assert resumed[1]["optim/updates"] == 8.0 and resumed[1]["optim/lr"] == pytest.approx(1e-3)
+    assert resumed[1]["losses/policy_loss"] == pytest.approx(one[1]["losses/policy_loss"], rel=1e-5, abs=1e-8)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
