@@ -103,11 +103,11 @@ def weight_negatives(advantages: Tensor, weight: float) -> Tensor:
         A'_i = A_i           if A_i >= 0
         A'_i = weight · A_i  if A_i < 0
 
-    weight=1 is plain GRPO; weight=0 keeps positive-sample reinforcement only (PSR), and values
-    in between are the weighted REINFORCE of Zhu et al. 2025, "The Surprising Effectiveness of
-    Negative Reinforcement in LLM Reasoning" (arXiv:2506.01347), there written as a weight λ on
-    the positive samples (the same objective up to the learning rate). They find negatives keep
-    pass@k up while positives are what raise pass@1; on a small model whose failures are
+    weight=1 is plain GRPO; weight=0 keeps positive-sample reinforcement only (PSR in Zhu et al.
+    2025, "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning",
+    arXiv:2506.01347). They split the objective into its positive and negative parts and find
+    the positives are what raise pass@1 (at a cost in pass@k) while the negatives keep pass@k;
+    their W-REINFORCE down-weights the positives instead. On a small model whose failures are
     scattered sampling slips, pushing those slips down moves the whole model more than it
     sharpens it (see the README's "Where it stands").
     """
