@@ -456,7 +456,7 @@ def train(cfg: TrainConfig) -> Path:
                     seed=cfg.seed + step,
                 )
             )
-            updates = int(metrics["optim/updates"])
+            updates += cfg.optim.epochs * cfg.optim.mini_batches
             metrics["time/train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         sd = full_state_dict(model)
