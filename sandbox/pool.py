@@ -231,6 +231,11 @@ class SandboxPool:
 
         # A pool the caller forgot to close still must not leave containers behind.
         atexit.register(self.close)
+        # Its sandboxes start on worker threads: the signal handlers that remove them must be
+        # installed from the main thread, so do it here when the pool is made there.
+        from agentrl.sandbox.reaper import install_signal_handlers
+
+        install_signal_handlers()
 
     # ---- public API -------------------------------------------------------------------------
 
