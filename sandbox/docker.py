@@ -10,7 +10,13 @@ What it covers:
   both size-capped tmpfs, plus /dev/shm (Docker's default, counted in the memory cap);
 - `/verifier` (`PROTECTED_DIR`) is a root-owned tmpfs: only `privileged=True` can write it;
 - per-exec timeouts that kill the command's whole process tree, daemonized children too;
-- stdout/stderr capped while they stream, so a 100 MB print never reaches host memory.
+- stdout/stderr capped while they stream, so a 100 MB print never reaches host memory;
+- `read_file` reads regular files only, in the container as the agent, at most
+  `Limits.read_limit_bytes` (`/dev/zero`, a FIFO, a link to either: refused, nothing read);
+- engine trouble is named (`agentrl.sandbox.engine`): create/start/remove bounded in concurrency,
+  a timed-out or refused call health-checked and raised as `EngineUnavailable` in words; a start
+  that fails removes its created container; a container killed from outside during an exec
+  (`docker kill`/`stop`) raises `SandboxDead` instead of returning exit -9.
 
 What it does not cover: kernel exploits (containers share the host kernel; use gVisor or VMs
 for hostile code at scale), CPU time beyond the quota, and covert channels between sandboxes.
