@@ -368,3 +368,24 @@ def test_step_never_raises_on_adversarial_tool_calls(parser, name, key, value, r
     for message in obs:
         message["content"].encode("utf-8")  # every observation is encodable text
     assert info["step_tool_calls"] <= env.max_tool_calls_per_step
+
+
+class ExplodingParser:
+    """A third-party parser with a bug: it raises on some model text."""
+
+    name = "exploding"
+    format_hint = "<call>"
+
+    def parse(self, text: str):
+        raise RecursionError("maximum recursion depth exceeded")
+
+
+def test_a_parser_that_raises_is_a_format_error_not_an_exception(monkeypatch):
+    from agentrl import parsers
+
+    monkeypatch.setitem(parsers.PARSERS, "exploding", ExplodingParser)
+    env = ToolEnv(tasks=[TASK], tools=[add, "submit"], parser="exploding", max_turns=2)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("anything")
+    assert "could not be parsed (RecursionError)" in obs[0]["content"]
+    assert info["format_errors"] == 1 and not terminated and not truncated
