@@ -322,22 +322,16 @@ class ToolEnv(gymnasium.Env[list, str]):
         not_run_why = ""
         for i, call in enumerate(calls):
             if i >= limit:
-                not_run, not_run_why = (
-                    calls[i:],
-                    (
-                        f"at most {limit} tool call(s) run per message in this environment; call the others in "
-                        "your next message"
-                    ),
-                )
+                not_run = calls[i:]
+                not_run_why = f"at most {limit} tool call(s) run per message in this environment; "
+                not_run_why += "call the others in your next message"
                 ep.format_errors += 1
                 step_errors += 1
                 break
             left_s = deadline - time.monotonic()
             if left_s <= 0:
-                not_run, not_run_why = (
-                    calls[i:],
-                    (f"this message's tool calls used up its time budget of {self.step_budget_s:g}s"),
-                )
+                not_run = calls[i:]
+                not_run_why = f"this message's tool calls used up its time budget of {self.step_budget_s:g}s"
                 break
             step_calls += 1
             ep.tool_calls += 1
