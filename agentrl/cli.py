@@ -54,6 +54,9 @@ def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentr
     typer.echo(f"max turns:   {s.max_turns}")
     typer.echo(f"description: {s.description}")
     env = make(env_id, backend="local", use_pool=False)
+    typer.echo(
+        f"tool calls:  at most {env.max_tool_calls_per_step} per message, {env.step_budget_s:g}s in all"
+    )
     typer.echo(f"verifier:    {env.verifier.name}")
     typer.echo("tools:")
     for schema in env.toolbox.schemas:
@@ -610,6 +613,11 @@ def demo(
 
 
 def main() -> None:
+    # The CLI's main thread: install the handlers that remove this process's containers on
+    # SIGTERM/SIGINT before any command opens one (rollouts open them on worker threads).
+    from agentrl.sandbox.reaper import install_signal_handlers
+
+    install_signal_handlers()
     app()
 
 
