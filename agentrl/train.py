@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl.batch import collate, sequence_logprobs
+from agentrl.batch import collate
 from agentrl.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
 from agentrl.distributed import (
     DistInfo,
@@ -58,7 +58,8 @@ from agentrl.distributed import (
     shard_model,
 )
 from agentrl.grpo import group_advantages, policy_loss, weight_negatives
-from agentrl.sft import rank_micro_batches
+from agentrl.logprobs import action_logprobs
+from agentrl.packing import plan_micro_batches, resolve_packing
 from agentrl.train_config import TrainConfig
 from agentrl.trajectory import Trajectory, load_trajectories
 
@@ -93,9 +94,10 @@ def grpo_step(
         rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale
     )  # [N]
     advantages = weight_negatives(advantages, cfg.loss.negative_weight)  # [N]
-    # Keyed by object: the shards below hand out these same objects (plus zero-mask fillers).
+    # Keyed by object: the plans below hand out these same objects (plus zero-mask fillers).
     advantage_of = {id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)}
     n_updates = cfg.optim.epochs * cfg.optim.mini_batches
+    packed = trainer_packs(cfg, info)
     # The trust region is anchored at the trainer's own log-probs of the batch before its first
     # update ("decoupled" PPO: the rollout engine's log-probs only enter through the capped TIS
     # weight). With one update those are the live log-probs detached; with more, the ratio must
@@ -119,7 +121,9 @@ def grpo_step(
             for group in opt.param_groups:
                 group["lr"] = learning_rate(cfg, updates_done)
             updates_done += 1
-            micro = rank_micro_batches(mini, info.rank, info.world_size, cfg.optim.micro_batch_size)
+            micro = trainer_micro_batches(mini, cfg, info, packed)
+            # Denominators over the whole optimizer step, all ranks: the plan is the same everywhere,
+            # so each rank counts its own share and one all-reduce gives the global count.
             local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
             _, global_tokens = global_token_scale(local_tokens, info.device)
             local_seqs = sum(1 for mb in micro for t in mb if any(t.loss_mask))
@@ -130,12 +134,10 @@ def grpo_step(
             for i, mb in enumerate(micro):
                 model.set_requires_gradient_sync(i == len(micro) - 1)
                 batch = collate(mb, pad_id).to(info.device)
-                logits = model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask
-                ).logits  # [B, T, V]
-                logp = sequence_logprobs(
-                    logits, batch.input_ids, temperature=cfg.rollout.temperature
-                )  # [B, T]
+                live = action_logprobs(
+                    model, batch, temperature=cfg.rollout.temperature, with_entropy=True, packed=packed
+                )
+                logp = live.logprobs  # [B, T], 0 off the loss mask
                 adv = torch.tensor([advantage_of.get(id(t), 0.0) for t in mb], device=info.device)  # [B]
                 width = logp.shape[1]
                 old = ref = None
@@ -160,7 +162,7 @@ def grpo_step(
                     tis_cap=cfg.loss.tis_cap,
                     ref_logprobs=ref,
                     kl_coef=cfg.loss.kl_coef,
-                    logits=logits.detach(),
+                    entropy=live.entropy,
                     denominator=max(denom, 1e-9),
                 )
                 loss.backward()
@@ -190,6 +192,26 @@ def grpo_step(
     return out
 
 
+def trainer_packs(cfg: TrainConfig, info: DistInfo) -> bool:
+    """Whether this trainer packs its micro-batches (`optim.packing`, resolved for its device and dtype)."""
+    bf16 = cfg.optim.bf16 if cfg.optim.bf16 is not None else info.device.type == "cuda"
+    return resolve_packing(cfg.optim.packing, info.device, bf16)
+
+
+def trainer_micro_batches(
+    trajectories: list[Trajectory], cfg: TrainConfig, info: DistInfo, packed: bool
+) -> list[list[Trajectory]]:
+    """This rank's micro-batches of `trajectories` under the token budget (same count on every rank)."""
+    plan = plan_micro_batches(
+        trajectories,
+        info.world_size,
+        max_tokens=cfg.optim.max_tokens_per_micro_batch,
+        max_sequences=cfg.optim.micro_batch_size,
+        packed=packed,
+    )
+    return plan.for_rank(info.rank)
+
+
 def learning_rate(cfg: TrainConfig, update: int) -> float:
     """Learning rate of optimizer step `update` (0-based): linear warm-up, then constant."""
     if cfg.optim.warmup_steps and update < cfg.optim.warmup_steps:
@@ -209,7 +231,8 @@ def _logprobs_before_update(
     each [len(token_ids)]. Every rank computes its own share (the shards are what it trains on)
     plus the zero-mask fillers, so the FSDP collectives of the forward passes match."""
     out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
-    micro = rank_micro_batches(trajectories, info.rank, info.world_size, cfg.optim.micro_batch_size)
+    packed = trainer_packs(cfg, info)
+    micro = trainer_micro_batches(trajectories, cfg, info, packed)
     mine = [t for mb in micro for t in mb]
     # The mini-batches reshuffle trajectories across ranks, so every rank needs every row: run
     # this rank's share, then gather the rows of the others.
@@ -221,10 +244,9 @@ def _logprobs_before_update(
                 if m is None:
                     rows.append(None)
                     continue
-                logits = m(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
                 rows.append(
-                    sequence_logprobs(logits, batch.input_ids, temperature=cfg.rollout.temperature)
-                )  # [B, T]
+                    action_logprobs(m, batch, temperature=cfg.rollout.temperature, packed=packed).logprobs
+                )  # [B, T], 0 off the loss mask (the only positions the loss reads)
             for b, t in enumerate(mb):
                 n = len(t.token_ids)
                 out[id(t)] = tuple(None if r is None else r[b, :n].cpu() for r in rows)  # type: ignore[assignment]
