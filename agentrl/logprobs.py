@@ -38,9 +38,9 @@ from agentrl.batch import Batch
 
 log = logging.getLogger(__name__)
 
-# fp32 logits per chunk: 256 MiB is ~440 rows of a 151,936-token vocabulary, enough to keep the
-# head's matmul efficient, small beside a layer's activations.
-DEFAULT_CHUNK_BYTES = 256 << 20
+# fp32 logits per chunk: 512 MiB is ~880 rows of a 151,936-token vocabulary, enough to keep the
+# head's matmul efficient, small beside a layer's activations (backward adds a bf16 copy).
+DEFAULT_CHUNK_BYTES = 512 << 20
 _METHOD = "agentrl_selected_logprobs"
 
 
@@ -49,32 +49,69 @@ def chunk_rows(vocab_size: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
     return max(16, chunk_bytes // (4 * max(1, vocab_size)))
 
 
-_OUT_DTYPE_MM: bool | None = None  # does torch.mm(bf16, bf16, out_dtype=fp32) work here? (probed once)
+# Whether this torch writes fp32 from half-precision matmuls on CUDA (mm / addmm with out_dtype);
+# probed once, numerically, on first use.
+_FP32_OUT: dict[str, bool] = {}
+
+
+def _probe(kind: str, device: torch.device, dtype: torch.dtype) -> bool:
+    if kind not in _FP32_OUT:
+        try:
+            a = torch.randn(4, 8, device=device).to(dtype)
+            b = torch.randn(8, 3, device=device).to(dtype)
+            want = a.float() @ b.float()
+            if kind == "mm":
+                got = torch.mm(a, b, out_dtype=torch.float32)
+            else:
+                got = torch.ones(4, 3, device=device)
+                torch.ops.aten.addmm.dtype_out(got, a, b, torch.float32, out=got)
+                want = want + 1
+            _FP32_OUT[kind] = got.dtype == torch.float32 and bool(torch.allclose(got, want, atol=1e-2))
+        except (TypeError, RuntimeError, NotImplementedError, AttributeError):
+            _FP32_OUT[kind] = False
+    return _FP32_OUT[kind]
+
+
+def _half_cuda(a: Tensor, b: Tensor) -> bool:
+    return a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
 
 
 def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b with fp32 output; half-precision inputs keep their speed where the backend writes fp32."""
-    global _OUT_DTYPE_MM
+    """a @ b with an fp32 result; half-precision inputs keep their speed where the backend writes fp32."""
     if a.dtype == torch.float32 and b.dtype == torch.float32:
         return a @ b
-    if a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16):
-        if _OUT_DTYPE_MM is None:
-            try:
-                torch.mm(a[:1], b, out_dtype=torch.float32)
-                _OUT_DTYPE_MM = True
-            except (TypeError, RuntimeError, NotImplementedError):
-                _OUT_DTYPE_MM = False
-        if _OUT_DTYPE_MM:
-            return torch.mm(a, b, out_dtype=torch.float32)
+    if _half_cuda(a, b) and _probe("mm", a.device, a.dtype):
+        return torch.mm(a, b, out_dtype=torch.float32)
     return (a @ b.to(a.dtype)).float()
 
 
+def _addmm_fp32_(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b in place, acc fp32: no [V, H] temporary per chunk where the backend allows it."""
+    if a.dtype == torch.float32 and b.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif _half_cuda(a, b) and _probe("addmm", a.device, a.dtype):
+        torch.ops.aten.addmm.dtype_out(acc, a, b, torch.float32, out=acc)
+    else:
+        acc += _mm_fp32(a, b)
+
+
+def _chunk_logits(h: Tensor, wt: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """fp32 logits of one chunk, tempered: [c, H] x [H, V] -> [c, V]."""
+    z = _mm_fp32(h, wt)  # [c, V]
+    if bias is not None:
+        z += bias.float()
+    if temperature != 1.0:
+        z /= temperature
+    return z
+
+
 class ChunkedLogProbs(torch.autograd.Function):
-    """log softmax(h W^T + b)[target] / temperature, row by row in chunks, and (no grad) the entropy.
+    """log softmax((h W^T + b) / temperature)[target], row by row in chunks, and (no grad) the entropy.
 
     Inputs: hidden [N, H], weight [V, H], bias [V] or None, targets [N] int64.
     Outputs: logp [N] fp32 (differentiable w.r.t. hidden, weight, bias) and entropy [N] fp32
-    (or [0] when not asked for; never differentiable).
+    (or [0] when not asked for; never differentiable). Saved for backward: the inputs and one
+    log-sum-exp per row; each chunk's logits are recomputed there.
     """
 
     @staticmethod
@@ -94,17 +131,15 @@ class ChunkedLogProbs(torch.autograd.Function):
         entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)  # [N]
         wt = weight.t()  # [H, V]
         for s in range(0, n, chunk):
-            z = _mm_fp32(hidden[s : s + chunk], wt)  # [c, V] fp32
-            if bias is not None:
-                z = z + bias.float()
-            if temperature != 1.0:
-                z = z / temperature
+            z = _chunk_logits(hidden[s : s + chunk], wt, bias, temperature)  # [c, V] fp32
             row_lse = torch.logsumexp(z, dim=-1)  # [c]
             lse[s : s + chunk] = row_lse
             logp[s : s + chunk] = z.gather(1, targets[s : s + chunk, None]).squeeze(1) - row_lse
             if with_entropy:
-                p = (z - row_lse[:, None]).exp_()  # [c, V]
-                entropy[s : s + chunk] = row_lse - (p * z).sum(-1)
+                # H = -sum_v p_v log p_v, from log p = z - lse (in z's buffer): no cancellation
+                # between two large numbers, as lse - sum p z would have.
+                logp_all = z.sub_(row_lse[:, None])  # [c, V]
+                entropy[s : s + chunk] = -logp_all.exp().mul_(logp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature = temperature
         ctx.chunk = chunk
@@ -125,23 +160,19 @@ class ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]  # [c, H]
             g = grad_logp[s : s + chunk]  # [c]
-            z = _mm_fp32(h, wt)  # [c, V]
-            if bias is not None:
-                z = z + bias.float()
-            if temperature != 1.0:
-                z = z / temperature
-            # d logp / d z = onehot(target) - softmax(z); the temperature divides once more.
-            gz = (z - lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # [c, V]
+            z = _chunk_logits(h, wt, bias, temperature)  # [c, V]
+            # d logp / d z = onehot(target) - softmax(z), times the incoming gradient; in z's buffer.
+            gz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # [c, V]
             gz.scatter_add_(1, targets[s : s + chunk, None], g[:, None])
             if temperature != 1.0:
-                gz /= temperature
-            gz_w = gz.to(weight.dtype)  # [c, V] in the matmul dtype
+                gz /= temperature  # z = logits / temperature
+            if grad_b is not None:
+                grad_b += gz.sum(0)
+            gz_w = gz.to(weight.dtype)  # [c, V] in the matmul dtype (a no-op in fp32)
             if grad_h is not None:
                 grad_h[s : s + chunk] = (gz_w @ weight).to(hidden.dtype)  # [c, H]
             if grad_w is not None:
-                grad_w += _mm_fp32(gz_w.t(), h.to(weight.dtype))  # [V, H]
-            if grad_b is not None:
-                grad_b += gz.sum(0)
+                _addmm_fp32_(grad_w, gz_w.t(), h.to(weight.dtype))  # [V, H]
         return (
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),

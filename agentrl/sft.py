@@ -214,8 +214,12 @@ def train_sft(cfg: SFTConfig) -> Path:
 
 
 def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
-    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes."""
+    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes (PlacementError when `nproc`
+    exceeds the visible GPUs)."""
     from agentrl.distributed import run_ranks
+    from agentrl.placement import check_nproc, visible_gpus
+
+    check_nproc(nproc, visible_gpus())
 
     if nproc <= 1:
         path = train_sft(cfg)

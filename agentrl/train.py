@@ -60,8 +60,10 @@ from agentrl.distributed import (
 from agentrl.grpo import group_advantages, policy_loss, weight_negatives
 from agentrl.logprobs import action_logprobs
 from agentrl.packing import plan_micro_batches, resolve_packing
+from agentrl.placement import Placement, plan_placement, visible_gpus
 from agentrl.train_config import TrainConfig
 from agentrl.trajectory import Trajectory, load_trajectories
+from agentrl.weight_sync import WeightSync
 
 
 def log(msg: str) -> None:
@@ -343,6 +345,7 @@ def train(cfg: TrainConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     info = init_distributed()
+    placement = train_placement(cfg, info.world_size)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     ckpt_dir = out / "checkpoints" / "latest"
@@ -410,8 +413,10 @@ def train(cfg: TrainConfig) -> Path:
                 # on GPUs vLLM's choice (bf16), with the TIS correction covering the mismatch.
                 dtype="auto" if torch.cuda.is_available() else "float32",
                 max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
+                **engine_placement_kwargs(placement),
             )
         gen = Generator(cfg, policy)
+    sync = WeightSync(placement, gen.policy if gen else None, model, info, active=cfg.replay is None)
     prefetch: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     worker: threading.Thread | None = None
@@ -465,6 +470,7 @@ def train(cfg: TrainConfig) -> Path:
                 )
         else:
             t0 = time.perf_counter()
+            sync.before_update()  # a colocated engine sleeps: the update gets its memory
             metrics.update(
                 grpo_step(
                     model,
@@ -481,10 +487,9 @@ def train(cfg: TrainConfig) -> Path:
             updates += cfg.optim.epochs * cfg.optim.mini_batches
             metrics["time/train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sd = full_state_dict(model)
-        if gen is not None:
-            gen.policy.update_weights(sd)
-            metrics["policy/version"] = float(gen.policy.version)
+        version = sync.after_update()  # wake weights, push them (a collective), wake the KV cache
+        if version is not None:
+            metrics["policy/version"] = float(version)
         metrics["time/weight_sync_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = time.perf_counter() - t_step
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
@@ -516,6 +521,7 @@ def train(cfg: TrainConfig) -> Path:
         export_hf(sd, cfg.model, out / "final")
         if writer is not None:
             writer.close()
+    sync.close()
     if gen is not None:
         gen.policy.close()
     dist.barrier()
@@ -600,8 +606,36 @@ def _tensorboard(cfg: TrainConfig, out: Path) -> Any:
     return SummaryWriter(str(out / "tb"))
 
 
+def train_placement(cfg: TrainConfig, nproc: int) -> Placement:
+    """Trainer and engine GPUs for this config on this machine (`agentrl.placement`); PlacementError if impossible."""
+    return plan_placement(
+        gpus=visible_gpus(),
+        nproc=nproc,
+        devices=cfg.rollout.devices,
+        asynchronous=cfg.asynchronous.mode == "async",
+        sleep=cfg.rollout.sleep,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+    )
+
+
+def engine_placement_kwargs(placement: Placement) -> dict[str, Any]:
+    """`VLLMPolicy` arguments that put the engine where `placement` says (nothing on CPU)."""
+    if not placement.on_gpu:
+        return {}
+    return {
+        "devices": list(placement.engine_gpus),
+        "gpu_memory_utilization": placement.gpu_memory_utilization,
+        "sleep_mode": placement.sleep,
+        "weight_transfer": placement.transport,
+    }
+
+
 def launch(cfg: TrainConfig, nproc: int = 1) -> Path:
-    """Train here (nproc=1) or under `torchrun` with `nproc` processes."""
+    """Train here (nproc=1) or under `torchrun` with `nproc` processes.
+
+    Raises PlacementError (before starting anything) when `nproc` or `rollout.devices` do not fit
+    the visible GPUs."""
+    train_placement(cfg, nproc)
     if nproc <= 1:
         path = train(cfg)
         dist.destroy_process_group()
