@@ -35,7 +35,9 @@ def one_rank_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[DistInfo]:
     try:
         yield info
     finally:
-        dist.destroy_process_group()
+        # An in-process vLLM engine joins this group and tears it down when it closes.
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajectory]) -> tuple[dict, dict]:

@@ -15,7 +15,13 @@ def test_cpu_machine_uses_the_rpc_path_and_never_sleeps() -> None:
 
 def test_default_on_one_gpu_is_colocated_with_sleep_and_ipc() -> None:
     p = plan_placement(gpus=1, nproc=1)
-    assert (p.trainer_gpus, p.engine_gpus, p.colocated, p.sleep, p.transport) == ((0,), (0,), True, True, "ipc")
+    assert (p.trainer_gpus, p.engine_gpus, p.colocated, p.sleep, p.transport) == (
+        (0,),
+        (0,),
+        True,
+        True,
+        "ipc",
+    )
     assert p.gpu_memory_utilization == 0.4
 
 
@@ -38,7 +44,9 @@ def test_asynchronous_mode_keeps_a_colocated_engine_awake() -> None:
 
 
 def test_the_users_memory_share_is_kept() -> None:
-    assert plan_placement(gpus=2, nproc=1, devices=[1], gpu_memory_utilization=0.7).gpu_memory_utilization == 0.7
+    assert (
+        plan_placement(gpus=2, nproc=1, devices=[1], gpu_memory_utilization=0.7).gpu_memory_utilization == 0.7
+    )
 
 
 def test_nproc_beyond_the_visible_gpus_is_one_clear_line() -> None:
@@ -46,7 +54,11 @@ def test_nproc_beyond_the_visible_gpus_is_one_clear_line() -> None:
         check_nproc(2, gpus=1)
     message = str(err.value)
     assert "\n" not in message
-    assert "--nproc 2 needs 2 GPUs" in message and "use --nproc 1" in message and "CUDA_VISIBLE_DEVICES=" in message
+    assert (
+        "--nproc 2 needs 2 GPUs" in message
+        and "use --nproc 1" in message
+        and "CUDA_VISIBLE_DEVICES=" in message
+    )
     check_nproc(2, gpus=0)  # CPU: any number of gloo ranks
     check_nproc(2, gpus=2)
 
