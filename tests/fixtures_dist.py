@@ -58,7 +58,12 @@ def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajector
             grads[name.replace("_checkpoint_wrapped_module.", "")] = g.detach().clone()
 
     opt.register_step_pre_hook(record)
-    metrics = grpo_step(model, opt, trajs, cfg, info, pad_id=0)
+    ref_model = None
+    if cfg.loss.kl_coef > 0:  # the frozen start, as train() builds it
+        ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
+        ref_model.eval().requires_grad_(False)
+        shard_model(ref_model, bf16=False)
+    metrics = grpo_step(model, opt, trajs, cfg, info, pad_id=0, ref_model=ref_model)
     return grads, metrics
 
 
