@@ -153,13 +153,19 @@ def packed_inputs(batch: Batch) -> tuple[dict[str, Any], Tensor]:
 
 
 def resolve_packing(setting: str, device: torch.device, bf16: bool) -> bool:
-    """`packing: auto|on|off` for a trainer on `device` computing in bf16 (or not): auto packs where the
-    varlen flash kernel runs (`agentrl.varlen.kernel_available`); elsewhere packing still works
-    (the reference attention) but length-bucketed padding is the faster choice."""
+    """`packing: auto|on|off` for a trainer on `device` computing in bf16 (or not).
+
+    auto packs, except on a GPU where the varlen flash kernel cannot run (fp32 compute, a torch
+    without `torch.nn.attention.varlen`): there the reference attention (one `sdpa` per sequence)
+    would lose to the batched kernels, and length-bucketed padding is the faster choice. On the
+    CPU the reference is the faster one (measured in benchmarks/RESULTS.md).
+    """
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"packing must be auto, on or off; got {setting!r}")
     if setting != "auto":
         return setting == "on"
+    if device.type != "cuda":
+        return True
     from agentrl.varlen import kernel_available
 
     return kernel_available(device, torch.bfloat16 if bf16 else torch.float32)

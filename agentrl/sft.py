@@ -54,7 +54,8 @@ class SFTConfig(BaseModel):
     )
     packing: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Pack sequences into one row for the varlen attention; auto: where its flash kernel runs (CUDA, bf16).",
+        description="Pack sequences into one row for the varlen attention; auto: on, except on a GPU without "
+        "its flash kernel (fp32, old torch).",
     )
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     only_passed: bool = Field(

@@ -73,7 +73,7 @@ class OptimSettings(_Strict):
     packing: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Pack a micro-batch's sequences into one row for the varlen attention (no padding). "
-        "auto: on where the varlen flash kernel runs (CUDA, bf16), off elsewhere.",
+        "auto: on, except on a GPU without the varlen flash kernel (fp32, old torch): length-bucketed padding there.",
     )
     epochs: int = Field(
         1,

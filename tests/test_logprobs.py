@@ -10,9 +10,9 @@ import torch
 
 from agentrl.batch import collate, sequence_logprobs, token_entropy
 from agentrl.logprobs import action_logprobs, chunked_logprobs, supports_lean
+from agentrl.peak_memory import PeakMemory
 from agentrl.trajectory import Trajectory
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
-from tests.memtrack import PeakMemory
 
 
 def trajectories(vocab: int, n: int = 4, seed: int = 0) -> list[Trajectory]:
