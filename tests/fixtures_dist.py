@@ -48,7 +48,8 @@ def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajector
     from agentrl.train import grpo_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
-    shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=False)
+    bf16 = bool(cfg.optim.bf16)  # unset means fp32 here, on any device: the comparisons are fp32 ones
+    shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=bf16)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     grads: dict[str, torch.Tensor] = {}
 
@@ -62,7 +63,7 @@ def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajector
     if cfg.loss.kl_coef > 0:  # the frozen start, as train() builds it
         ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
         ref_model.eval().requires_grad_(False)
-        shard_model(ref_model, bf16=False)
+        shard_model(ref_model, bf16=bf16)
     metrics = grpo_step(model, opt, trajs, cfg, info, pad_id=0, ref_model=ref_model)
     return grads, metrics
 
