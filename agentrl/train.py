@@ -10,11 +10,15 @@ One step:
  2. the batch goes to every rank; advantages are computed on the whole batch (one per
     trajectory, group-relative), then each rank takes its share;
  3. `optim.epochs` passes over the batch, each split into `optim.mini_batches` optimizer
-    steps: each rank computes the clipped surrogate over its micro-batches (FSDP2 all-gathers
-    the weights, reduce-scatters the gradients), the global gradient is clipped, AdamW steps.
-    With more than one step per batch the ratio is taken against the log-probs from before
-    the first one, computed up front (as are the reference's when `loss.kl_coef` > 0);
- 4. the full weights go to the vLLM policy, whose version increments;
+    steps: each rank computes the clipped surrogate over its micro-batches (cut by a token
+    budget, packed where the varlen kernel runs: `agentrl.packing`; log-probs from hidden
+    states at the action tokens only: `agentrl.logprobs`; FSDP2 all-gathers the weights,
+    reduce-scatters the gradients), the global gradient is clipped, AdamW steps. With more
+    than one step per batch the ratio is taken against the log-probs from before the first
+    one, computed up front (as are the reference's when `loss.kl_coef` > 0). A vLLM engine
+    colocated on the trainer's GPU sleeps meanwhile (`agentrl.placement`);
+ 4. the weights go to the vLLM policy (bf16 GPU to GPU on GPUs, `agentrl.weight_sync`), whose
+    version increments;
  5. metrics to out/metrics.jsonl (and TensorBoard), held-out evaluation every `eval.every`
     steps, a resumable checkpoint every `checkpoint_every` steps.
 
@@ -22,8 +26,9 @@ Asynchronous mode overlaps 1 with 3-4: a background thread generates the next ba
 the weights it has while the trainer updates; trajectories more than `max_staleness` versions
 behind are dropped or kept with the truncated importance-sampling correction.
 
-Losses and advantages are the pure functions of `agentrl.grpo`; batching is `agentrl.batch`;
-the curriculum is `agentrl.curriculum`; distribution is `agentrl.distributed`.
+Losses and advantages are the pure functions of `agentrl.grpo`; batching is `agentrl.batch`
+and `agentrl.packing`; the curriculum is `agentrl.curriculum`; distribution is
+`agentrl.distributed`; GPU placement is `agentrl.placement` and `agentrl.weight_sync`.
 """
 
 from __future__ import annotations
