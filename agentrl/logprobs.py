@@ -57,15 +57,19 @@ _FP32_OUT: dict[str, bool] = {}
 def _probe(kind: str, device: torch.device, dtype: torch.dtype) -> bool:
     if kind not in _FP32_OUT:
         try:
-            a = torch.randn(4, 8, device=device).to(dtype)
-            b = torch.randn(8, 3, device=device).to(dtype)
-            want = a.float() @ b.float()
+            # The layouts of the real calls: h @ W^T (a transposed second operand), gz^T @ h (a
+            # transposed first one).
             if kind == "mm":
+                a = torch.randn(4, 8, device=device).to(dtype)
+                b = torch.randn(3, 8, device=device).to(dtype).t()
                 got = torch.mm(a, b, out_dtype=torch.float32)
+                want = a.float() @ b.float()
             else:
-                got = torch.ones(4, 3, device=device)
+                a = torch.randn(4, 8, device=device).to(dtype).t()
+                b = torch.randn(4, 3, device=device).to(dtype)
+                got = torch.ones(8, 3, device=device)
                 torch.ops.aten.addmm.dtype_out(got, a, b, torch.float32, out=got)
-                want = want + 1
+                want = a.float() @ b.float() + 1
             _FP32_OUT[kind] = got.dtype == torch.float32 and bool(torch.allclose(got, want, atol=1e-2))
         except (TypeError, RuntimeError, NotImplementedError, AttributeError):
             _FP32_OUT[kind] = False
