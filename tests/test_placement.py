@@ -102,3 +102,17 @@ def test_launch_refuses_nproc_before_starting_anything(monkeypatch: pytest.Monke
     with pytest.raises(PlacementError, match="--nproc 2 needs 2 GPUs"):
         train_mod.launch(TrainConfig(model=str(tmp_path), out=str(tmp_path / "run")), nproc=2)
     assert started == []
+
+
+def test_cli_train_says_what_to_change_in_one_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    import agentrl.train as train_mod
+    from agentrl.cli import app
+
+    monkeypatch.setattr(train_mod, "visible_gpus", lambda: 1)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: {tmp_path}\nout: {tmp_path / 'run'}\n")
+    result = CliRunner().invoke(app, ["train", str(config), "--nproc", "2"])
+    assert result.exit_code == 2  # a usage error, not a traceback from inside torchrun
+    assert "--nproc 2 needs 2 GPUs" in result.output and "Traceback" not in result.output
