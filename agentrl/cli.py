@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -348,7 +349,7 @@ def sft(
         only_passed=not all_trajectories,
         seed=seed,
     )
-    typer.echo(str(launch(cfg, nproc=nproc)))
+    typer.echo(str(_launch_or_bad_nproc(launch, cfg, nproc)))
 
 
 @app.command("demos")
@@ -425,7 +426,17 @@ def train_cmd(
     from agentrl.train_config import load_config
 
     cfg = load_config(config, list(ctx.args))
-    typer.echo(str(launch(cfg, nproc=nproc)))
+    typer.echo(str(_launch_or_bad_nproc(launch, cfg, nproc)))
+
+
+def _launch_or_bad_nproc(launch: Any, cfg: Any, nproc: int) -> Any:
+    """Run `launch`; a placement that does not fit the visible GPUs is a usage error, in one line."""
+    from agentrl.placement import PlacementError
+
+    try:
+        return launch(cfg, nproc=nproc)
+    except PlacementError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--nproc / rollout.devices") from None
 
 
 @app.command("eval")
