@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentrl.errors import UserError
 from agentrl.report import (
     ModelSummary,
     markdown_report,
@@ -61,7 +62,7 @@ EPISODES_FILE = "episodes.jsonl"
 MODEL_FILE = "model.json"
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """An evaluation cannot go on as asked: the message says what was wrong and how to fix it."""
 
 
@@ -301,10 +302,10 @@ def resolve_tasks(
 
     env = make(env_id, **_env_overrides(env_kwargs, max_turns))
     try:
-        src = env.task_source
-        if isinstance(src, Sequence) and num_tasks > len(src):
+        size = env.tasks.size(split)  # None: a generator, unbounded
+        if size is not None and size and num_tasks > size:
             raise EvalError(
-                f"{env_id} has a fixed list of {len(src)} tasks; ask for at most that many (--tasks {len(src)})"
+                f"{env_id} has {size} {split} tasks (a fixed dataset); ask for at most that many (--tasks {size})"
             )
         tasks = [env._pick_task({"index": i, "split": split}) for i in range(num_tasks)]
         resolved_turns = int(env.max_turns)
@@ -536,6 +537,10 @@ def evaluate(
             )
     budget, tasks = make_budget(cfg)
     _prepare_run_dir(out, budget, cfg.force)
+    if policy_factory is None:  # our vLLM engine: its logs go beside the results, not over the bar
+        from agentrl.runlog import quiet_libraries
+
+        quiet_libraries(out / "engine.log")
     factory = policy_factory or _default_policy_factory(budget, cfg.seed)
     names = cfg.names or model_names(cfg.models)
     all_keys = [(i, j) for i in range(budget.num_tasks) for j in range(budget.n)]
