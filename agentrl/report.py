@@ -107,11 +107,11 @@ def _style(i: int) -> tuple[str, str, str]:
 
 
 def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: str = "") -> Path:
-    """pass@k against k for each model, its 95% bootstrap CI as error bars and a light band.
+    """pass@k against k for each model, its 95% bootstrap CI as error bars.
 
     Readable at a glance with several models: each has its own colour, marker and line style; the
     models are nudged apart along k (a few percent on the log axis), so equal curves and
-    overlapping intervals stay visible side by side instead of hiding one another.
+    overlapping intervals stay visible side by side instead of merging into one shaded area.
     """
     import matplotlib
 
@@ -128,7 +128,6 @@ def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: s
         y = np.array([p.pass_at_k for p in s.pass_at])  # [K]
         lo = np.array([p.ci_low for p in s.pass_at])  # [K]
         hi = np.array([p.ci_high for p in s.pass_at])  # [K]
-        ax.fill_between(x, lo, hi, color=color, alpha=0.10, linewidth=0)
         ax.errorbar(
             x,
             y,

@@ -45,13 +45,16 @@ class TaskSourceError(UserError):
 
 
 def _describe(value: Any) -> str:
+    """`None`, `a dict (keys: id, prompt)`, `an int (3)`: what came back, for an error message."""
     if value is None:
         return "None"
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
     if isinstance(value, Mapping):
         keys = ", ".join(str(k) for k in list(value)[:6])
-        return f"a {type(value).__name__} (keys: {keys})" if keys else f"an empty {type(value).__name__}"
+        return f"{article} {kind} (keys: {keys})" if keys else f"an empty {kind}"
     text = repr(value)
-    return f"a {type(value).__name__} ({text[:40]}{'...' if len(text) > 40 else ''})"
+    return f"{article} {kind} ({text[:40]}{'...' if len(text) > 40 else ''})"
 
 
 def _qualname(obj: Any) -> str:
@@ -84,9 +87,10 @@ class TaskSource:
 class GeneratorSource(TaskSource):
     """A procedural generator (`generate(index, split) -> Task`), its return values checked."""
 
-    def __init__(self, generator: Any, name: str | None = None):
+    def __init__(self, generator: Any, owner: str | None = None):
         self.generator = generator
-        self.name = name or _qualname(generator)
+        self.name = _qualname(generator)
+        self.owner = owner  # the environment it feeds, for messages
 
     def get(self, index: int, split: Split = "train") -> Task:
         task = self.generator.generate(index, split)
@@ -99,8 +103,9 @@ class GeneratorSource(TaskSource):
             if isinstance(task, Mapping)
             else ""
         )
+        of = f" (environment {self.owner})" if self.owner else ""
         raise TaskSourceError(
-            f"task generator {self.name}.generate({index}, {split!r}) returned {_describe(task)}, "
+            f"task generator {self.name}.generate({index}, {split!r}){of} returned {_describe(task)}, "
             f"not an agentrl.Task.{hint}"
         )
 

@@ -371,9 +371,9 @@ def _no_update_reason(metrics: dict[str, float]) -> tuple[str, str]:
 
 _STOP_ADVICE = {
     "all-fail": "every episode failed: the policy cannot solve these tasks yet. Warm-start it first (SFT on "
-    "demonstrations: `agentrl demos ENV_ID --n 256 --out demos.jsonl`, then `agentrl sft`), or use easier tasks",
+    "demonstrations: `agentrl demos {env} --n 256 --out demos.jsonl`, then `agentrl sft`), or use easier tasks",
     "all-pass": "every episode passed: the policy already solves these tasks; train on harder ones",
-    "env-error": "every episode ended in an environment error or timeout; run `agentrl env check ENV_ID` "
+    "env-error": "every episode ended in an environment error or timeout; run `agentrl env check {env}` "
     "and look at the trajectories' `error` field",
     "mixed": "every task was either always solved or never: none is in the learnability band. Use tasks of "
     "graded difficulty, or warm-start the policy first",
@@ -703,7 +703,7 @@ def train(cfg: TrainConfig) -> Path:
             _finish(info, gen, tracker, bar, out)
             raise TrainingStopped(
                 f"no informative group in the last {cfg.stop_uninformative_after} steps (step {stopped.step}/"
-                f"{cfg.steps}): {_STOP_ADVICE[stopped.kind]}. Saved {where}; stop_uninformative_after=0 "
+                f"{cfg.steps}): {_STOP_ADVICE[stopped.kind].format(env=cfg.env)}. Saved {where}; stop_uninformative_after=0 "
                 "keeps going regardless"
             ) from None
         if info.is_main:
