@@ -677,7 +677,13 @@ def rollout_cmd(
         bar.set_postfix(mean_reward=f"{sum(rewards) / len(rewards):.3f}", last=t.finish_reason)
         bar.update(1)
 
-    with VLLMPolicy(model, in_process=in_proc, seed=seed, max_model_len=max_total_tokens) as policy:
+    with VLLMPolicy(
+        model,
+        in_process=in_proc,
+        seed=seed,
+        max_model_len=max_total_tokens,
+        engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
+    ) as policy:
         trajectories = collect_sync(
             env, tasks, policy, cfg, env_kwargs=env_kwargs, on_trajectory=on_trajectory
         )

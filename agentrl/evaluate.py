@@ -431,7 +431,11 @@ def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], An
 
         # In-process engine on CPU: no engine-core process, ~10 s to start instead of ~1 min.
         return VLLMPolicy(
-            model_dir, in_process=not _has_cuda(), seed=seed, max_model_len=budget.max_total_tokens
+            model_dir,
+            in_process=not _has_cuda(),
+            seed=seed,
+            max_model_len=budget.max_total_tokens,
+            engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
         )
 
     return factory

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,8 @@ class Tracker:
         import wandb
 
         id_file = out / "wandb-run-id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        # W&B run ids are short lowercase alphanumerics; a resumed run reuses the one on disk.
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
         id_file.write_text(run_id)
         mode = wandb_mode(cfg.wandb.mode)
         run = wandb.init(
@@ -85,7 +87,7 @@ class Tracker:
             config=json.loads(cfg.model_dump_json()),
             # Our own progress bar and lines stay readable: W&B neither captures the console nor
             # prints its banner.
-            settings=wandb.Settings(console="off", quiet=True),
+            settings=wandb.Settings(console="off", quiet=True, silent=True),
         )
         where = f"offline in {out / 'wandb'} (upload later: wandb sync {out / 'wandb'}/offline-run-*)"
         self.notes.append(f"W&B: {where}" if (mode or run.settings.mode) == "offline" else f"W&B: {run.url}")

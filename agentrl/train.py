@@ -688,7 +688,7 @@ def train(cfg: TrainConfig) -> Path:
         else:
             where = checkpoint(step) if saved_at != step else out / f"checkpoint-{step}"
             _finish(info, gen, tracker, bar, out)
-            done = f"steps 1-{step} done" if step else "no step finished yet"
+            done = f"step{'s 1-' if step > 1 else ' '}{step} done" if step else "no step finished yet"
             message = (
                 f"interrupted at step {step + 1}/{cfg.steps}: saved {where} ({done}; the step in progress "
                 f"is redone on resume). Continue with the same command: {_command()}"
