@@ -93,7 +93,13 @@ def run_ranks(module: str, payload: str, nproc: int) -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="agentrl-ranks-") as tmp:
         status_file = Path(tmp, "status.json")
-        env = {**os.environ, "AGENTRL_RANK_STATUS": str(status_file), "AGENTRL_RANK_PIDS": tmp}
+        # OMP_NUM_THREADS: what torchrun would set, without its banner saying so.
+        env = {
+            "OMP_NUM_THREADS": "1",
+            **os.environ,
+            "AGENTRL_RANK_STATUS": str(status_file),
+            "AGENTRL_RANK_PIDS": tmp,
+        }
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         interrupts = 0
         while True:

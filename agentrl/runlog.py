@@ -61,9 +61,14 @@ def quiet_libraries(log_file: Path | None) -> None:
         # Now as well: vLLM may already be imported (and configured), and a record logged while it
         # imports, before it configures its logger, would reach Python's last-resort stderr handler.
         logging.config.dictConfig(config)
-    # vLLM's own deprecation warnings about torch APIs are not the user's to act on.
+    # vLLM's own deprecation warnings about torch APIs are not the user's to act on: here, and in
+    # the engine processes it spawns (PYTHONWARNINGS names modules exactly).
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm(\.|$)")
+    engine_filter = "ignore::FutureWarning:vllm.triton_utils.dispatcher"
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if engine_filter not in current:
+        os.environ["PYTHONWARNINGS"] = f"{current},{engine_filter}" if current else engine_filter
     try:
         from transformers.utils import logging as hf_logging
 

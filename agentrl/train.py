@@ -395,7 +395,9 @@ class _Sigint:
     def __enter__(self) -> _Sigint:
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._handle if self.listen else signal.SIG_IGN)
+            # A process started with Ctrl-C ignored (nohup, a background job) keeps ignoring it.
+            listen = self.listen and self.previous is not signal.SIG_IGN
+            signal.signal(signal.SIGINT, self._handle if listen else signal.SIG_IGN)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -911,6 +913,11 @@ def launch(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> Path:
     note = preflight(cfg, nproc, force)
     if "changed config" in note:
         log(note)
+    newest = latest_resumable(cfg.out) if cfg.resume else None
+    finished = json.loads((newest / "trainer_state" / "state.json").read_text())["step"] if newest else 0
+    if finished >= cfg.steps and (Path(cfg.out) / "final" / "config.json").exists():
+        log(f"{cfg.out} already finished its {cfg.steps} steps ({newest}); raise steps= to train it further")
+        return Path(cfg.out) / "final"
     if nproc == 1:
         try:
             return train(cfg)
