@@ -658,9 +658,9 @@ def rollout_cmd(
     from agentrl.task import Task
 
     env_kwargs = {"backend": backend} if backend else {}
-    from agentrl.registry import make
+    from agentrl.registry import make_for_split
 
-    probe = make(env, **env_kwargs)
+    probe = make_for_split(env, split, **env_kwargs)
     try:
         tasks: list[Task] = [probe._pick_task({"index": i, "split": split}) for i in range(n)]
     finally:

@@ -298,9 +298,9 @@ def resolve_tasks(
     env_id: str, split: str, num_tasks: int, env_kwargs: dict[str, Any], max_turns: int | None
 ) -> tuple[list[Task], int]:
     """Tasks 0..num_tasks-1 of `split`, and the environment's turn limit (`max_turns` or its default)."""
-    from agentrl.registry import make
+    from agentrl.registry import make_for_split
 
-    env = make(env_id, **_env_overrides(env_kwargs, max_turns))
+    env = make_for_split(env_id, split, **_env_overrides(env_kwargs, max_turns))
     try:
         size = env.tasks.size(split)  # None: a generator, unbounded
         if size is not None and size and num_tasks > size:

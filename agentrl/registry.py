@@ -230,6 +230,18 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
     return env
 
 
+def make_for_split(env_id: str | EnvSpec, split: str, **overrides: Any) -> Any:
+    """`make` for reading the tasks of `split`: the environment is built with that split as its own
+    (`ToolEnv(split=...)`), so one that loads a single split's tasks (python-repair) loads this one.
+    An environment whose constructor takes no `split` is built without it."""
+    try:
+        return make(env_id, **{"split": split, **overrides})
+    except TypeError as exc:
+        if "split" not in str(exc):
+            raise
+        return make(env_id, **overrides)
+
+
 def _register_builtins() -> None:
     from agentrl.envs import register_builtins
 
