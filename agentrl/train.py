@@ -476,14 +476,13 @@ def train(cfg: TrainConfig) -> Path:
     if info.is_main and cfg.replay is None:
         import agentrl
 
-        env = agentrl.make(cfg.env, backend="local", use_pool=False)
+        env = agentrl.make(cfg.env, **_task_env_kwargs(cfg))
         curriculum = Curriculum.from_source(env.tasks, config=cfg.curriculum)
         env.close()
         if curriculum.pool_size is not None:
             pool = f"a pool of {curriculum.pool_size} train tasks"
-    start = updates = rollout_calls = streak = policy_version = (
-        0  # updates: optimizer steps (for the warm-up)
-    )
+    # updates: optimizer steps so far (the warm-up counts these, not training steps)
+    start = updates = rollout_calls = streak = policy_version = 0
     rng: Any = None
     resumed_from = latest_resumable(out) if cfg.resume else None
     if resumed_from is not None:
@@ -565,7 +564,13 @@ def train(cfg: TrainConfig) -> Path:
                 continue
             if stop.is_set():
                 break
-            prefetch.put(gen.batch(curriculum))
+            try:
+                prefetch.put(gen.batch(curriculum))
+            except Exception as exc:  # raised in the trainer's thread, which waits on the queue
+                if stop.is_set():
+                    return  # the run is ending (Ctrl-C, a stop): the engine closed under the batch
+                prefetch.put(exc)
+                return
 
     def checkpoint(step: int) -> Path:
         return save_checkpoint(
@@ -611,6 +616,8 @@ def train(cfg: TrainConfig) -> Path:
                                         worker = threading.Thread(target=produce, daemon=True, name="rollout")
                                         worker.start()
                                     batch = prefetch.get()
+                                    if isinstance(batch, Exception):
+                                        raise batch
                                     slot.release()  # the producer starts the next batch, with this update's weights
                                 else:
                                     assert curriculum is not None
@@ -889,7 +896,7 @@ def preflight(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> str:
 def _check_tasks(cfg: TrainConfig) -> None:
     import agentrl
 
-    env = agentrl.make(cfg.env, backend="local", use_pool=False)
+    env = agentrl.make(cfg.env, **_task_env_kwargs(cfg))
     try:
         env.tasks.get(0, "train")  # a generator returning garbage, an empty dataset: said here, once
         size = env.tasks.size("train")
@@ -902,6 +909,12 @@ def _check_tasks(cfg: TrainConfig) -> None:
             env.tasks.get(0, cfg.eval.split)
     finally:
         env.close()
+
+
+def _task_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The environment the tasks are read from: the run's own overrides (`env_kwargs` may name
+    another dataset: `tasks: data.jsonl`), with no sandbox started for it."""
+    return {**cfg.env_kwargs, "backend": "local", "use_pool": False}
 
 
 def launch(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> Path:
