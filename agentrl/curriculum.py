@@ -480,8 +480,9 @@ class DynamicBatch:
     Every returned group updates the curriculum (zero-variance ones too). Untrainable
     trajectories are removed first; groups with zero reward variance are dropped. Requests
     stop once `batch_groups` informative groups are in, or `max_gen_factor × batch_groups`
-    groups were requested (so extra generation is bounded); the batch may then be short,
-    even empty (`result().full` says which). After the first round, a request is sized by
+    groups were requested (so extra generation is bounded), or a finite pool has no task left
+    that is not already in the batch; the batch may then be short, even empty (`result().full`
+    says which). After the first round, a request is sized by
     the keep rate seen so far, so a batch that loses half its groups asks for twice the
     shortfall in one round instead of many small ones.
     """
