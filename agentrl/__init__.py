@@ -1,7 +1,8 @@
 """agentrl: agentic multi-turn RL environments, verifiers, rollouts, GRPO training and pass@k evaluation.
 
 `import agentrl` stays cheap (no torch, no docker SDK); the public names below are loaded on
-first use.
+first use. It does register the built-in environment ids, with agentrl and with Gymnasium, so
+`gymnasium.make("agentrl/calc-v0")` works after it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "register": "agentrl.registry",
+    "load_plugins": "agentrl.registry",
     "make": "agentrl.registry",
     "spec": "agentrl.registry",
     "EnvSpec": "agentrl.registry",
@@ -22,6 +24,9 @@ _LAZY: dict[str, str] = {
     "EnvError": "agentrl.env",
     "Task": "agentrl.task",
     "load_tasks": "agentrl.task",
+    "TaskPool": "agentrl.tasksource",
+    "TaskSource": "agentrl.tasksource",
+    "UserError": "agentrl.errors",
     "save_tasks": "agentrl.task",
     "tool": "agentrl.tools",
     "Tool": "agentrl.tools",
@@ -33,9 +38,17 @@ _LAZY: dict[str, str] = {
     "VerifierCheck": "agentrl.verifier_check",
     "Episode": "agentrl.episode",
     "run_episode": "agentrl.agents",
+    "tool_call": "agentrl.agents",
+    "last_tool_output": "agentrl.agents",
+    "Agent": "agentrl.agents",
+    "AnswerOracle": "agentrl.agents",
     "open_sandbox": "agentrl.sandbox",
     "Limits": "agentrl.sandbox",
 }
+
+
+# Built-in ids into agentrl's registry and Gymnasium's (the registry module is light: no torch).
+importlib.import_module("agentrl.registry")
 
 
 def __getattr__(name: str) -> Any:

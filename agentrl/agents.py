@@ -1,8 +1,18 @@
 """Scripted agents and the plain episode loop: oracles, empty and random agents for tests and demonstrations.
 
-An agent maps the newest observation (a list of messages) to the next assistant message.
-Environments provide an oracle (`env.oracle(task)`) that solves their tasks; it is how the
-verifier is validated, how SFT demonstrations are made, and what the tests use.
+An agent maps the newest observation (a list of messages) to the next assistant message:
+
+    class Agent(Protocol):
+        def act(self, observation: list[dict]) -> str: ...
+
+**The oracle protocol.** An environment's oracle is `env.oracle(task) -> Agent`: a fresh agent
+per task that solves it, played through `env.reset(options={"task": task})` / `env.step(...)`
+like any policy (its messages are tool calls in the env's format: `tool_call(name, **args)`).
+`agentrl env check` (the oracle must score 1 on N tasks), `agentrl verifier check` /
+`check_verifier` (the verifier must accept the oracle's solution and reject an untouched start)
+and `agentrl demos` (SFT demonstrations, through the rollout engine and its masker) all use it.
+Give one as a method (`def oracle(self, task)`) or as `ToolEnv(oracle=...)`; `AnswerOracle`
+is the oracle of tasks whose reference answer is submitted as is.
 """
 
 from __future__ import annotations
@@ -50,6 +60,27 @@ def run_episode(
         obs, reward, terminated, truncated, info = env.step(agent.act(obs))
         if terminated or truncated:
             return EpisodeResult(reward, terminated, truncated, info, env.episode)
+
+
+class AnswerOracle:
+    """Submits the task's reference answer (`task.answer`), optionally after the tool calls in
+    `task.metadata["oracle_calls"]` (a list of {"name": ..., "arguments": {...}}), one per turn.
+
+    The oracle of a dataset of answer-checked tasks: `ToolEnv(tasks="tasks.jsonl", ...,
+    oracle=AnswerOracle)`.
+    """
+
+    def __init__(self, task: Any):
+        if getattr(task, "answer", None) is None:
+            raise ValueError(f"task {task.id!r} has no answer for AnswerOracle to submit")
+        self.task = task
+        self.calls = list(task.metadata.get("oracle_calls", []))
+
+    def act(self, observation: list[dict[str, Any]]) -> str:
+        if self.calls:
+            call = self.calls.pop(0)
+            return tool_call(call["name"], **call.get("arguments", {}))
+        return tool_call("submit", answer=self.task.answer)
 
 
 class EmptyAgent:

@@ -1,18 +1,92 @@
-"""The `agentrl` command line. Each command imports what it needs when it runs, so `--help` is instant."""
+"""The `agentrl` command line. Each command imports what it needs when it runs, so `--help` is instant.
+
+Errors, one mechanism for every command (`_Group.invoke`): bad input (a `UserError`, an invalid
+config, a usage error) prints one line, `error: ...`, and exits 2, without a traceback;
+`agentrl --debug COMMAND` (or AGENTRL_DEBUG=1) shows the traceback. Anything else is a bug and
+keeps its traceback.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+_debug = os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
+
+
+def _user_error_message(exc: BaseException) -> str | None:
+    """The one-line message for an exception that is the user's input going wrong; None for a bug."""
+    from agentrl.errors import UserError, format_validation_error, one_line
+
+    if isinstance(exc, UserError):
+        return one_line(exc.args[0] if exc.args else str(exc))
+    try:
+        from pydantic import ValidationError
+    except ImportError:  # pragma: no cover - pydantic is a dependency
+        ValidationError = ()  # type: ignore[assignment,misc]
+    if isinstance(exc, ValidationError):
+        return format_validation_error(exc, what=f"{exc.title} value")
+    if isinstance(exc, FileNotFoundError | IsADirectoryError) and exc.filename:
+        return one_line(f"{exc.filename}: {exc.strerror or exc}")
+    return None
+
+
+class _Group(TyperGroup):
+    """The top-level group: every command's errors pass through here (see the module docstring)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        import typer._click.exceptions as click_exc
+
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, click_exc.NoArgsIsHelpError, KeyboardInterrupt, SystemExit):
+            raise
+        except click_exc.UsageError as exc:
+            if _debug:
+                raise
+            where = getattr(exc.ctx, "command_path", None) or "agentrl"
+            _error(f"{exc.format_message()} (see `{where} --help`)")
+            raise typer.Exit(2) from None
+        except Exception as exc:
+            message = _user_error_message(exc)
+            if message is None or _debug:
+                raise
+            _error(message)
+            raise typer.Exit(2) from None
+
+
+def _error(message: str) -> None:
+    from agentrl.errors import one_line
+
+    typer.echo(f"error: {one_line(message)}", err=True)
+
 
 app = typer.Typer(
     help="agentrl: agentic multi-turn RL environments, verifiers, training and evaluation.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
+
+
+@app.callback()
+def _main_options(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback of an error (also: AGENTRL_DEBUG=1)."
+    ),
+) -> None:
+    """agentrl: agentic multi-turn RL environments, verifiers, training and evaluation."""
+    global _debug
+    if debug:
+        _debug = True
+        os.environ["AGENTRL_DEBUG"] = "1"  # torchrun ranks and other children inherit it
+
+
 sandbox_app = typer.Typer(
     help="Sandbox backends: build images, diagnose, reap leaked containers.", no_args_is_help=True
 )
@@ -76,12 +150,22 @@ def env_check(
     """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
     from agentrl.agents import run_episode
     from agentrl.checker import check_env
+    from agentrl.errors import UserError
     from agentrl.registry import make
 
     env = make(env_id, backend=backend)
     try:
-        check_env(env)
+        try:
+            check_env(env)
+        except AssertionError as exc:  # the environment breaks the contract: say how, no traceback
+            typer.echo(f"[!!] {env_id}: {exc}")
+            sys.exit(1)
         typer.echo(f"[ok] {env_id}: check_env passed")
+        if tasks > 0 and not callable(getattr(env, "oracle", None)):
+            raise UserError(
+                f"{env_id} has no oracle, so the oracle half of the check cannot run: give the env an "
+                "oracle(task) -> agent (a method, or ToolEnv(oracle=...); README: Oracles), or pass --tasks 0"
+            )
         solved = 0
         for i in range(tasks):
             task = env._pick_task({"index": i})
@@ -132,11 +216,7 @@ def verifier_check(
     from agentrl.registry import make
     from agentrl.verifier_check import check_verifier
 
-    try:
-        env = make(env_id, backend=backend)
-    except KeyError as exc:  # an unknown id: the registry's message says what exists
-        typer.echo(f"error: {exc.args[0]}", err=True)
-        raise typer.Exit(2) from None
+    env = make(env_id, backend=backend)  # an unknown id: the registry's message says what exists
     dropped = 0
     try:
         for i in range(tasks):
@@ -338,7 +418,9 @@ def sft(
     """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
     from agentrl.sft import SFTConfig, launch
 
-    cfg = SFTConfig(
+    cfg = _validated(
+        SFTConfig,
+        "option",
         model=model,
         data=data,
         out=out,
@@ -349,7 +431,19 @@ def sft(
         only_passed=not all_trajectories,
         seed=seed,
     )
-    typer.echo(str(_launch_or_bad_nproc(launch, cfg, nproc)))
+    typer.echo(str(launch(cfg, nproc=nproc)))
+
+
+def _validated(model_cls: Any, what: str, **fields: Any) -> Any:
+    """`model_cls(**fields)`, an invalid value said in one line with the option's name."""
+    from pydantic import ValidationError
+
+    from agentrl.errors import UserError, format_validation_error
+
+    try:
+        return model_cls(**fields)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, model_cls, what=what)) from None
 
 
 @app.command("demos")
@@ -391,6 +485,10 @@ def demos(
         from agentrl.model_kit import init_tiny
 
         model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-tiny", seed=0))
+    else:
+        from agentrl.errors import check_model_dir
+
+        check_model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()] or None
     _, stats = generate_demos(
@@ -420,23 +518,23 @@ def train_cmd(
         ..., help="YAML or TOML config (see examples/); every field is in agentrl.train_config."
     ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Resume even though the config changed (the old config is kept beside it), or start over "
+        "when resume is off and the run directory already holds a run.",
+    ),
 ) -> None:
-    """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config."""
+    """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config.
+
+    Resumes from the run directory's newest checkpoint when there is one (same config, or --force).
+    Ctrl-C saves a checkpoint and says how to continue.
+    """
     from agentrl.train import launch
     from agentrl.train_config import load_config
 
     cfg = load_config(config, list(ctx.args))
-    typer.echo(str(_launch_or_bad_nproc(launch, cfg, nproc)))
-
-
-def _launch_or_bad_nproc(launch: Any, cfg: Any, nproc: int) -> Any:
-    """Run `launch`; a placement that does not fit the visible GPUs is a usage error, in one line."""
-    from agentrl.placement import PlacementError
-
-    try:
-        return launch(cfg, nproc=nproc)
-    except PlacementError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--nproc / rollout.devices") from None
+    typer.echo(str(launch(cfg, nproc=nproc, force=force)))
 
 
 @app.command("eval")
@@ -468,9 +566,8 @@ def eval_cmd(
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Budget-controlled, resumable pass@k evaluation; writes episodes, summary.json, report.md and plots."""
-    from pydantic import ValidationError
-
-    from agentrl.evaluate import EvalConfig, EvalError, evaluate
+    from agentrl.errors import check_model_dir
+    from agentrl.evaluate import EvalConfig, evaluate
 
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
@@ -478,38 +575,35 @@ def eval_cmd(
         raise typer.BadParameter(
             f"--k must be comma-separated integers, got {k!r}", param_hint="--k"
         ) from None
+    for m in model:
+        check_model_dir(m)
+    cfg = _validated(
+        EvalConfig,
+        "option",
+        env=env,
+        models=model,
+        names=name or None,
+        n=n,
+        ks=ks,
+        split=split,
+        num_tasks=tasks,
+        temperature=temperature,
+        top_p=top_p,
+        max_turns=max_turns or None,
+        max_tokens_per_turn=max_tokens_per_turn,
+        max_total_tokens=max_total_tokens,
+        episode_timeout_s=episode_timeout_s,
+        concurrency=concurrency,
+        seed=seed,
+        env_kwargs={"backend": backend} if backend else {},
+        out=out,
+        force=force,
+        progress=not no_progress,
+    )
     try:
-        cfg = EvalConfig(
-            env=env,
-            models=model,
-            names=name or None,
-            n=n,
-            ks=ks,
-            split=split,
-            num_tasks=tasks,
-            temperature=temperature,
-            top_p=top_p,
-            max_turns=max_turns or None,
-            max_tokens_per_turn=max_tokens_per_turn,
-            max_total_tokens=max_total_tokens,
-            episode_timeout_s=episode_timeout_s,
-            concurrency=concurrency,
-            seed=seed,
-            env_kwargs={"backend": backend} if backend else {},
-            out=out,
-            force=force,
-            progress=not no_progress,
-        )
-    except ValidationError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        summaries = evaluate(cfg)
+        summaries = evaluate(cfg)  # a budget mismatch, an unknown env id: UserErrors, said in one line
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except (EvalError, KeyError) as exc:  # a budget mismatch, an unknown env id: said plainly, no traceback
-        typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
-        raise typer.Exit(2) from None
     for s in summaries:
         typer.echo(f"{s.model}: " + ", ".join(f"{key} {v:.3f}" for key, v in s.pass_at_dict().items()))
     typer.echo(f"report: {out}/report.md")
@@ -538,47 +632,45 @@ def rollout_cmd(
     ),
 ) -> None:
     """Roll out N tasks x group-size episodes with a vLLM policy; write trajectories as JSONL."""
-    from pydantic import ValidationError
     from tqdm import tqdm
 
     from agentrl.policy import VLLMPolicy, _has_cuda
     from agentrl.rollout import RolloutConfig, collect_sync
     from agentrl.trajectory import save_trajectories
 
-    try:
-        cfg = RolloutConfig(
-            group_size=group_size,
-            max_tokens_per_turn=max_tokens_per_turn,
-            max_total_tokens=max_total_tokens,
-            episode_timeout_s=episode_timeout_s,
-            concurrency=concurrency,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            warn_on_drift=False,  # counted in each trajectory's `drift`; warnings would bury the bar
-        )
-    except ValidationError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    cfg = _validated(
+        RolloutConfig,
+        "option",
+        group_size=group_size,
+        max_tokens_per_turn=max_tokens_per_turn,
+        max_total_tokens=max_total_tokens,
+        episode_timeout_s=episode_timeout_s,
+        concurrency=concurrency,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        warn_on_drift=False,  # counted in each trajectory's `drift`; warnings would bury the bar
+    )
+    from agentrl.errors import check_model_dir
     from agentrl.registry import spec
 
-    try:
-        spec(env)
-    except KeyError as exc:
-        typer.echo(f"error: {exc.args[0]}", err=True)
-        raise typer.Exit(2) from None
+    spec(env)  # an unknown id: a UserError naming the closest ones
+    check_model_dir(model)
     if n < 1:
         raise typer.BadParameter(f"--n must be >= 1, got {n}", param_hint="--n")
     from agentrl.task import Task
 
     env_kwargs = {"backend": backend} if backend else {}
-    from agentrl.registry import make
+    from agentrl.registry import make_for_split
 
-    probe = make(env, **env_kwargs)
+    probe = make_for_split(env, split, **env_kwargs)
     try:
         tasks: list[Task] = [probe._pick_task({"index": i, "split": split}) for i in range(n)]
     finally:
         probe.close()
+    from agentrl.runlog import quiet_libraries
+
+    quiet_libraries(Path(f"{out}.engine.log"))  # vLLM's logs beside the trajectories, not over the bar
     in_proc = (not _has_cuda()) if in_process is None else in_process
     bar = tqdm(total=n * group_size, desc="rollout", unit="ep")
     rewards: list[float] = []
@@ -588,7 +680,13 @@ def rollout_cmd(
         bar.set_postfix(mean_reward=f"{sum(rewards) / len(rewards):.3f}", last=t.finish_reason)
         bar.update(1)
 
-    with VLLMPolicy(model, in_process=in_proc, seed=seed, max_model_len=max_total_tokens) as policy:
+    with VLLMPolicy(
+        model,
+        in_process=in_proc,
+        seed=seed,
+        max_model_len=max_total_tokens,
+        engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
+    ) as policy:
         trajectories = collect_sync(
             env, tasks, policy, cfg, env_kwargs=env_kwargs, on_trajectory=on_trajectory
         )
@@ -617,6 +715,9 @@ def demo(
 ) -> None:
     """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
     from agentrl.demo import run_demo
+    from agentrl.errors import check_nproc
+
+    check_nproc(nproc)
 
     sys.exit(
         run_demo(out, quick=quick, nproc=nproc, steps=steps, eval_tasks=eval_tasks, eval_samples=eval_samples)
@@ -629,6 +730,13 @@ def main() -> None:
     from agentrl.sandbox.reaper import install_signal_handlers
 
     install_signal_handlers()
+    import shlex
+
+    # What Ctrl-C in `agentrl train` tells you to run to continue (its torchrun ranks inherit it).
+    os.environ["AGENTRL_COMMAND"] = shlex.join(["agentrl", *sys.argv[1:]])
+    if not _debug and "--debug" not in sys.argv:
+        # PyTorch's C++ warnings (vLLM's CPU worker start-up) would bury our lines; errors still show.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     app()
 
 

@@ -10,9 +10,11 @@ all-equal rewards, zero advantages and no gradient. So the curriculum
    p̂ follows the current policy rather than the policy's history;
 2. samples tasks in the learnability band band_low <= p̂ <= band_high with weight p̂(1 - p̂);
 3. spends a fraction of draws on *probes*, never-seen tasks from the generator, to discover
-   where the band is (the supply is unbounded), and a fraction on *re-probes* of tracked
-   tasks outside the band, because p moves as the policy learns (too hard today is in band
-   next week; in band today is solved tomorrow);
+   where the band is, and a fraction on *re-probes* of tracked tasks outside the band, because
+   p moves as the policy learns (too hard today is in band next week; in band today is solved
+   tomorrow). A generator's supply is unbounded; a fixed dataset is a finite pool
+   (`pool_size`), probed in a seeded random order until every task is tracked, after which a
+   draw meant as a probe goes to the band, else to a re-probe;
 4. (`DynamicBatch`, DAPO dynamic sampling, Yu et al. 2025 §3.2) drops groups whose rewards
    are all equal and keeps asking for groups until the batch has `batch_groups` informative
    ones or `max_gen_factor × batch_groups` groups were requested.
@@ -199,19 +201,52 @@ def filter_groups(groups: Iterable[Group]) -> tuple[list[Group], list[Group]]:
 class Curriculum:
     """Per-task pass-rate posteriors and the band sampler (see the module docstring)."""
 
-    def __init__(self, task_factory: Callable[[int], Task], config: CurriculumConfig | None = None) -> None:
+    def __init__(
+        self,
+        task_factory: Callable[[int], Task],
+        config: CurriculumConfig | None = None,
+        pool_size: int | None = None,
+    ) -> None:
+        """`task_factory(index)` makes task `index`; `pool_size` is the number of tasks of a fixed
+        dataset (indices 0..pool_size-1), None for an unbounded generator."""
         self.config = config if config is not None else CurriculumConfig()
         self.task_factory = task_factory
         self.rng = np.random.default_rng(self.config.seed)
         self.tasks: dict[str, TaskStats] = {}
         self.next_index = self.config.first_index
+        if pool_size is not None and pool_size < 1:
+            raise ValueError("a curriculum over a fixed dataset needs at least one task (pool_size >= 1)")
+        self.pool_size = pool_size
+        # A dataset may be sorted (by difficulty, by source): probe it in a seeded random order.
+        # Its own Generator, so the draws of `rng` stay those of an unbounded supply.
+        self._probe_order = (
+            np.random.default_rng([self.config.seed, pool_size]).permutation(pool_size)
+            if pool_size is not None
+            else None
+        )
+
+    @classmethod
+    def from_source(
+        cls, source: Any, config: CurriculumConfig | None = None, split: Split = "train"
+    ) -> Curriculum:
+        """A curriculum over the tasks of `split` of anything `ToolEnv(tasks=...)` accepts: a generator
+        (unbounded), or a list, JSONL file or `datasets.Dataset` (a finite pool)."""
+        from agentrl.tasksource import as_task_source
+
+        src = as_task_source(source)
+        return cls(lambda index: src.get(index, split), config, pool_size=src.size(split))
 
     @classmethod
     def from_generator(
         cls, generator: TaskGenerator, config: CurriculumConfig | None = None, split: Split = "train"
     ) -> Curriculum:
         """A curriculum over `generator`'s tasks of `split` (task i = generator.generate(i, split))."""
-        return cls(lambda index: generator.generate(index, split), config)
+        return cls.from_source(generator, config, split)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every task of a finite pool has been probed (always False for a generator)."""
+        return self.pool_size is not None and self.next_index - self.config.first_index >= self.pool_size
 
     # -- estimates --------------------------------------------------------------------------
 
@@ -265,9 +300,10 @@ class Curriculum:
 
         Tracked tasks are drawn without replacement within one call and never from `exclude`
         (e.g. the tasks already in this batch); re-probes pick uniformly among the out-of-band
-        tasks. An empty category falls back to the band, then to a probe, so a call always
-        returns `n` draws. While fewer than `min_band_tasks` tasks are in the band, band draws
-        become probes (bootstrapping: at the start nothing is known).
+        tasks. An empty category falls back to the band, then to a probe, so a call returns `n`
+        draws, unless a finite pool runs out: every one of its tasks drawn or excluded. While fewer
+        than `min_band_tasks` tasks are in the band, band draws become probes (bootstrapping: at
+        the start nothing is known).
         """
         cfg = self.config
         excluded = set(exclude)
@@ -282,6 +318,9 @@ class Curriculum:
         outside = [i for i, p in enumerate(estimates) if not self.in_band(float(p))]
         band_big_enough = len(band) >= cfg.min_band_tasks
 
+        # Tracked tasks without a usable group yet (every episode of theirs failed in the environment):
+        # a finite pool has nothing else once it is exhausted, so they are drawn again then.
+        unseen = [s for s in self.tasks.values() if not s.observed and s.task_id not in excluded]
         draws: list[TaskDraw] = []
         for _ in range(n):
             u = self.rng.random()
@@ -294,8 +333,21 @@ class Curriculum:
             if kind == "band" and not (band_big_enough and band):
                 kind = "probe"
             if kind == "probe":
-                draws.append(self._probe())
-                continue
+                draw = self._probe()
+                if draw is not None:
+                    draws.append(draw)
+                    continue
+                # A finite pool with every task tracked: draw among the tracked ones instead.
+                if band:
+                    kind = "band"
+                elif outside:
+                    kind = "reprobe"
+                elif unseen:
+                    stats = unseen.pop(int(self.rng.integers(len(unseen))))
+                    draws.append(TaskDraw(self.task_factory(stats.index), stats.index, "reprobe", None))
+                    continue
+                else:
+                    break  # every task of the pool is already in this batch: fewer than n draws
             pool = band if kind == "band" else outside
             if kind == "band":
                 weights = np.array([estimates[i] * (1.0 - estimates[i]) for i in pool])
@@ -311,12 +363,18 @@ class Curriculum:
             draws.append(TaskDraw(self.task_factory(stats.index), stats.index, kind, float(estimates[i])))
         return draws
 
-    def _probe(self) -> TaskDraw:
+    def _probe(self) -> TaskDraw | None:
+        """A never-seen task; None when a finite pool has no untracked task left."""
         # Generators are deterministic in the index; an id we already track (a generator with
         # duplicates) is skipped so a probe is always a task the curriculum has not seen.
         for _ in range(10_000):
-            index = self.next_index
+            if self.exhausted:
+                return None
+            position = self.next_index
             self.next_index += 1
+            index = position
+            if self._probe_order is not None:
+                index = int(self._probe_order[(position - self.config.first_index) % len(self._probe_order)])
             task = self.task_factory(index)
             if task.id not in self.tasks:
                 self.tasks[task.id] = TaskStats(task_id=task.id, index=index)
@@ -422,8 +480,9 @@ class DynamicBatch:
     Every returned group updates the curriculum (zero-variance ones too). Untrainable
     trajectories are removed first; groups with zero reward variance are dropped. Requests
     stop once `batch_groups` informative groups are in, or `max_gen_factor × batch_groups`
-    groups were requested (so extra generation is bounded); the batch may then be short,
-    even empty (`result().full` says which). After the first round, a request is sized by
+    groups were requested (so extra generation is bounded), or a finite pool has no task left
+    that is not already in the batch; the batch may then be short, even empty (`result().full`
+    says which). After the first round, a request is sized by
     the keep rate seen so far, so a batch that loses half its groups asks for twice the
     shortfall in one round instead of many small ones.
     """
@@ -449,10 +508,11 @@ class DynamicBatch:
         self.untrainable = 0
         self.draw_counts: dict[str, int] = {"probe": 0, "reprobe": 0, "band": 0}
         self._drawn: set[str] = set()
+        self.pool_exhausted = False  # a finite pool gave fewer tasks than asked: nothing left to draw
 
     @property
     def done(self) -> bool:
-        return len(self.kept) >= self.batch_groups or self.requested >= self.max_groups
+        return len(self.kept) >= self.batch_groups or self.requested >= self.max_groups or self.pool_exhausted
 
     def request(self) -> list[TaskDraw]:
         """The next tasks to run one group each on; [] once `done`."""
@@ -463,6 +523,7 @@ class DynamicBatch:
         keep_rate = len(self.kept) / self.generated if self.generated else 1.0
         n = budget if keep_rate == 0.0 else min(budget, max(need, math.ceil(need / keep_rate)))
         draws = self.curriculum.sample(n, exclude=self._drawn)
+        self.pool_exhausted = len(draws) < n
         self.requested += len(draws)
         self.rounds += 1
         for draw in draws:

@@ -28,31 +28,6 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def plot_training(metrics_path: Path, out_png: Path) -> Path:
-    """Reward, band occupancy and loss per step, from the trainer's metrics.jsonl."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
-    steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    for ax, key, title in (
-        (axes[0], "charts/reward_mean", "batch reward (mean)"),
-        (axes[1], "curriculum/band_occupancy", "band occupancy (0.2 <= p̂ <= 0.8)"),
-        (axes[2], "losses/policy_loss", "policy loss"),
-    ):
-        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", ms=3)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
-
-
 def run_demo(
     out_dir: str = "runs/demo",
     *,
@@ -63,6 +38,7 @@ def run_demo(
     steps: int | None = None,
 ) -> int:
     from agentrl.evaluate import EvalConfig, evaluate
+    from agentrl.report import plot_training
     from agentrl.train import launch
     from agentrl.train_config import load_config
     from agentrl.warm_start import WarmStartRecipe, warm_start
@@ -157,8 +133,10 @@ def run_demo(
 
 
 def _finished_steps(train_dir: Path) -> int:
-    state = train_dir / "checkpoints" / "latest" / "state.json"
-    return int(json.loads(state.read_text())["step"]) if state.exists() else 0
+    from agentrl.checkpoint import latest_resumable
+
+    newest = latest_resumable(train_dir)
+    return int(json.loads((newest / "trainer_state" / "state.json").read_text())["step"]) if newest else 0
 
 
 if __name__ == "__main__":

@@ -126,14 +126,14 @@ def generate_demos(
     `kinds` keeps only tasks whose `metadata["kind"]` is listed (indices are skipped until `n` are found).
     `tokenizer` is a Hugging Face tokenizer (the model's: the ids are that model's ids) or a `ChatMasker`.
     """
-    from agentrl.registry import make
+    from agentrl.registry import make_for_split
     from agentrl.rollout import RolloutConfig, collect
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     masker = tokenizer if isinstance(tokenizer, ChatMasker) else ChatMasker(tokenizer)
     kwargs = {"backend": backend, **(env_kwargs or {})}
-    probe = make(env_id, **kwargs)
+    probe = make_for_split(env_id, split, **kwargs)
     try:
         tasks = []
         index = start

@@ -11,6 +11,7 @@ mean over the *global* batch must therefore be computed per rank as
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -59,7 +60,7 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
-            from agentrl.placement import check_nproc
+            from agentrl.errors import check_nproc
 
             # A torchrun started by hand with more processes than GPUs: say so, not "invalid device ordinal".
             check_nproc(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), torch.cuda.device_count())
@@ -71,9 +72,19 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
 
 
 def run_ranks(module: str, payload: str, nproc: int) -> None:
-    """Run `python -m module payload` as `nproc` ranks under torchrun (standalone rendezvous); blocks."""
+    """Run `python -m module payload` as `nproc` ranks under torchrun (standalone rendezvous); blocks.
+
+    torchrun runs in its own session, so Ctrl-C in the terminal reaches only this process, which
+    forwards it to the ranks (torchrun itself would kill them before they could save); a third
+    Ctrl-C kills them. What rank 0 reports through `run_rank` comes back as the same exception: a
+    `UserError` (one line) or a `KeyboardInterrupt` after an interrupted run saved its state.
+    """
+    import signal
     import subprocess
     import sys
+    import tempfile
+
+    from agentrl.errors import UserError
 
     cmd = [
         sys.executable,
@@ -85,7 +96,77 @@ def run_ranks(module: str, payload: str, nproc: int) -> None:
         module,
         payload,
     ]
-    subprocess.run(cmd, check=True)
+    with tempfile.TemporaryDirectory(prefix="agentrl-ranks-") as tmp:
+        status_file = Path(tmp, "status.json")
+        # OMP_NUM_THREADS: what torchrun would set, without its banner saying so.
+        env = {
+            "OMP_NUM_THREADS": "1",
+            **os.environ,
+            "AGENTRL_RANK_STATUS": str(status_file),
+            "AGENTRL_RANK_PIDS": tmp,
+        }
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        interrupts = 0
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                interrupts += 1
+                if interrupts >= 3:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    continue
+                for pid_file in Path(tmp).glob("rank-*.pid"):
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid_file.read_text()), signal.SIGINT)
+        status = json.loads(status_file.read_text()) if status_file.exists() else None
+        if status is not None and status.get("exit") == 130:
+            raise KeyboardInterrupt
+        if status is not None and status.get("exit") == 2:
+            raise UserError(status.get("error", "a rank stopped on bad input"))
+        if interrupts:
+            raise KeyboardInterrupt
+        if code != 0:
+            raise subprocess.CalledProcessError(code, cmd[:6])
+
+
+def run_rank(main: Any) -> int:
+    """The body of a rank launched by `run_ranks`: run `main()` and return the process exit status.
+
+    Rank 0's bad input (`UserError`, printed as one `error:` line) and Ctrl-C (`KeyboardInterrupt`,
+    after the run saved its state) go to the launcher through a status file, with exit 0 when every
+    rank left together, so torchrun does not add its failure report; anything else is a bug and
+    keeps its traceback.
+    """
+    import sys
+
+    from agentrl.errors import UserError, one_line
+
+    status_path = os.environ.get("AGENTRL_RANK_STATUS")
+    rank = int(os.environ.get("RANK", "0"))
+    status: dict[str, Any] | None = None
+    collective = True
+    try:
+        main()
+    except KeyboardInterrupt:
+        status = {"exit": 130}
+    except UserError as exc:
+        status = {"exit": 2, "error": one_line(exc.args[0] if exc.args else str(exc))}
+        collective = bool(getattr(exc, "collective", False))
+        if not status_path and rank == 0:
+            print(f"error: {status['error']}", file=sys.stderr)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if status is None:
+        return 0
+    if status_path and rank == 0:
+        Path(status_path).write_text(json.dumps(status))
+    if not status_path:
+        return int(status["exit"])
+    # Every rank raised together (an interrupt, a stop decided on rank 0): leave quietly. A user error
+    # on rank 0 alone must fail the rank, or torchrun would wait on the others forever.
+    return 0 if collective or status["exit"] == 130 else 1
 
 
 def shard_model(

@@ -24,7 +24,7 @@ import difflib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium
@@ -42,6 +42,7 @@ from agentrl.sandbox.base import (
 )
 from agentrl.spaces import Messages, UnicodeText
 from agentrl.task import Split, Task, TaskGenerator
+from agentrl.tasksource import TaskSource, as_task_source, coerce_task
 from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, run_tool
 from agentrl.verifiers import Verdict, Verifier, get, run_verifier
 
@@ -90,7 +91,7 @@ class ToolEnv(gymnasium.Env[list, str]):
     def __init__(
         self,
         *,
-        tasks: TaskGenerator | Sequence[Task],
+        tasks: TaskGenerator | Sequence[Task] | Any,
         tools: Sequence[Tool | str],
         verifier: Verifier | str | tuple[str, dict] = "exact-match",
         max_turns: int = 10,
@@ -108,6 +109,7 @@ class ToolEnv(gymnasium.Env[list, str]):
         sandbox_env: dict[str, str] | None = None,
         env_id: str | None = None,
         render_mode: str | None = None,
+        oracle: Callable[[Task], Any] | None = None,
     ):
         """
         max_tool_calls_per_step: most tool calls one message runs (None: the class's
@@ -126,6 +128,10 @@ class ToolEnv(gymnasium.Env[list, str]):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
         self.task_source = tasks
+        # Generators, lists, JSONL paths, datasets: one validated view (agentrl.tasksource).
+        self.tasks: TaskSource = as_task_source(tasks, name=env_id or type(self).__name__)
+        if oracle is not None:  # the reference solution: oracle(task) -> an agent (README: Oracles)
+            self.oracle = oracle
         self.toolbox = ToolBox.of(list(tools))
         if isinstance(verifier, str):
             verifier = get(verifier)
@@ -189,16 +195,12 @@ class ToolEnv(gymnasium.Env[list, str]):
     def _pick_task(self, options: dict | None) -> Task:
         options = options or {}
         if "task" in options:
-            task = options["task"]
-            return task if isinstance(task, Task) else Task.model_validate(task)
-        src = self.task_source
-        if isinstance(src, Sequence):
-            if not src:
-                raise ValueError("this environment's task list is empty")
-            index = options.get("index", int(self.np_random.integers(len(src))))
-            return src[index % len(src)]
-        index = options.get("index", int(self.np_random.integers(2**31 - 1)))
-        return src.generate(int(index), options.get("split", self.split))
+            return coerce_task(options["task"])
+        split = options.get("split", self.split)
+        if "index" in options:
+            return self.tasks.get(int(options["index"]), split)
+        size = self.tasks.size(split)  # None: an unbounded generator
+        return self.tasks.get(int(self.np_random.integers(size or 2**31 - 1)), split)
 
     # --- sandbox ---------------------------------------------------------------------------
     def _release_sandbox(self) -> None:

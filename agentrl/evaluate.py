@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentrl.errors import UserError
 from agentrl.report import (
     ModelSummary,
     markdown_report,
@@ -61,7 +62,7 @@ EPISODES_FILE = "episodes.jsonl"
 MODEL_FILE = "model.json"
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """An evaluation cannot go on as asked: the message says what was wrong and how to fix it."""
 
 
@@ -297,14 +298,14 @@ def resolve_tasks(
     env_id: str, split: str, num_tasks: int, env_kwargs: dict[str, Any], max_turns: int | None
 ) -> tuple[list[Task], int]:
     """Tasks 0..num_tasks-1 of `split`, and the environment's turn limit (`max_turns` or its default)."""
-    from agentrl.registry import make
+    from agentrl.registry import make_for_split
 
-    env = make(env_id, **_env_overrides(env_kwargs, max_turns))
+    env = make_for_split(env_id, split, **_env_overrides(env_kwargs, max_turns))
     try:
-        src = env.task_source
-        if isinstance(src, Sequence) and num_tasks > len(src):
+        size = env.tasks.size(split)  # None: a generator, unbounded
+        if size is not None and size and num_tasks > size:
             raise EvalError(
-                f"{env_id} has a fixed list of {len(src)} tasks; ask for at most that many (--tasks {len(src)})"
+                f"{env_id} has {size} {split} tasks (a fixed dataset); ask for at most that many (--tasks {size})"
             )
         tasks = [env._pick_task({"index": i, "split": split}) for i in range(num_tasks)]
         resolved_turns = int(env.max_turns)
@@ -430,7 +431,11 @@ def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], An
 
         # In-process engine on CPU: no engine-core process, ~10 s to start instead of ~1 min.
         return VLLMPolicy(
-            model_dir, in_process=not _has_cuda(), seed=seed, max_model_len=budget.max_total_tokens
+            model_dir,
+            in_process=not _has_cuda(),
+            seed=seed,
+            max_model_len=budget.max_total_tokens,
+            engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
         )
 
     return factory
@@ -536,6 +541,10 @@ def evaluate(
             )
     budget, tasks = make_budget(cfg)
     _prepare_run_dir(out, budget, cfg.force)
+    if policy_factory is None:  # our vLLM engine: its logs go beside the results, not over the bar
+        from agentrl.runlog import quiet_libraries
+
+        quiet_libraries(out / "engine.log")
     factory = policy_factory or _default_policy_factory(budget, cfg.seed)
     names = cfg.names or model_names(cfg.models)
     all_keys = [(i, j) for i in range(budget.num_tasks) for j in range(budget.n)]

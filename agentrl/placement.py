@@ -29,13 +29,15 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from agentrl.errors import UserError, check_nproc, cuda_visible_note
+
 Transport = Literal["rpc", "ipc", "nccl"]
 
 COLOCATED_MEMORY = 0.4
 DEDICATED_MEMORY = 0.9
 
 
-class PlacementError(ValueError):
+class PlacementError(UserError, ValueError):
     """A placement that cannot work on this machine; the message says why and what to change."""
 
 
@@ -55,33 +57,6 @@ class Placement:
         return bool(self.trainer_gpus)
 
 
-def visible_gpus() -> int:
-    """CUDA devices this process sees (0 without CUDA)."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def _visible_note() -> str:
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return f"CUDA_VISIBLE_DEVICES={value!r}" if value is not None else "CUDA_VISIBLE_DEVICES unset"
-
-
-def check_nproc(nproc: int, gpus: int) -> None:
-    """One trainer process per GPU: refuse `nproc` > visible GPUs (torchrun would die with 'invalid device ordinal')."""
-    if nproc < 1:
-        raise PlacementError(f"--nproc must be at least 1, got {nproc}")
-    if gpus and nproc > gpus:
-        raise PlacementError(
-            f"--nproc {nproc} needs {nproc} GPUs (one per trainer process) but {gpus} "
-            f"{'is' if gpus == 1 else 'are'} visible ({_visible_note()}); use --nproc {gpus}, "
-            "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"
-        )
-
-
 def plan_placement(
     *,
     gpus: int,
@@ -96,7 +71,7 @@ def plan_placement(
     if gpus == 0:
         if devices:
             raise PlacementError(
-                f"rollout.devices={devices} names GPUs but none is visible ({_visible_note()}); "
+                f"rollout.devices={devices} names GPUs but none is visible ({cuda_visible_note()}); "
                 "remove rollout.devices to run the engine on the CPU"
             )
         return Placement((), (), False, False, "rpc", None)
@@ -110,7 +85,7 @@ def plan_placement(
         if bad:
             raise PlacementError(
                 f"rollout.devices={devices}: {bad} not among the {gpus} visible GPU(s) (indices 0..{gpus - 1}, "
-                f"{_visible_note()})"
+                f"{cuda_visible_note()})"
             )
         if len(set(devices)) != len(devices):
             raise PlacementError(f"rollout.devices={devices} repeats a GPU; list each once")

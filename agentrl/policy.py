@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import queue
 import threading
@@ -120,8 +121,10 @@ class VLLMWeightSyncExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        _ExpectedReloadWarnings.install(model)
         with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            initialize_layerwise_reload(self.model_runner.get_model())  # type: ignore[attr-defined]
+            initialize_layerwise_reload(model)
         self._agentrl_loaded: set[str] = set()
 
     def agentrl_load_weights(self, named_tensors: list[tuple[str, Any]] | bytes) -> int:
@@ -164,6 +167,45 @@ class VLLMWeightSyncExtension:
         loaded = sorted(getattr(self, "_agentrl_loaded", ()))
         self._agentrl_loaded = set()
         return loaded
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers that have nothing to load.
+
+    vLLM 0.32's layer-wise reload (model_loader/reload/layerwise.py, `finalize_layerwise_processing`)
+    counts every tensor of a layer as loadable, buffers included. A layer whose only tensors are
+    non-persistent buffers (RotaryEmbedding's `cos_sin_cache`, computed at construction and in no
+    checkpoint) receives nothing from a weight push, so the reload warns "Failed to load weights" and
+    then puts the original buffer back, which is exactly right. On every push, for every such
+    layer, it reads like a failed sync; a layer with real parameters that fails still warns.
+    """
+
+    def __init__(self, layer_classes: set[str]):
+        super().__init__()
+        self.layer_classes = layer_classes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "%s: Failed to load weights"
+            and isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] in self.layer_classes
+        )
+
+    @classmethod
+    def install(cls, model: Any) -> None:
+        names = set()
+        for module in model.modules():
+            params = [p for p in module._parameters.values() if p is not None]
+            buffers = {n for n, b in module._buffers.items() if b is not None}
+            if not params and buffers and buffers <= set(module._non_persistent_buffers_set):
+                names.add(type(module).__name__)
+        logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        for existing in logger.filters:
+            if isinstance(existing, cls):
+                existing.layer_classes |= names
+                return
+        logger.addFilter(cls(names))
 
 
 def checkpoint_dtype(model: str | os.PathLike[str]) -> str:

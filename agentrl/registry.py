@@ -2,15 +2,20 @@
 
 Ids look like `ns/Name-vN` (`agentrl/calc-v0`). Third-party packages register through the
 `agentrl.envs` entry-point group; each entry point is loaded lazily, the first time an id is
-not found or the registry is listed, never at `import agentrl`:
+not found or the registry is listed (or by `load_plugins()`), never at `import agentrl`:
 
     [project.entry-points."agentrl.envs"]
     my_envs = "my_pkg:register_envs"      # a function that calls agentrl.register(...)
+
+Every id registered here is registered with Gymnasium too, so `gymnasium.make("agentrl/calc-v0")`
+works once agentrl is imported (and a third-party id once its plugin is loaded); Gymnasium's
+`make` builds it through `agentrl.make`, and Gymnasium's own `check_env` passes on it.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import re
@@ -19,6 +24,8 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from agentrl.errors import UserError
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 _ID_RE = re.compile(r"^(?:(?P<namespace>[\w.-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
@@ -57,11 +64,26 @@ class EnvSpec:
 def parse_env_id(env_id: str) -> tuple[str | None, str, int | None]:
     m = _ID_RE.match(env_id)
     if not m:
-        raise ValueError(
+        raise MalformedEnvIdError(
             f"malformed environment id {env_id!r}: expected 'namespace/name-vN', e.g. 'agentrl/calc-v0'"
         )
     version = m.group("version")
     return m.group("namespace"), m.group("name"), int(version) if version is not None else None
+
+
+class UnknownEnvError(UserError, KeyError):
+    """No environment is registered under this id (the message lists the closest ones)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class MalformedEnvIdError(UserError, ValueError):
+    """An id that does not look like `namespace/name-vN`."""
+
+
+class EnvImportError(UserError, ImportError):
+    """The module named in a `module:namespace/name-vN` id cannot be imported."""
 
 
 registry: dict[str, EnvSpec] = {}
@@ -97,7 +119,24 @@ def register(
         description=description,
     )
     registry[id] = spec
+    _register_with_gymnasium(id)
     return spec
+
+
+def _register_with_gymnasium(env_id: str) -> None:
+    """Make `gymnasium.make(env_id)` build this environment through `agentrl.make`."""
+    import gymnasium
+
+    gym_registry = gymnasium.envs.registration.registry
+    previous = gym_registry.get(env_id)
+    if previous is not None and not _is_ours(previous.entry_point):
+        return  # an id Gymnasium (or another library) owns: never shadow it
+    gym_registry.pop(env_id, None)  # ours, re-registered: no "Overriding" warning from Gymnasium
+    gymnasium.register(id=env_id, entry_point=functools.partial(make, env_id))
+
+
+def _is_ours(entry_point: Any) -> bool:
+    return isinstance(entry_point, functools.partial) and entry_point.func is make
 
 
 def load_plugins() -> None:
@@ -118,17 +157,17 @@ def load_plugins() -> None:
                 )
 
 
-def _not_found(env_id: str) -> KeyError:
+def _not_found(env_id: str) -> UnknownEnvError:
     ns, name, version = parse_env_id(env_id)
     same_name = sorted(i for i in registry if parse_env_id(i)[:2] == (ns, name))
     if same_name:
-        return KeyError(
+        return UnknownEnvError(
             f"environment {env_id!r} not found: version v{version} does not exist. "
             f"Versions registered: {same_name}"
         )
     close = difflib.get_close_matches(env_id, list(registry), n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    return KeyError(
+    return UnknownEnvError(
         f"environment {env_id!r} not found.{hint} See `agentrl envs list` for all registered ids."
     )
 
@@ -141,8 +180,9 @@ def _import_prefix(env_id: str) -> str:
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(
-            f"environment id {env_id!r}: cannot import {module!r} to register it ({exc})"
+        raise EnvImportError(
+            f"environment id {env_id!r}: cannot import {module!r} to register it ({exc}); install the "
+            "package that holds it, or run from the directory that holds it (or add that to PYTHONPATH)"
         ) from exc
     return rest
 
@@ -202,6 +242,18 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
         ),
     )
     return env
+
+
+def make_for_split(env_id: str | EnvSpec, split: str, **overrides: Any) -> Any:
+    """`make` for reading the tasks of `split`: the environment is built with that split as its own
+    (`ToolEnv(split=...)`), so one that loads a single split's tasks (python-repair) loads this one.
+    An environment whose constructor takes no `split` is built without it."""
+    try:
+        return make(env_id, **{"split": split, **overrides})
+    except TypeError as exc:
+        if "split" not in str(exc):
+            raise
+        return make(env_id, **overrides)
 
 
 def _register_builtins() -> None:

@@ -97,27 +97,60 @@ def summarize(
     )
 
 
+# Distinct in colour, marker and line style, so models stay apart in print and for colour-blind readers.
+_STYLES = [("tab:blue", "o", "-"), ("tab:orange", "s", "--"), ("tab:green", "^", "-."), ("tab:red", "D", ":")]
+
+
+def _style(i: int) -> tuple[str, str, str]:
+    color, marker, line = _STYLES[i % len(_STYLES)]
+    return (color if i < len(_STYLES) else f"C{i % 10}", marker, line)
+
+
 def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: str = "") -> Path:
-    """pass@k against k for each model, with the bootstrap CI as a band."""
+    """pass@k against k for each model, its 95% bootstrap CI as error bars.
+
+    Readable at a glance with several models: each has its own colour, marker and line style; the
+    models are nudged apart along k (a few percent on the log axis), so equal curves and
+    overlapping intervals stay visible side by side instead of merging into one shaded area.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for s in summaries:
-        ks = [p.k for p in s.pass_at]
-        ax.plot(ks, [p.pass_at_k for p in s.pass_at], marker="o", label=s.model)
-        ax.fill_between(ks, [p.ci_low for p in s.pass_at], [p.ci_high for p in s.pass_at], alpha=0.2)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    n = len(summaries)
+    for i, s in enumerate(summaries):
+        color, marker, line = _style(i)
+        ks = np.array([p.k for p in s.pass_at], dtype=float)  # [K]
+        shift = 2.0 ** ((i - (n - 1) / 2) * 0.06)  # multiplicative: the same offset at every k on log2
+        x = ks * shift  # [K]
+        y = np.array([p.pass_at_k for p in s.pass_at])  # [K]
+        lo = np.array([p.ci_low for p in s.pass_at])  # [K]
+        hi = np.array([p.ci_high for p in s.pass_at])  # [K]
+        ax.errorbar(
+            x,
+            y,
+            yerr=[y - lo, hi - y],
+            color=color,
+            marker=marker,
+            linestyle=line,
+            markersize=6,
+            capsize=4,
+            elinewidth=1.2,
+            label=f"{s.model} (pass@{s.pass_at[0].k} {y[0]:.3f})",
+        )
     ax.set_xscale("log", base=2)
     all_ks = sorted({p.k for s in summaries for p in s.pass_at})
     ax.set_xticks(all_ks, [str(k) for k in all_ks])  # k itself, not 2^i
-    ax.set_xlabel("k")
-    ax.set_ylabel("pass@k")
+    ax.minorticks_off()
+    ax.set_xlabel("k (samples per task)")
+    ax.set_ylabel("pass@k (fraction of tasks solved)")
     ax.set_ylim(-0.02, 1.02)  # a model at 0 stays visible on the axis
     ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title or "pass@k (95% bootstrap CI over tasks)")
+    ax.legend(loc="lower right")
+    tasks = summaries[0].num_tasks if summaries else 0
+    ax.set_title(title or f"pass@k on {tasks} tasks (bars: 95% bootstrap CI over tasks)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -125,29 +158,94 @@ def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: s
 
 
 def plot_task_scatter(before: ModelSummary, after: ModelSummary, path: str | Path) -> Path:
-    """Per-task pass rate, before (x) against after (y); points above the diagonal improved."""
+    """Per-task pass rate, before (x) against after (y); points above the diagonal improved.
+
+    Pass rates are multiples of 1/samples, so many tasks share a point: each point's area grows
+    with the number of tasks on it, and that number is written on it.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks = sorted(set(before.task_pass_rate) & set(after.task_pass_rate))
-    rng = np.random.default_rng(0)
-    jitter = rng.uniform(-0.015, 0.015, size=(2, len(tasks)))  # [2, T]: overlapping rates stay visible
-    x = np.array([before.task_pass_rate[t] for t in tasks]) + jitter[0]
-    y = np.array([after.task_pass_rate[t] for t in tasks]) + jitter[1]
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
-    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
-    ax.scatter(x, y, s=14, alpha=0.6)
-    ax.set_xlabel(f"pass rate: {before.model}")
-    ax.set_ylabel(f"pass rate: {after.model}")
-    ax.set_xlim(-0.05, 1.05)
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"{len(tasks)} tasks")
+    pairs = Counter((round(before.task_pass_rate[t], 6), round(after.task_pass_rate[t], 6)) for t in tasks)
+    better = sum(after.task_pass_rate[t] > before.task_pass_rate[t] for t in tasks)
+    worse = sum(after.task_pass_rate[t] < before.task_pass_rate[t] for t in tasks)
+    fig, ax = plt.subplots(figsize=(5.2, 5.2))
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--", zorder=0)
+    if pairs:
+        xy = np.array(list(pairs))  # [P, 2]
+        counts = np.array(list(pairs.values()))  # [P]
+        colors = ["tab:green" if y > x else "tab:red" if y < x else "tab:grey" for x, y in xy]
+        ax.scatter(
+            xy[:, 0], xy[:, 1], s=60 + 340 * counts / counts.max(), c=colors, alpha=0.55, edgecolors="k"
+        )
+        for (x, y), c in zip(xy, counts, strict=True):
+            ax.annotate(str(c), (x, y), ha="center", va="center", fontsize=8, fontweight="bold")
+    ax.set_xlabel(f"pass rate per task: {before.model}")
+    ax.set_ylabel(f"pass rate per task: {after.model}")
+    ax.set_xlim(-0.08, 1.08)
+    ax.set_ylim(-0.08, 1.08)
+    ax.set_aspect("equal")
+    ax.grid(alpha=0.3)
+    ax.set_title(
+        f"{len(tasks)} tasks (number on a point: tasks there)\n"
+        f"improved {better} (green), worse {worse} (red), same {len(tasks) - better - worse}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def plot_training(metrics_path: str | Path, out_png: str | Path) -> Path:
+    """Batch reward, band occupancy and policy loss per step, from a run's metrics.jsonl.
+
+    Steps are integers on the x axis; a step without an update (no informative group) has no loss
+    and is marked with a grey x on the loss panel.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = [json.loads(x) for x in Path(metrics_path).read_text().splitlines() if x.strip()]
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.6))
+    panels = (
+        ("charts/reward_mean", "mean reward of the batch", "batch reward", (-0.02, 1.02)),
+        (
+            "curriculum/band_occupancy",
+            "share of tracked tasks in band",
+            "band occupancy (0.2 <= p̂ <= 0.8)",
+            (-0.02, 1.02),
+        ),
+        ("losses/policy_loss", "policy loss", "policy loss", None),
+    )
+    for ax, (key, ylabel, title, ylim) in zip(axes, panels, strict=True):
+        values = [r.get(key, float("nan")) for r in rows]
+        ax.plot(steps, values, marker="o", ms=4)
+        if key == "losses/policy_loss":
+            skipped = [s for s, r in zip(steps, rows, strict=True) if key not in r]
+            if skipped:
+                ax.plot(skipped, [0.0] * len(skipped), "x", color="grey", ms=7, label="no update")
+                ax.legend(loc="best", fontsize=8)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if steps:
+            ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return Path(out_png)
 
 
 def markdown_report(

@@ -23,6 +23,7 @@ from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
 
 from agentrl.batch import collate
 from agentrl.logprobs import action_logprobs
@@ -122,19 +123,13 @@ def train_sft(cfg: SFTConfig) -> Path:
         init_distributed,
         shard_model,
     )
+    from agentrl.runlog import quiet_libraries
 
     info = init_distributed()
+    quiet_libraries(None)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
-    data = [
-        t
-        for t in load_trajectories(cfg.data)
-        if (t.passed or not cfg.only_passed) and len(t.token_ids) <= cfg.max_seq_len
-    ]
-    if not data:
-        raise ValueError(
-            f"{cfg.data}: no trajectories to train on (only_passed={cfg.only_passed}, max_seq_len={cfg.max_seq_len})"
-        )
+    data = training_data(cfg)
     tok = AutoTokenizer.from_pretrained(cfg.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
@@ -146,12 +141,13 @@ def train_sft(cfg: SFTConfig) -> Path:
     rng = random.Random(cfg.seed)
     steps_per_epoch = max(1, len(data) // cfg.batch_size)
     total_steps = max(1, int(cfg.epochs * steps_per_epoch))
+    bar = None
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        print(
-            f"[sft] {len(data)} trajectories, {total_steps} steps of {cfg.batch_size} on {info.world_size} process(es)",
-            file=sys.stderr,
+        _log(
+            f"{len(data)} trajectories, {total_steps} steps of {cfg.batch_size} on {info.world_size} process(es)"
         )
+        bar = tqdm(total=total_steps, desc="sft", unit="step", dynamic_ncols=True, mininterval=1.0)
     metrics_path = out / "metrics.jsonl"
     if info.is_main:
         metrics_path.write_text("")
@@ -199,41 +195,71 @@ def train_sft(cfg: SFTConfig) -> Path:
         if info.is_main:
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            assert bar is not None
+            bar.set_postfix_str(f"loss {row['loss']:.4f}", refresh=False)
+            bar.update(1)
             if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
-                print(
-                    f"[sft] step {row['step']}/{total_steps} loss {row['loss']:.4f} grad {grad_norm:.3f}",
-                    file=sys.stderr,
-                )
+                _log(f"step {row['step']}/{total_steps} loss {row['loss']:.4f} grad {grad_norm:.3f}")
     sd = full_state_dict(model)
     if info.is_main:
+        assert bar is not None
+        bar.close()
         export_hf(sd, cfg.model, out)
         (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
+        _log(f"done in {time.time() - t0:.0f}s: {out}")
     import torch.distributed as dist
 
     dist.barrier()
     return out
 
 
+def _log(msg: str) -> None:
+    tqdm.write(f"[sft] {msg}", file=sys.stderr)  # above the progress bar, not through it
+
+
+def training_data(cfg: SFTConfig) -> list[Trajectory]:
+    """The trajectories SFT trains on: passed ones (unless `only_passed` is off) that fit `max_seq_len`."""
+    from agentrl.errors import UserError, check_nonempty_file
+
+    check_nonempty_file(cfg.data, "--data", kind="trajectory JSONL")
+    try:
+        every = load_trajectories(cfg.data)
+    except Exception as exc:
+        raise UserError(
+            f"--data {cfg.data} is not trajectory JSONL (from `agentrl demos` or rollout): {exc}"
+        ) from None
+    data = [t for t in every if (t.passed or not cfg.only_passed) and len(t.token_ids) <= cfg.max_seq_len]
+    if not data:
+        passed = sum(t.passed for t in every)
+        raise UserError(
+            f"--data {cfg.data}: none of its {len(every)} trajectories can be trained on ({passed} passed; "
+            f"only_passed={cfg.only_passed}, max_seq_len={cfg.max_seq_len}); pass --all to train on failed ones too"
+        )
+    return data
+
+
 def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
-    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes (PlacementError when `nproc`
-    exceeds the visible GPUs)."""
+    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes, after checking the inputs
+    (process count, starting model, data) so bad input is one line before any process starts."""
+    import torch.distributed as dist
+
     from agentrl.distributed import run_ranks
-    from agentrl.placement import check_nproc, visible_gpus
+    from agentrl.errors import check_model_dir, check_nproc
 
-    check_nproc(nproc, visible_gpus())
-
-    if nproc <= 1:
-        path = train_sft(cfg)
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-        return path
+    check_nproc(nproc)
+    check_model_dir(cfg.model)
+    training_data(cfg)
+    if nproc == 1:
+        try:
+            return train_sft(cfg)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
     run_ranks("agentrl.sft", cfg.model_dump_json(), nproc)
     return Path(cfg.out)
 
 
 if __name__ == "__main__":
-    train_sft(SFTConfig.model_validate_json(sys.argv[1]))
-    import torch.distributed as dist
+    from agentrl.distributed import run_rank
 
-    dist.destroy_process_group()
+    sys.exit(run_rank(lambda: train_sft(SFTConfig.model_validate_json(sys.argv[1]))))

@@ -108,10 +108,35 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return description, args
 
 
+def uses_sandbox(fn: Callable) -> bool:
+    """Whether `fn`'s body names a sandbox: `ctx.sandbox`, or a helper with `sandbox` in its name
+    (nested functions and comprehensions included). How `@tool` infers `needs_sandbox`."""
+    stack = [getattr(inspect.unwrap(fn), "__code__", None)]
+    while stack:
+        code = stack.pop()
+        if code is None:
+            continue
+        if any("sandbox" in n.lower() for n in code.co_names):
+            return True
+        stack.extend(c for c in code.co_consts if inspect.iscode(c))
+    return False
+
+
 def tool(
-    fn: Callable | None = None, *, name: str | None = None, terminal: bool = False, needs_sandbox: bool = True
+    fn: Callable | None = None,
+    *,
+    name: str | None = None,
+    terminal: bool = False,
+    needs_sandbox: bool | None = None,
 ) -> Any:
-    """Turn a typed function `(ctx, **args) -> str` into a `Tool`. Usable bare or with options."""
+    """Turn a typed function `(ctx, **args) -> str` into a `Tool`. Usable bare or with options.
+
+    `needs_sandbox`: whether an episode must start a sandbox for this tool. Left unset, it is
+    inferred from the body: a tool that touches `ctx.sandbox` (or calls a helper whose name
+    contains `sandbox`) needs one, a pure-Python tool does not, so an environment of pure tools
+    resets in microseconds instead of starting a container. Declare it when the sandbox is only
+    reached indirectly (through a helper the inference cannot see).
+    """
 
     def wrap(f: Callable) -> Tool:
         sig = inspect.signature(f)
@@ -144,7 +169,7 @@ def tool(
             params_model=model,
             parameters=schema,
             terminal=terminal,
-            needs_sandbox=needs_sandbox,
+            needs_sandbox=uses_sandbox(f) if needs_sandbox is None else needs_sandbox,
         )
 
     return wrap(fn) if fn is not None else wrap
@@ -188,8 +213,12 @@ def run_tool(t: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolOut
     except ToolError as exc:
         return ToolOutcome(f"Error: {exc}", is_error=True, duration_s=time.perf_counter() - t0)
     except Exception as exc:  # a crashed tool is an observation, not a crashed run
+        hint = ""
+        if ctx.sandbox is None and isinstance(exc, AttributeError) and "NoneType" in str(exc):
+            # Most likely a sandbox the tool reaches through a helper: the inference could not see it.
+            hint = " (this tool ran without a sandbox; declare it with @agentrl.tool(needs_sandbox=True) if it uses one)"
         return ToolOutcome(
-            f"Error: tool '{t.name}' failed: {type(exc).__name__}: {exc}",
+            f"Error: tool '{t.name}' failed: {type(exc).__name__}: {exc}{hint}",
             is_error=True,
             duration_s=time.perf_counter() - t0,
         )

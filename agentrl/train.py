@@ -19,8 +19,15 @@ One step:
     colocated on the trainer's GPU sleeps meanwhile (`agentrl.placement`);
  4. the weights go to the vLLM policy (bf16 GPU to GPU on GPUs, `agentrl.weight_sync`), whose
     version increments;
- 5. metrics to out/metrics.jsonl (and TensorBoard), held-out evaluation every `eval.every`
-    steps, a resumable checkpoint every `checkpoint_every` steps.
+ 5. metrics to out/metrics.jsonl (and TensorBoard, W&B: `report_to`), held-out evaluation every
+    `eval.every` steps, a Hugging Face-loadable, resumable `out/checkpoint-N` every
+    `checkpoint_every` steps (`agentrl.checkpoint`); out/training.png at the end.
+
+A run resumes from its newest checkpoint, exactly (the same metrics and weights as an
+uninterrupted run, on CPU with the same seed; synchronous mode). Ctrl-C stops the episodes being
+generated, or lets an update finish, saves a checkpoint and says how to continue. Several steps in
+a row without an informative group (all-fail: warm-start first; all-pass: harder tasks) stop the
+run with the reason (`stop_uninformative_after`).
 
 Asynchronous mode overlaps 1 with 3-4: a background thread generates the next batch with
 the weights it has while the trainer updates; trajectories more than `max_staleness` versions
@@ -37,6 +44,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -47,8 +55,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from agentrl.batch import collate
+from agentrl.checkpoint import latest_resumable, prepare_run_dir, set_rng_state, truncate_jsonl
+from agentrl.checkpoint import load as load_checkpoint
+from agentrl.checkpoint import save as save_checkpoint
 from agentrl.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
 from agentrl.distributed import (
     DistInfo,
@@ -57,22 +69,26 @@ from agentrl.distributed import (
     full_state_dict,
     global_token_scale,
     init_distributed,
-    load_checkpoint,
+    run_rank,
     run_ranks,
-    save_checkpoint,
     shard_model,
 )
+from agentrl.errors import UserError, check_model_dir, check_nonempty_file, visible_gpus
 from agentrl.grpo import group_advantages, policy_loss, weight_negatives
 from agentrl.logprobs import action_logprobs
 from agentrl.packing import plan_micro_batches, resolve_packing
-from agentrl.placement import Placement, plan_placement, visible_gpus
+from agentrl.placement import Placement, plan_placement
+from agentrl.report import plot_training
+from agentrl.runlog import quiet_libraries
+from agentrl.tracking import Tracker, check_available
 from agentrl.train_config import TrainConfig
 from agentrl.trajectory import Trajectory, load_trajectories
 from agentrl.weight_sync import WeightSync
 
 
 def log(msg: str) -> None:
-    print(f"[train] {msg}", file=sys.stderr, flush=True)
+    # tqdm.write keeps the progress bar below the line instead of breaking it.
+    tqdm.write(f"[train] {msg}", file=sys.stderr)
 
 
 # --- one optimisation step (every rank) -------------------------------------------------------
@@ -289,6 +305,9 @@ class Generator:
     policy: Any
     stats: dict[str, float] = field(default_factory=dict)
     calls: int = 0
+    """Rollout calls so far: each seeds its episodes differently. Checkpointed, so a resumed run
+    samples what the uninterrupted one would have."""
+    on_trajectory: Any = None
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
         from agentrl.rollout import RolloutConfig, collect_sync
@@ -306,19 +325,28 @@ class Generator:
             temperature=r.temperature,
             top_p=r.top_p,
             seed=self.cfg.seed * 1_000_003 + self.calls,
+            warn_on_drift=False,  # counted per step (rollout/drifted), not one warning per trajectory
         )
         t0 = time.perf_counter()
         trajs = collect_sync(
-            self.cfg.env, [d.task for d in draws], self.policy, rc, env_kwargs=self.cfg.env_kwargs
+            self.cfg.env,
+            [d.task for d in draws],
+            self.policy,
+            rc,
+            env_kwargs=self.cfg.env_kwargs,
+            on_trajectory=self.on_trajectory,
         )
         self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
         self.stats["rollout/drifted"] = self.stats.get("rollout/drifted", 0.0) + sum(
             1 for t in trajs if t.drift is not None and t.drift.drifted
         )
+        self.stats["rollout/env_errors"] = self.stats.get("rollout/env_errors", 0.0) + sum(
+            1 for t in trajs if t.finish_reason == "env_error"
+        )
         return group_by_id(trajs)
 
-    def batch(self, curriculum: Curriculum) -> tuple[DynamicBatchResult, dict[str, float], dict[str, Any]]:
-        """One dynamic-sampling batch, its metrics, and the curriculum state right after it.
+    def batch(self, curriculum: Curriculum) -> Batch:
+        """One dynamic-sampling batch, its metrics, and the state right after it.
 
         Metrics and state are taken here, in the thread that changed the curriculum, so the
         async producer and the trainer never touch the curriculum at the same time.
@@ -326,7 +354,17 @@ class Generator:
         self.stats = {}
         result = build_batch(curriculum, self.groups)
         metrics = {**_batch_metrics(result, curriculum), **self.stats}
-        return result, metrics, curriculum.state_dict()
+        return Batch(result, metrics, curriculum.state_dict(), self.calls)
+
+
+@dataclass
+class Batch:
+    """A finished batch and what a checkpoint taken right after it must record."""
+
+    result: DynamicBatchResult
+    metrics: dict[str, float]
+    curriculum_state: dict[str, Any]
+    rollout_calls: int
 
 
 def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:
@@ -340,20 +378,114 @@ def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[s
         m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)
         m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
     m["batch/groups"] = float(len(result.groups))
+    m["batch/all_pass_groups"] = float(result.all_pass_groups)
+    m["batch/all_fail_groups"] = float(result.all_fail_groups)
+    m["batch/untrainable_trajectories"] = float(result.untrainable_trajectories)
     return m
+
+
+def _no_update_reason(metrics: dict[str, float]) -> tuple[str, str]:
+    """(kind, words) for a step without an informative group: all-fail, all-pass, env-error or mixed."""
+    fail = int(metrics.get("batch/all_fail_groups", 0))
+    ok = int(metrics.get("batch/all_pass_groups", 0))
+    broken = int(metrics.get("batch/untrainable_trajectories", 0))
+    if fail and not ok:
+        return "all-fail", f"all {fail} groups failed (reward 0 everywhere)"
+    if ok and not fail:
+        return "all-pass", f"all {ok} groups passed"
+    if not ok and not fail:
+        return "env-error", f"no usable episode ({broken} ended in environment errors or timeouts)"
+    return "mixed", f"every group was all-pass ({ok}) or all-fail ({fail})"
+
+
+_STOP_ADVICE = {
+    "all-fail": "every episode failed: the policy cannot solve these tasks yet. Warm-start it first (SFT on "
+    "demonstrations: `agentrl demos {env} --n 256 --out demos.jsonl`, then `agentrl sft`), or use easier tasks",
+    "all-pass": "every episode passed: the policy already solves these tasks; train on harder ones",
+    "env-error": "every episode ended in an environment error or timeout; run `agentrl env check {env}` "
+    "and look at the trajectories' `error` field",
+    "mixed": "every task was either always solved or never: none is in the learnability band. Use tasks of "
+    "graded difficulty, or warm-start the policy first",
+}
+
+
+class _Sigint:
+    """Ctrl-C during training. While episodes are being generated it stops them at once (the batch in
+    flight is discarded); during an update, a weight push or a save it only asks to stop after it, so
+    a checkpoint is always taken at a step boundary. Only rank 0 listens; the other ranks follow its
+    decision (an `_INTERRUPTED` payload), since Ctrl-C reaches every process of the terminal."""
+
+    def __init__(self, listen: bool):
+        self.requested = 0
+        self.interruptible = False
+        self.previous: Any = None
+        self.listen = listen
+
+    def __enter__(self) -> _Sigint:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.getsignal(signal.SIGINT)
+            # A process started with Ctrl-C ignored (nohup, a background job) keeps ignoring it.
+            listen = self.listen and self.previous is not signal.SIG_IGN
+            signal.signal(signal.SIGINT, self._handle if listen else signal.SIG_IGN)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested += 1
+        if self.interruptible or self.requested >= 3:  # a third Ctrl-C gives up on saving
+            raise KeyboardInterrupt
+        if self.requested == 1:
+            log(
+                "Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C twice more to quit without saving)"
+            )
+
+    @contextlib.contextmanager
+    def rollout_phase(self) -> Iterator[None]:
+        self.interruptible = True
+        try:
+            if self.requested:  # asked during the previous update: stop before generating more
+                raise KeyboardInterrupt
+            yield
+        finally:
+            self.interruptible = False
+
+
+_INTERRUPTED = "__agentrl_interrupted__"
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training after a checkpoint was saved; the message says how to continue."""
+
+
+class TrainingStopped(UserError):
+    """Training stopped because nothing could be learned (no informative group for several steps)."""
+
+    collective = True  # every rank raises it together (see agentrl.distributed.run_rank)
 
 
 # --- the loop -----------------------------------------------------------------------------------
 
 
 def train(cfg: TrainConfig) -> Path:
+    """Run GRPO in this process (a `torchrun` rank, or a one-rank group); see the module docstring.
+
+    Resumes from the newest `out/checkpoint-N` when `cfg.resume` (the launcher has checked that the
+    config matches). Returns out/final. Ctrl-C saves a checkpoint and raises `TrainingInterrupted`;
+    a run that cannot learn stops with `TrainingStopped`.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     info = init_distributed()
     placement = train_placement(cfg, info.world_size)
-    torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
-    ckpt_dir = out / "checkpoints" / "latest"
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    quiet_libraries(out / "engine.log" if info.is_main and cfg.replay is None else None)
+    _register_rank_pid(info.rank)
+    torch.manual_seed(cfg.seed)
     tok = AutoTokenizer.from_pretrained(cfg.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
@@ -370,40 +502,47 @@ def train(cfg: TrainConfig) -> Path:
     # Only rank 0 draws tasks and generates: the other ranks (and replayed runs) never build the
     # environment, whose task supply may be costly to load (python-repair synthesizes on first use).
     curriculum: Curriculum | None = None
+    pool = "generator"
     if info.is_main and cfg.replay is None:
         import agentrl
 
-        env = agentrl.make(cfg.env, backend="local", use_pool=False)
-        curriculum = Curriculum.from_generator(env.task_source, config=cfg.curriculum)
+        env = agentrl.make(cfg.env, **_task_env_kwargs(cfg))
+        curriculum = Curriculum.from_source(env.tasks, config=cfg.curriculum)
         env.close()
-    start = 0
-    updates = 0  # optimizer steps so far (the warm-up counts these, not training steps)
-    if cfg.resume and (ckpt_dir / "weights.pt").exists():
-        state = load_checkpoint(ckpt_dir, model, opt)
+        if curriculum.pool_size is not None:
+            pool = f"a pool of {curriculum.pool_size} train tasks"
+    # updates: optimizer steps so far (the warm-up counts these, not training steps)
+    start = updates = rollout_calls = streak = policy_version = 0
+    rng: Any = None
+    resumed_from = latest_resumable(out) if cfg.resume else None
+    if resumed_from is not None:
+        state = load_checkpoint(resumed_from, model, opt)
         if curriculum is not None and state.get("curriculum") is not None:
             curriculum.load_state_dict(state["curriculum"])
-        start = int(state["step"])
-        updates = int(state.get("updates", 0))
-        log(f"resumed from {ckpt_dir} at step {start}")
+        start, updates = int(state["step"]), int(state.get("updates", 0))
+        rollout_calls, streak = int(state.get("rollout_calls", 0)), int(state.get("uninformative_streak", 0))
+        policy_version = int(state.get("policy_version", 0))
+        rng = state.get("rng")
+    tracker: Tracker | None = None
     if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    writer = _tensorboard(cfg, out) if info.is_main else None
+        if not (out / "config.json").exists():
+            (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+        for name in ("metrics.jsonl", "eval.jsonl"):  # rows a killed run wrote after its last checkpoint
+            truncate_jsonl(out / name, start)
+        tracker = Tracker(cfg, out, resumed_at=start)
 
     replay = load_trajectories(cfg.replay) if cfg.replay else None
     gen: Generator | None = None
-    policy_dir = out / "policy"
+    bar: Any = None
+    if info.is_main:
+        bar = tqdm(
+            total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0
+        )
     if info.is_main and replay is None:
         from agentrl.policy import VLLMPolicy
 
-        # vLLM loads from a directory; after a resume that is the checkpoint's weights.
-        start_dir = cfg.model
-        if start:
-            start_dir = str(
-                export_hf(
-                    torch.load(ckpt_dir / "weights.pt", weights_only=False)["model"], cfg.model, policy_dir
-                )
-            )
+        # vLLM loads from a directory: after a resume, the checkpoint itself (Hugging Face layout).
+        start_dir = str(resumed_from) if resumed_from is not None else cfg.model
         # An in-process engine (no second process, no weight serialisation) only works while our
         # process group has one rank: vLLM joins an existing default group and would wait for the
         # other ranks to create its subgroups. With more ranks, or on GPUs, the engine core runs in
@@ -419,12 +558,30 @@ def train(cfg: TrainConfig) -> Path:
                 dtype="auto" if torch.cuda.is_available() else "float32",
                 max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
                 **engine_placement_kwargs(placement),
+                engine_kwargs={"use_tqdm_on_load": False},
             )
-        gen = Generator(cfg, policy)
+        # The engine counts weight pushes from 0; a resumed run continues the count (trajectories
+        # record it, and async staleness is measured with it).
+        policy._version = policy_version
+        gen = Generator(cfg, policy, calls=rollout_calls, on_trajectory=_episode_counter(bar))
     sync = WeightSync(placement, gen.policy if gen else None, model, info, active=cfg.replay is None)
+    if rng is not None:  # after the engine's start-up, which seeds the global RNGs
+        set_rng_state(rng)
+    if info.is_main:
+        what = f"replaying {cfg.replay}" if replay is not None else f"{cfg.env} ({pool})"
+        resumed = f", resuming {resumed_from.name}" if resumed_from is not None else ""
+        log(
+            f"{cfg.steps} steps on {what}, {info.world_size} process(es){resumed}; run directory {out}"
+            + (f" (engine log: {out / 'engine.log'})" if replay is None else "")
+        )
+        for note in tracker.notes if tracker is not None else []:
+            log(note)
+
     prefetch: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     worker: threading.Thread | None = None
+    # What a checkpoint records: the state after the last batch trained on (a batch in flight, or
+    # one interrupted half-way, is generated again after a resume).
     curriculum_state = curriculum.state_dict() if curriculum is not None else None
 
     # One batch ahead at most: the producer may start the next batch only once the trainer has
@@ -439,98 +596,252 @@ def train(cfg: TrainConfig) -> Path:
                 continue
             if stop.is_set():
                 break
-            prefetch.put(gen.batch(curriculum))
+            try:
+                prefetch.put(gen.batch(curriculum))
+            except Exception as exc:  # raised in the trainer's thread, which waits on the queue
+                if stop.is_set():
+                    return  # the run is ending (Ctrl-C, a stop): the engine closed under the batch
+                prefetch.put(exc)
+                return
 
-    for step in range(start, cfg.steps):
-        t_step = time.perf_counter()
-        metrics: dict[str, float] = {}
-        if info.is_main:
-            if replay is not None:
-                trajs = replay
-                metrics["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
-            else:
-                assert gen is not None
-                t0 = time.perf_counter()
-                if cfg.asynchronous.mode == "async":
-                    if worker is None:
-                        worker = threading.Thread(target=produce, daemon=True, name="rollout")
-                        worker.start()
-                    result, batch_metrics, curriculum_state = prefetch.get()
-                    slot.release()  # the producer starts the next batch, with the weights of this update
+    def checkpoint(step: int) -> Path:
+        return save_checkpoint(
+            out,
+            step,
+            model,
+            opt,
+            {
+                "updates": updates,
+                "curriculum": curriculum_state,
+                "rollout_calls": rollout_calls,
+                "uninformative_streak": streak,
+                "policy_version": gen.policy.version if gen is not None else policy_version,
+            },
+            cfg.model,
+            cfg.keep_last,
+        )
+
+    sigint = _Sigint(listen=info.is_main)
+    step = start
+    t_run = time.perf_counter()
+    step_times: list[float] = []
+    saved_at = start if resumed_from is not None else -1
+    try:
+        with sigint:
+            for step in range(start, cfg.steps):
+                t_step = time.perf_counter()
+                metrics: dict[str, float] = {}
+                payload: list[Any] = [None]
+                if info.is_main:
+                    try:
+                        with sigint.rollout_phase():
+                            if replay is not None:
+                                trajs = replay
+                                metrics["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
+                            else:
+                                assert gen is not None
+                                t0 = time.perf_counter()
+                                if bar is not None:
+                                    bar.set_postfix_str("generating")
+                                if cfg.asynchronous.mode == "async":
+                                    if worker is None:
+                                        worker = threading.Thread(target=produce, daemon=True, name="rollout")
+                                        worker.start()
+                                    batch = prefetch.get()
+                                    if isinstance(batch, Exception):
+                                        raise batch
+                                    slot.release()  # the producer starts the next batch, with this update's weights
+                                else:
+                                    assert curriculum is not None
+                                    batch = gen.batch(curriculum)
+                                metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
+                                metrics.update(batch.metrics)
+                                curriculum_state, rollout_calls = batch.curriculum_state, batch.rollout_calls
+                                trajs = _apply_staleness(
+                                    batch.result.trajectories, gen.policy.version, cfg, metrics
+                                )
+                        payload = [trajs]
+                    except KeyboardInterrupt:
+                        payload = [_INTERRUPTED]
+                dist.broadcast_object_list(payload, src=0)
+                if isinstance(payload[0], str) and payload[0] == _INTERRUPTED:
+                    raise KeyboardInterrupt
+                trajs = payload[0]
+                if bar is not None:
+                    bar.set_postfix_str("updating")
+                if trajs:
+                    t0 = time.perf_counter()
+                    sync.before_update()  # a colocated engine sleeps: the update gets its memory
+                    metrics.update(
+                        grpo_step(
+                            model,
+                            opt,
+                            trajs,
+                            cfg,
+                            info,
+                            pad_id,
+                            ref_model=ref_model,
+                            updates_done=updates,
+                            seed=cfg.seed + step,
+                        )
+                    )
+                    updates += cfg.optim.epochs * cfg.optim.mini_batches
+                    metrics["time/train_s"] = time.perf_counter() - t0
+                    streak = 0
                 else:
-                    assert curriculum is not None
-                    result, batch_metrics, curriculum_state = gen.batch(curriculum)
-                metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
-                metrics.update(batch_metrics)
-                trajs = _apply_staleness(result.trajectories, gen.policy.version, cfg, metrics)
-            payload = [trajs]
-        else:
-            payload = [None]
-        dist.broadcast_object_list(payload, src=0)
-        trajs = payload[0]
-        if not trajs:
-            if info.is_main:
-                log(
-                    f"step {step + 1}: no informative groups (all groups had equal rewards); skipping the update"
-                )
-        else:
-            t0 = time.perf_counter()
-            sync.before_update()  # a colocated engine sleeps: the update gets its memory
-            metrics.update(
-                grpo_step(
-                    model,
-                    opt,
-                    trajs,
-                    cfg,
-                    info,
-                    pad_id,
-                    ref_model=ref_model,
-                    updates_done=updates,
-                    seed=cfg.seed + step,
-                )
+                    streak += 1
+                t0 = time.perf_counter()
+                version = sync.after_update()  # wake weights, push them (a collective), wake the KV cache
+                if version is not None:
+                    metrics["policy/version"] = float(version)
+                metrics["time/weight_sync_s"] = time.perf_counter() - t0
+                metrics["time/step_s"] = time.perf_counter() - t_step
+                if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+                    checkpoint(step + 1)
+                    saved_at = step + 1
+                if info.is_main:
+                    assert tracker is not None
+                    tracker.log(step + 1, metrics)
+                    step_times.append(metrics["time/step_s"])
+                    log(_step_line(step + 1, cfg.steps, metrics, bool(trajs), step_times))
+                    if bar is not None:
+                        bar.update(1)
+                    if gen is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                        _evaluate_in_training(cfg, gen.policy, step + 1, out)
+                # Nothing to learn from for several steps in a row: say why and stop, rather than
+                # run on with an unchanged policy (rank 0 decides; every rank leaves the loop).
+                limit = cfg.stop_uninformative_after
+                verdict = [
+                    _no_update_reason(metrics)[0] if info.is_main and limit and streak >= limit else ""
+                ]
+                dist.broadcast_object_list(verdict, src=0)
+                if verdict[0]:
+                    raise _StopUninformative(verdict[0], step + 1)
+            step = cfg.steps
+    except KeyboardInterrupt:
+        stop.set()
+        if sigint.requested >= 3:  # quit without saving: an update may be half done
+            _finish(info, gen, sync, tracker, bar, out, ok=False)
+            newest = latest_resumable(out)
+            message = f"quit at step {step + 1}/{cfg.steps} without saving; " + (
+                f"a resume starts from {newest}" if newest else "no checkpoint was saved"
             )
-            updates += cfg.optim.epochs * cfg.optim.mini_batches
-            metrics["time/train_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        version = sync.after_update()  # wake weights, push them (a collective), wake the KV cache
-        if version is not None:
-            metrics["policy/version"] = float(version)
-        metrics["time/weight_sync_s"] = time.perf_counter() - t0
-        metrics["time/step_s"] = time.perf_counter() - t_step
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            save_checkpoint(
-                ckpt_dir, model, opt, {"step": step + 1, "updates": updates, "curriculum": curriculum_state}
+        else:
+            where = checkpoint(step) if saved_at != step else out / f"checkpoint-{step}"
+            _finish(info, gen, sync, tracker, bar, out)
+            done = f"step{'s 1-' if step > 1 else ' '}{step} done" if step else "no step finished yet"
+            message = (
+                f"interrupted at step {step + 1}/{cfg.steps}: saved {where} ({done}; the step in progress "
+                f"is redone on resume). Continue with the same command: {_command()}"
             )
         if info.is_main:
-            row = {"step": step + 1, **{k: round(v, 6) for k, v in metrics.items()}}
-            with (out / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            if writer is not None:
-                for k, v in metrics.items():
-                    writer.add_scalar(k, v, step + 1)
-            log(
-                f"step {step + 1}/{cfg.steps} reward {metrics.get('charts/reward_mean', float('nan')):.3f} "
-                f"loss {metrics.get('losses/policy_loss', float('nan')):.4f} "
-                f"band {metrics.get('curriculum/band_occupancy', float('nan')):.2f} {metrics['time/step_s']:.1f}s"
-            )
-            if gen is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                _evaluate_in_training(cfg, gen.policy, step + 1, out)
+            log(message)
+        raise TrainingInterrupted(message) from None
+    except _StopUninformative as stopped:
+        stop.set()
+        if stopped.kind != "all-pass":
+            where = checkpoint(stopped.step)
+            _finish(info, gen, sync, tracker, bar, out)
+            raise TrainingStopped(
+                f"no informative group in the last {cfg.stop_uninformative_after} steps (step {stopped.step}/"
+                f"{cfg.steps}): {_STOP_ADVICE[stopped.kind].format(env=cfg.env)}. Saved {where}; stop_uninformative_after=0 "
+                "keeps going regardless"
+            ) from None
+        if info.is_main:
+            log(f"stopping early at step {stopped.step}: {_STOP_ADVICE['all-pass']}")
+        step = stopped.step
+    except BaseException:
+        stop.set()
+        _finish(info, gen, sync, tracker, bar, out, ok=False)
+        raise
     stop.set()
     if worker is not None:
         worker.join()  # the batch in flight finishes; its groups were generated but are not trained on
-    save_checkpoint(
-        ckpt_dir, model, opt, {"step": cfg.steps, "updates": updates, "curriculum": curriculum_state}
-    )
+    if saved_at != step:
+        checkpoint(step)
     sd = full_state_dict(model)
     if info.is_main:
         export_hf(sd, cfg.model, out / "final")
-        if writer is not None:
-            writer.close()
+    _finish(info, gen, sync, tracker, bar, out)
+    if info.is_main:
+        minutes, seconds = divmod(int(time.perf_counter() - t_run), 60)
+        log(
+            f"done: {step - start} step(s) in {minutes}m{seconds:02d}s; model {out / 'final'}; "
+            f"plot {out / 'training.png'}; metrics {out / 'metrics.jsonl'}"
+        )
+    return out / "final"
+
+
+class _StopUninformative(Exception):
+    def __init__(self, kind: str, step: int):
+        super().__init__(kind)
+        self.kind, self.step = kind, step
+
+
+def _finish(
+    info: DistInfo, gen: Any, sync: WeightSync, tracker: Any, bar: Any, out: Path, ok: bool = True
+) -> None:
+    """Close what the run opened, in an order that keeps the process group alive for its users."""
+    if ok and dist.is_initialized():
+        dist.barrier()  # every rank is done with collectives before the engine may take the group down
+    if bar is not None:
+        bar.close()
+    if tracker is not None:
+        tracker.close()
+    if info.is_main and (out / "metrics.jsonl").exists():
+        try:
+            plot_training(out / "metrics.jsonl", out / "training.png")
+        except Exception as exc:  # a plot must never cost the run
+            log(f"could not write {out / 'training.png'}: {exc}")
     sync.close()
     if gen is not None:
+        # An in-process vLLM engine shuts down the default process group it joined: last.
         gen.policy.close()
-    dist.barrier()
-    return out / "final"
+
+
+def _step_line(step: int, steps: int, metrics: dict[str, float], updated: bool, times: list[float]) -> str:
+    reward = metrics.get("charts/reward_mean")
+    head = f"step {step}/{steps}" + (f" reward {reward:.3f}" if reward is not None else "")
+    if updated:
+        body = f" loss {metrics.get('losses/policy_loss', 0.0):.4g}"
+    else:
+        body = f" no update: {_no_update_reason(metrics)[1]}"
+    band = metrics.get("curriculum/band_occupancy")
+    if band is not None:
+        body += f" band {band:.2f}"
+    remaining = steps - step
+    eta = f", eta {_duration(sum(times) / len(times) * remaining)}" if remaining and times else ""
+    return f"{head}{body} ({metrics.get('time/step_s', 0.0):.1f}s{eta})"
+
+
+def _duration(seconds: float) -> str:
+    minutes, sec = divmod(int(seconds), 60)
+    return f"{minutes}m{sec:02d}s" if minutes else f"{sec}s"
+
+
+def _episode_counter(bar: Any) -> Any:
+    """on_trajectory callback: the episodes of the batch being generated, on the progress bar."""
+    if bar is None:
+        return None
+    count = {"n": 0, "passed": 0}
+
+    def on_trajectory(t: Trajectory) -> None:
+        count["n"] += 1
+        count["passed"] += t.passed
+        bar.set_postfix_str(f"generating: {count['n']} episodes, {count['passed']} passed", refresh=False)
+
+    return on_trajectory
+
+
+def _command() -> str:
+    return os.environ.get("AGENTRL_COMMAND") or "rerun the same `agentrl train` command"
+
+
+def _register_rank_pid(rank: int) -> None:
+    """Tell `run_ranks` this rank's pid, so it can forward Ctrl-C to the ranks (not to torchrun)."""
+    pid_dir = os.environ.get("AGENTRL_RANK_PIDS")
+    if pid_dir:
+        Path(pid_dir, f"rank-{rank}.pid").write_text(str(os.getpid()))
 
 
 @contextlib.contextmanager
@@ -599,18 +910,6 @@ def _evaluate_in_training(cfg: TrainConfig, policy: Any, step: int, out: Path) -
     log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "step"))
 
 
-def _tensorboard(cfg: TrainConfig, out: Path) -> Any:
-    if not cfg.tensorboard:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ImportError(
-            "tensorboard=true needs the tensorboard package: pip install 'agentrl[tensorboard]'"
-        ) from exc
-    return SummaryWriter(str(out / "tb"))
-
-
 def train_placement(cfg: TrainConfig, nproc: int) -> Placement:
     """Trainer and engine GPUs for this config on this machine (`agentrl.placement`); PlacementError if impossible."""
     return plan_placement(
@@ -635,20 +934,71 @@ def engine_placement_kwargs(placement: Placement) -> dict[str, Any]:
     }
 
 
-def launch(cfg: TrainConfig, nproc: int = 1) -> Path:
-    """Train here (nproc=1) or under `torchrun` with `nproc` processes.
+def preflight(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> str:
+    """Every check that can fail before any process starts, each a one-line `UserError`: the process
+    count, the starting model, the tracking packages, the replay file or the environment and its
+    tasks; then the run directory (resume or not, config unchanged or `force`). Returns a note."""
+    train_placement(cfg, nproc)  # the process count and the engine's GPUs fit this machine
+    check_model_dir(cfg.model, what="model")
+    check_available(cfg.report_to)
+    if cfg.replay is not None:
+        check_nonempty_file(cfg.replay, "replay file")
+        try:
+            load_trajectories(cfg.replay)
+        except Exception as exc:
+            raise UserError(f"replay file {cfg.replay} is not trajectory JSONL: {exc}") from None
+    else:
+        _check_tasks(cfg)
+    return prepare_run_dir(cfg, force)
 
-    Raises PlacementError (before starting anything) when `nproc` or `rollout.devices` do not fit
-    the visible GPUs."""
-    train_placement(cfg, nproc)
-    if nproc <= 1:
-        path = train(cfg)
-        dist.destroy_process_group()
-        return path
+
+def _check_tasks(cfg: TrainConfig) -> None:
+    import agentrl
+
+    env = agentrl.make(cfg.env, **_task_env_kwargs(cfg))
+    try:
+        env.tasks.get(0, "train")  # a generator returning garbage, an empty dataset: said here, once
+        size = env.tasks.size("train")
+        if size is not None and size < cfg.curriculum.batch_groups:
+            log(
+                f"note: {cfg.env} has {size} train tasks, fewer than curriculum.batch_groups "
+                f"({cfg.curriculum.batch_groups}): a batch holds at most {size} groups"
+            )
+        if cfg.eval.every:
+            env.tasks.get(0, cfg.eval.split)
+    finally:
+        env.close()
+
+
+def _task_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The environment the tasks are read from: the run's own overrides (`env_kwargs` may name
+    another dataset: `tasks: data.jsonl`), with no sandbox started for it."""
+    return {**cfg.env_kwargs, "backend": "local", "use_pool": False}
+
+
+def launch(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> Path:
+    """Train here (nproc=1) or under `torchrun` with `nproc` processes, after `preflight`.
+
+    Returns out/final. Raises `TrainingInterrupted` (a KeyboardInterrupt) after Ctrl-C saved a
+    checkpoint, `TrainingStopped` (a UserError) when nothing could be learned.
+    """
+    note = preflight(cfg, nproc, force)
+    if "changed config" in note:
+        log(note)
+    newest = latest_resumable(cfg.out) if cfg.resume else None
+    finished = json.loads((newest / "trainer_state" / "state.json").read_text())["step"] if newest else 0
+    if finished >= cfg.steps and (Path(cfg.out) / "final" / "config.json").exists():
+        log(f"{cfg.out} already finished its {cfg.steps} steps ({newest}); raise steps= to train it further")
+        return Path(cfg.out) / "final"
+    if nproc == 1:
+        try:
+            return train(cfg)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
     run_ranks("agentrl.train", cfg.model_dump_json(), nproc)
     return Path(cfg.out) / "final"
 
 
 if __name__ == "__main__":
-    train(TrainConfig.model_validate_json(sys.argv[1]))
-    dist.destroy_process_group()
+    sys.exit(run_rank(lambda: train(TrainConfig.model_validate_json(sys.argv[1]))))

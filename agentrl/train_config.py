@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrl.curriculum import CurriculumConfig
+from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
 
 
 class _Strict(BaseModel):
@@ -150,6 +151,18 @@ class EvalSettings(_Strict):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for evaluation.")
 
 
+class WandbSettings(_Strict):
+    project: str = Field("agentrl", description="W&B project the run is logged to.")
+    entity: str | None = Field(None, description="W&B entity (user or team); None: your default.")
+    name: str | None = Field(None, description="Run name shown in W&B; None: W&B picks one.")
+    mode: Literal["auto", "online", "offline"] = Field(
+        "auto",
+        description="online, offline (files under out/wandb; `wandb sync` uploads them later), or auto: "
+        "online when an API key is configured (WANDB_API_KEY or `wandb login`), else offline. "
+        "WANDB_MODE, when set, wins.",
+    )
+
+
 class TrainConfig(_Strict):
     env: str = Field("agentrl/calc-v0", description="Environment id.")
     env_kwargs: dict[str, Any] = Field(
@@ -174,34 +187,80 @@ class TrainConfig(_Strict):
         default_factory=EvalSettings, description="Held-out evaluation during training."
     )
     checkpoint_every: int = Field(
-        0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end)."
+        10,
+        ge=0,
+        description="Save out/checkpoint-N (Hugging Face layout, plus what resuming needs) every N steps; "
+        "0: only at the end and on Ctrl-C.",
     )
-    resume: bool = Field(True, description="Resume from out/checkpoints/latest when it exists.")
+    keep_last: int = Field(
+        3,
+        ge=1,
+        description="Keep the newest N checkpoint-N directories (only the newest keeps the optimizer state).",
+    )
+    resume: bool = Field(
+        True,
+        description="Resume from the newest out/checkpoint-N when there is one (the config must match; "
+        "`agentrl train --force` accepts a changed one).",
+    )
     replay: str | None = Field(
         None, description="Train on this trajectory JSONL instead of generating (offline steps; tests)."
     )
-    tensorboard: bool = Field(
-        False, description="Also write TensorBoard scalars to out/tb (needs the tensorboard extra)."
+    report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where metrics go: jsonl (out/metrics.jsonl, always written), tensorboard (out/tb), "
+        "wandb (see `wandb`); tensorboard and wandb need the tracking extra: pip install 'agentrl[tracking]'.",
     )
+    wandb: WandbSettings = Field(
+        default_factory=WandbSettings, description="Weights & Biases settings, used when report_to has wandb."
+    )
+    stop_uninformative_after: int = Field(
+        3,
+        ge=0,
+        description="Stop after this many steps in a row without one informative group (every group all-pass "
+        "or all-fail: nothing to learn from); 0: never stop. Each such step is reported.",
+    )
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or override that cannot be read or does not validate (one line, with the fix)."""
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ValueError(f"override {item!r} must look like key.sub=value")
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
     key, raw = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw)
+    try:
+        return key.strip().split("."), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({one_line(exc)})") from None
+
+
+def _read(p: Path) -> Any:
+    try:
+        return tomllib.loads(p.read_text()) if p.suffix == ".toml" else yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(
+            f"{p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {one_line(exc)}"
+        ) from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, **fields: Any) -> TrainConfig:
-    """Config from a YAML or TOML file (or none), then keyword fields, then `a.b=c` overrides."""
+    """Config from a YAML or TOML file (or none), then keyword fields, then `a.b=c` overrides.
+
+    Every problem is a `ConfigError` in one line: a missing file, an unknown key (with the closest
+    known one), a value of the wrong type (with the value given).
+    """
     data: dict[str, Any] = {}
+    where = "config"
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"config file {p} does not exist")
-        data = tomllib.loads(p.read_text()) if p.suffix == ".toml" else (yaml.safe_load(p.read_text()) or {})
+            hint = did_you_mean(p.name, [x.name for x in p.parent.iterdir()]) if p.parent.is_dir() else ""
+            raise ConfigError(f"config file {p} does not exist.{hint}".rstrip("."))
+        data = _read(p) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{p}: the top level must be a mapping of config fields")
+            raise ConfigError(f"{p}: the top level must be a mapping of config fields")
+        where = f"config {p}"
     data.update({k: v for k, v in fields.items() if v is not None})
     for item in overrides or []:
         keys, value = _parse_override(item)
@@ -209,6 +268,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, **f
         for k in keys[:-1]:
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
-                raise ValueError(f"override {item!r}: {k} is not a section")
+                raise ConfigError(f"override {item!r}: {k} is not a section")
         node[keys[-1]] = value
-    return TrainConfig.model_validate(data)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, TrainConfig, what=where)) from None

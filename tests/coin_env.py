@@ -39,3 +39,16 @@ class CoinEnv(ToolEnv):
 agentrl.register(
     "test/Coin-v0", "tests.coin_env:CoinEnv", max_turns=1, description="random-policy wiring test"
 )
+
+
+class CoinBoxEnv(ToolEnv):
+    """The coin env with a python tool: every episode runs in a docker sandbox of the warm pool."""
+
+    def __init__(self, **kw):
+        kw.setdefault("max_turns", 1)
+        super().__init__(tasks=CoinTasks(), tools=["python", "submit"], verifier=EvenLength(), **kw)
+
+
+agentrl.register(
+    "test/CoinBox-v0", "tests.coin_env:CoinBoxEnv", max_turns=1, description="coin env in docker sandboxes"
+)

@@ -371,7 +371,12 @@ def test_cli_refuses_a_changed_budget_without_traceback(tmp_path):
     (out / "eval_config.json").write_text(json.dumps({"budget": {"env": GUESS, "temperature": 0.5}}))
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text("{}")  # refused before any engine would load it
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ):  # refused before any engine loads them
+        (model / name).write_text("{}")
     args = _cli(
         "--env", GUESS, "--model", str(model), "--n", "1", "--k", "1", "--tasks", "1", "--out", str(out)
     )  # fmt: skip

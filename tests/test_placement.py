@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.placement import Placement, PlacementError, check_nproc, physical_devices, plan_placement
+from agentrl.errors import UserError, check_nproc
+from agentrl.placement import Placement, PlacementError, physical_devices, plan_placement
 
 
 def test_cpu_machine_uses_the_rpc_path_and_never_sleeps() -> None:
@@ -50,7 +51,7 @@ def test_the_users_memory_share_is_kept() -> None:
 
 
 def test_nproc_beyond_the_visible_gpus_is_one_clear_line() -> None:
-    with pytest.raises(PlacementError) as err:
+    with pytest.raises(UserError) as err:
         check_nproc(2, gpus=1)
     message = str(err.value)
     assert "\n" not in message
@@ -99,7 +100,7 @@ def test_launch_refuses_nproc_before_starting_anything(monkeypatch: pytest.Monke
     monkeypatch.setattr(train_mod, "visible_gpus", lambda: 1)
     started = []
     monkeypatch.setattr(train_mod, "run_ranks", lambda *a, **k: started.append(a))
-    with pytest.raises(PlacementError, match="--nproc 2 needs 2 GPUs"):
+    with pytest.raises(UserError, match="--nproc 2 needs 2 GPUs"):
         train_mod.launch(TrainConfig(model=str(tmp_path), out=str(tmp_path / "run")), nproc=2)
     assert started == []
 

@@ -153,3 +153,37 @@ def test_checkpoint_dtype_reads_config_and_defaults_to_float32(tmp_path) -> None
     (tmp_path / "config.json").write_text("{}")
     assert checkpoint_dtype(tmp_path) == "float32"
     assert checkpoint_dtype(tmp_path / "missing") == "float32"
+
+
+@pytest.mark.vllm
+def test_a_weight_push_does_not_report_failed_loads_for_layers_with_nothing_to_load(
+    policy, tiny_model_dir: Path
+) -> None:
+    """vLLM's layer-wise reload warns "RotaryEmbedding: Failed to load weights" on every push (its only
+    tensor is a computed, non-persistent buffer, in no checkpoint, which the reload restores): that
+    record is dropped; the layers are found by their structure, not by name."""
+    import logging
+
+    from agentrl.policy import _ExpectedReloadWarnings
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    handler = Keep(level=logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        policy.update_weights(load_file(Path(tiny_model_dir) / "model.safetensors"))
+    finally:
+        logger.removeHandler(handler)
+    (quiet,) = [f for f in logger.filters if isinstance(f, _ExpectedReloadWarnings)]
+    assert "RotaryEmbedding" in quiet.layer_classes
+    assert not [r for r in records if "Failed to load weights" in r.getMessage()]
+    # A layer with parameters that loaded nothing still warns.
+    real = logging.LogRecord(
+        logger.name, logging.WARNING, "", 0, "%s: Failed to load weights", ("QKVParallelLinear",), None
+    )
+    assert quiet.filter(real)

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.train_config import TrainConfig, load_config
+from agentrl.train_config import ConfigError, TrainConfig, load_config
 from agentrl.trajectory import Trajectory, save_trajectories
 from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def grpo_batch(vocab: int, groups: int = 3, group_size: int = 4, seed: int = 0) -> list[Trajectory]:
@@ -79,7 +81,7 @@ def test_config_from_yaml_with_overrides(tmp_path):
     )
     with pytest.raises(ValueError, match="must look like key.sub=value"):
         load_config(f, ["steps"])
-    with pytest.raises(Exception, match="extra_forbidden|Extra inputs"):
+    with pytest.raises(ConfigError, match=r"unknown key 'optim.lrr'. Did you mean 'optim.lr'\?"):
         load_config(f, ["optim.lrr=1"])
 
 
@@ -257,3 +259,67 @@ def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_pa
         assert all(r["async/staleness_mean"] <= 1.0 for r in rows)
         assert all(r.get("async/dropped_stale", 0.0) == 0.0 for r in rows)
     assert (tmp_path / mode / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_policy_that_fails_every_task_stops_and_says_warm_start_first(tiny_model_dir, tmp_path):  # noqa: F811
+    """A random policy never finds the secret number: no group is informative, so after
+    `stop_uninformative_after` steps the run stops with the reason, instead of logging `loss nan`."""
+    cfg = tmp_path / "guess.yaml"
+    cfg.write_text(
+        f"env: agentrl/guess-number-v0\nenv_kwargs: {{max_turns: 1}}\nmodel: {tiny_model_dir}\nout: {tmp_path / 'run'}\n"
+        "steps: 5\nstop_uninformative_after: 2\n"
+        "rollout: {group_size: 2, max_tokens_per_turn: 8, max_total_tokens: 1024}\n"
+        "curriculum: {batch_groups: 2, max_gen_factor: 1.0}\n"
+    )
+    res = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "train", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    lines = [x for x in res.stderr.replace("\r", "\n").splitlines() if x.startswith(("[train]", "error:"))]
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "no update: all 2 groups failed (reward 0 everywhere)" in lines[1] and "nan" not in res.stderr
+    assert lines[-1].startswith(
+        "error: no informative group in the last 2 steps (step 2/5): every episode failed"
+    )
+    assert "Warm-start it first" in lines[-1] and "agentrl demos agentrl/guess-number-v0" in lines[-1]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and not any("losses/policy_loss" in r for r in rows)
+    assert not (tmp_path / "run" / "final").exists()  # nothing was trained: no "final" model
+
+
+def test_tracking_to_jsonl_tensorboard_and_wandb_offline_without_an_account(tiny_model_dir, tmp_path):  # noqa: F811
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    save_trajectories(tmp_path / "batch.jsonl", grpo_batch(vocab))
+    out = tmp_path / "run"
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), replay=str(tmp_path / "batch.jsonl"), out=str(out), steps=2,
+        report_to=["jsonl", "tensorboard", "wandb"], wandb={"project": "agentrl-test"},
+        optim={"lr": 1e-3, "micro_batch_size": 4},
+    )  # fmt: skip
+    home = tmp_path / "home"  # no ~/.netrc, no W&B login
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.train", cfg.model_dump_json()],
+        capture_output=True, text=True, timeout=600, env={**env, "HOME": str(home), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"W&B: offline in {out / 'wandb'}" in proc.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    logged = events.Scalars("losses/policy_loss")
+    assert [e.step for e in logged] == [1, 2]
+    assert [e.value for e in logged] == pytest.approx([r["losses/policy_loss"] for r in rows], abs=1e-6)
+    run_id = (out / "wandb-run-id").read_text()
+    (offline,) = (out / "wandb").glob(f"offline-run-*-{run_id}")
+    assert (offline / f"run-{run_id}.wandb").stat().st_size > 0
+    # The training plot is written by `train` itself.
+    assert (out / "training.png").read_bytes()[:4] == b"\x89PNG"

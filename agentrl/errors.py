@@ -1,0 +1,220 @@
+"""Errors meant for the person running agentrl, and the checks that raise them.
+
+A `UserError` is bad input: a misspelled id, a path that is not a checkpoint, a config key that
+does not exist. Its message says what was wrong and how to fix it, in one line. The command line
+prints it as `error: <message>` and exits 2, without a traceback (`agentrl --debug ...` shows
+one); library callers get an ordinary exception they can catch.
+
+Everything else that escapes a command is a bug (ours, or in a plugin) and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+EXIT_USER_ERROR = 2
+"""Exit status of a command stopped by bad input (the same status argument-parsing errors get)."""
+
+
+class UserError(Exception):
+    """Bad input: the message (one line) says what was wrong and how to fix it."""
+
+
+def did_you_mean(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> str:
+    """ " Did you mean 'x'?" for the closest of `choices`, or "" when nothing is close."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=n, cutoff=cutoff)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace (newlines included) so a message prints as one line."""
+    return " ".join(str(text).split())
+
+
+# --- pydantic validation errors, as people read them ---------------------------------------------
+
+#: Keys that were renamed or replaced: an unknown key listed here gets this hint instead of a guess.
+RENAMED_KEYS: dict[str, str] = {
+    "tensorboard": "report_to: [jsonl, tensorboard] (tracking backends are listed in report_to)",
+}
+
+
+def _model_at(model: Any, loc: tuple[Any, ...]) -> Any:
+    """The pydantic model class that owns the last part of `loc`, or None (a dict field, a list)."""
+    from pydantic import BaseModel
+
+    current = model
+    for part in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        current = field.annotation
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def format_validation_error(exc: Any, model: Any = None, what: str = "config") -> str:
+    """A pydantic `ValidationError` as one line: every problem with its dotted key, the value that
+    was given, and for an unknown key the closest known one."""
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            name = str(loc[-1]) if loc else key
+            if name in RENAMED_KEYS:
+                problems.append(f"unknown key '{key}'; use {RENAMED_KEYS[name]}")
+                continue
+            owner = _model_at(model, loc) if model is not None else None
+            hint = did_you_mean(name, owner.model_fields) if owner is not None else ""
+            prefix = ".".join(str(p) for p in loc[:-1])
+            if hint and prefix:  # suggest the full dotted key
+                hint = hint.replace("'", f"'{prefix}.", 1)
+            problems.append(f"unknown key '{key}'.{hint}".rstrip("."))
+        elif kind == "missing":
+            problems.append(f"'{key}' is required")
+        elif kind == "value_error" and not loc:  # a check across fields: its message says it all
+            problems.append(str(err.get("ctx", {}).get("error", err.get("msg", "invalid"))))
+        else:
+            msg = err.get("msg", "invalid")
+            if kind == "value_error":
+                msg = str(err.get("ctx", {}).get("error", msg))
+            msg = msg[0].lower() + msg[1:] if msg else msg
+            given = err.get("input")
+            shown = repr(given)
+            if len(shown) > 60:
+                shown = shown[:57] + "..."
+            problems.append(f"'{key}': {msg} (got {shown})")
+    n = len(problems)
+    head = f"invalid {what}" if n == 1 else f"invalid {what} ({n} problems)"
+    return one_line(f"{head}: " + "; ".join(problems))
+
+
+# --- checks shared by the commands ------------------------------------------------------------------
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process can use (0 without CUDA)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def cuda_visible_note() -> str:
+    """How CUDA_VISIBLE_DEVICES is set, for messages about GPU counts."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"CUDA_VISIBLE_DEVICES={value!r}" if value is not None else "CUDA_VISIBLE_DEVICES unset"
+
+
+def check_nproc(nproc: int, gpus: int | None = None) -> None:
+    """`--nproc`: at least 1, and on a GPU machine at most the visible GPUs (`gpus`, counted when
+    None): one trainer rank per GPU, or torchrun dies with "invalid device ordinal". CPU ranks
+    (gloo) may be any number."""
+    if nproc < 1:
+        raise UserError(f"--nproc must be >= 1 (processes, one FSDP rank each), got {nproc}")
+    gpus = visible_gpus() if gpus is None else gpus
+    if gpus and nproc > gpus:
+        raise UserError(
+            f"--nproc {nproc} needs {nproc} GPUs (one per trainer process) but {gpus} "
+            f"{'is' if gpus == 1 else 'are'} visible ({cuda_visible_note()}); use --nproc {gpus}, "
+            "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+        )
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _checkpoints_inside(path: Path) -> list[Path]:
+    """Checkpoint directories one level down (a run directory's final/ and checkpoint-N/)."""
+    found = [p for p in path.iterdir() if p.is_dir() and (p / "config.json").is_file()]
+
+    def order(p: Path) -> tuple[int, int]:
+        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+        return (2, 0) if p.name == "final" else (1, int(m.group(1))) if m else (0, 0)
+
+    return sorted(found, key=order, reverse=True)
+
+
+def check_model_dir(model: str | os.PathLike[str], what: str = "--model") -> None:
+    """Raise a `UserError` unless `model` is a Hugging Face checkpoint directory (config, weights,
+    tokenizer), or a Hub id to hand to transformers (a name like `org/model` with no such local path
+    and whose first part is not a local directory either: `runs/sft` with a `runs/` here is a path)."""
+    text = str(model)
+    if not text.strip():
+        raise UserError(f"{what} is empty; give a checkpoint directory")
+    path = Path(text).expanduser()
+    if not path.exists():
+        first = Path(text.split("/", 1)[0])
+        if _HUB_ID.match(text) and not first.is_dir():
+            return  # a Hub id: transformers and vLLM resolve it (download or their cache)
+        parent = path.parent if str(path.parent) not in ("", ".") else Path(".")
+        hint = ""
+        if parent.is_dir():
+            hint = did_you_mean(path.name, [p.name for p in parent.iterdir() if p.is_dir()])
+            if hint:
+                hint = hint.replace("'", f"'{parent}/", 1) if str(parent) != "." else hint
+        raise UserError(f"{what} {text}: no such directory.{hint}".rstrip("."))
+    if not path.is_dir():
+        raise UserError(
+            f"{what} {text} is a file, not a checkpoint directory (config.json, weights, tokenizer)"
+        )
+    if not (path / "config.json").is_file():
+        inside = _checkpoints_inside(path)
+        if inside:
+            raise UserError(
+                f"{what} {text} is not a checkpoint (no config.json) but holds checkpoints: use "
+                + " or ".join(str(p) for p in inside[:2])
+            )
+        raise UserError(
+            f"{what} {text} is not a checkpoint: no config.json. A checkpoint directory holds config.json, "
+            "model.safetensors and the tokenizer files (what save_pretrained, `agentrl model init`, "
+            "`agentrl sft` and `agentrl train` write)"
+        )
+    if not any((path / f).is_file() for f in _WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+        raise UserError(
+            f"{what} {text} has a config.json but no weights (model.safetensors or pytorch_model.bin)"
+        )
+    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
+        raise UserError(
+            f"{what} {text} has no tokenizer (tokenizer.json / tokenizer_config.json); save the tokenizer "
+            "beside the model with tokenizer.save_pretrained(dir)"
+        )
+
+
+def check_nonempty_file(path: str | os.PathLike[str], what: str, kind: str = "JSONL") -> None:
+    """A data file must exist, be a file and hold at least one non-blank line."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{what} {p}: no such file.{did_you_mean(p.name, _siblings(p))}".rstrip("."))
+    if not p.is_file():
+        raise UserError(f"{what} {p} is a directory, not a {kind} file")
+    with p.open("rb") as f:
+        for line in f:
+            if line.strip():
+                return
+    raise UserError(f"{what} {p} is empty: no {kind} records in it")
+
+
+def _siblings(p: Path) -> list[str]:
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        return [x.name for x in parent.iterdir()]
+    except OSError:
+        return []
