@@ -10,8 +10,11 @@ the package's test suite in and requires every FAIL_TO_PASS and PASS_TO_PASS tes
 Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair`); an empty cache
 is filled on first use with a small set (`first_use_n`), which takes a minute or two.
 
-What the sandbox does not hide: on the docker backend the pristine source in the image is
-root-only; on bwrap (one user) the agent could read it at /opt/src/<package>.
+The pristine source in the image (/opt/src/<package>) is root-only: the agent and the
+verifier's test run cannot read it (docker: permissions; bwrap: masked), so neither `diff`
+nor a workspace symlink into it gets anywhere. Every staged file has the same mtime and the
+files are created in path order, so neither timestamps nor inode numbers point at the
+mutated module.
 """
 
 from __future__ import annotations
@@ -133,12 +136,11 @@ class PythonRepairEnv(ToolEnv):
         )
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
-        # The package comes from the image (root-only copy), then the task's mutant module over it.
+        # The package comes from the image (root-only copy) with the task's mutant module in
+        # place, staged so that no file's metadata says which one was mutated.
         sb = self._acquire_sandbox(task)
         try:
-            stage_source(sb, task.metadata["source_dir"])
-            for path, content in task.files.items():
-                sb.write_file(path, content)
+            stage_source(sb, task.metadata["source_dir"], task.files)
             for cmd in task.setup:
                 res = sb.exec(["/bin/sh", "-c", cmd], timeout=max(self.exec_timeout_s, 60.0))
                 if not res.ok:
