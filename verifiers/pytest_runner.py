@@ -41,7 +41,8 @@ import sys
 
 
 def _emitter(fd, key):
-    """The only way records are written: signed, numbered, written whole."""
+    """The only way records are written: signed, numbered, written whole, one at a time."""
+    import _thread
     import itertools
 
     try:
@@ -56,16 +57,19 @@ def _emitter(fd, key):
 
     # Everything it calls is bound here, as default values: replacing `os.write`, `repr` or the
     # hmac module later changes nothing here, and rebinding the defaults is an audited event.
-    def emit(
-        kind, *fields, _write=os.write, _fd=fd, _proto=proto, _next=counter.__next__, _repr=repr, _len=len
-    ):
-        body = "\t".join([str(_next()), kind, *[_repr(f) for f in fields]])
-        mac = _proto.copy()
-        mac.update(body.encode("utf-8", "backslashreplace"))
-        line = (mac.hexdigest()[:32] + "\t" + body + "\n").encode("utf-8", "backslashreplace")
-        done = 0
-        while done < _len(line):
-            done += _write(_fd, line[done:])
+    # The fields are rendered before the lock (repr can run other code, which can emit); under
+    # the lock only C code runs, so records from several threads never interleave or reorder.
+    def emit(kind, *fields, _write=os.write, _fd=fd, _proto=proto, _next=counter.__next__, _repr=repr,
+             _len=len, _lock=_thread.RLock()):  # fmt: skip
+        payload = "\t".join([kind, *[_repr(f) for f in fields]])
+        with _lock:
+            body = str(_next()) + "\t" + payload
+            mac = _proto.copy()
+            mac.update(body.encode("utf-8", "backslashreplace"))
+            line = (mac.hexdigest()[:32] + "\t" + body + "\n").encode("utf-8", "backslashreplace")
+            done = 0
+            while done < _len(line):
+                done += _write(_fd, line[done:])
 
     return emit
 
@@ -188,6 +192,9 @@ class Guard:
             return _guarded(value.__name__)
         if id(type(value)) in self.classes:  # pytest's own objects (a plugin manager, a config)
             return True
+        value = getattr(value, "__func__", value) if type(value).__name__ == "method" else value
+        if type(value).__name__ == "partial":  # functools.partial over harness code
+            value = value.func
         fns = _functions_of(value)
         return bool(fns) and all(id(f) in self.ids for f in fns)
 
@@ -254,9 +261,12 @@ class Guard:
         out.extend(
             f"builtins.{k} was replaced" for k, v in self.builtins.items() if now.get(k, _MISSING) is not v
         )
+        # pytest installs its own sys.unraisablehook (and friends) while it runs: harness code.
         now = vars(sys)
         out.extend(
-            f"sys.{k} was replaced" for k, v in self.sys_functions.items() if now.get(k, _MISSING) is not v
+            f"sys.{k} was replaced"
+            for k, v in self.sys_functions.items()
+            if now.get(k, _MISSING) is not v and not self.harness_value(now.get(k, _MISSING))
         )
         for cls, snap in self.classes.values():
             now = vars(cls)

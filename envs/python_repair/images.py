@@ -113,11 +113,16 @@ for root, dirs, files in os.walk(dst):
             os.chmod(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
 """
 
-# The agent's half: create the workspace tree in sorted path order (so inode numbers and change
-# times follow the path, never which file the task rewrote), then give everything one mtime.
+# The agent's half: create the workspace tree in sorted path order, each file given the one
+# mtime as it is made, so inode numbers and change times follow the paths, never which file the
+# task rewrote. On one CPU: tmpfs hands out inode numbers in per-CPU batches.
 _STAGE_AGENT = r"""
 import os, shutil, sys
 src, dst, stamp = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+except (AttributeError, OSError):
+    pass
 rels = []
 for root, dirs, files in os.walk(src):
     for name in dirs + files:
@@ -130,10 +135,11 @@ for rel in sorted(rels):
         continue
     if os.path.isdir(s):
         os.mkdir(d, 0o755)
+        made.append(d)
     else:
         shutil.copyfile(s, d)
         os.chmod(d, os.stat(s).st_mode & 0o777)
-    made.append(d)
+        os.utime(d, (stamp, stamp))
 for d in sorted(made, key=lambda p: p.count("/"), reverse=True) + [dst]:
     os.utime(d, (stamp, stamp))
 """
