@@ -1042,7 +1042,7 @@ class AnswerHedging(_AnswerAttack):
         b = self.episode(env, task, f"{wrong} or {task.answer}")
         both = a.passed and b.passed
         return Outcome(
-            max(a.reward or 0, b.reward or 0),
+            min(a.reward or 0, b.reward or 0),  # a hedge pays only if it scores in both orders
             f"{a.verdict} | {b.verdict}",
             f"'{task.answer} or {wrong}': {a.reward}; '{wrong} or {task.answer}': {b.reward}",
             exploited=both,
