@@ -38,6 +38,20 @@ The file system
   `privileged=True` write it from the host side directly, and `exec(privileged=True)` binds it
   read-write. Files therefore show as owned by `agent` inside; the read-only bind, not
   ownership, is what keeps the agent out.
+- The image's root-only paths (`private_paths`: directories other users cannot enter, files
+  they cannot read, e.g. a task image's pristine source, /root, /etc/shadow): on docker their
+  permission bits hide them from the agent; here the one uid owns every exported file, so
+  every exec but a privileged one gets an empty read-only tmpfs (a directory) or /dev/null
+  (a file) over each, and the host-side file methods refuse them.
+- The verifier identity (`exec(as_verifier=True)`, which runs the agent's code for a
+  verifier): the same masks, the workspace and /verifier bound read-only, and a fresh /tmp of
+  its own (a directory in the /verifier tmpfs, removed after the exec).
+
+What the sandbox can read about its host: bwrap's own process is PID 1 inside, so its options
+(host paths, `--setenv` values) go through a file descriptor (`--args`), never its argv, and
+it runs with an empty environment: /proc/1/cmdline shows `bwrap --args N -- prlimit ... --
+<command>` and /proc/1/environ nothing of the host. /proc/self/mountinfo still names the
+exported root file system's host directory (as docker's shows its overlay directories).
 - /proc is a fresh procfs of the exec's pid namespace; /dev is bwrap's minimal /dev (null,
   zero, random, urandom, tty, pts) made read-only, with a 64 MiB tmpfs /dev/shm.
 

@@ -67,7 +67,9 @@ def test_attack_2_patching_pytest_from_the_package_scores_0(env, toolz_repair_ta
     assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict
 
 
-@pytest.mark.parametrize("attack", [AtexitForgedReport, AtexitForgedReportOsExit], ids=["exit-1", "os-exit-0"])
+@pytest.mark.parametrize(
+    "attack", [AtexitForgedReport, AtexitForgedReportOsExit], ids=["exit-1", "os-exit-0"]
+)
 def test_attack_3_results_forged_at_exit_score_0(env, toolz_repair_task, attack):
     out = attack().play(env, toolz_repair_task)
     assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict

@@ -316,7 +316,9 @@ def test_no_host_paths_or_sandbox_options_visible_in_proc(backend, sb):
 
     from agentrl.sandbox.bwrap import rootfs_cache_dir
 
-    r = sb.exec("for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do tr '\\0' ' ' < $f 2>/dev/null; echo; done")
+    r = sb.exec(
+        "for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do tr '\\0' ' ' < $f 2>/dev/null; echo; done"
+    )
     seen = r.stdout
     host_only = [p for p in os.environ.get("PATH", "").split(":") if "/." in p or p.startswith("/root")]
     for marker in ["--setenv", "--ro-bind", "--bind", str(rootfs_cache_dir()), "agentrl-bwrap-", *host_only]:
