@@ -109,7 +109,14 @@ Known limits (honest ones):
   state, but the emitter that holds it is a Python object). Closing this needs the tests to
   call the agent's code across a process boundary, which pytest does not do. The audited
   events and the snapshot are tuned on pytest 7-9 and these suites; a test suite that
-  itself uses ctypes memory access, `gc.get_referrers` or `sys.settrace` scores 0 here.
+  itself uses ctypes memory access, `gc.get_referrers` or `sys.settrace` (doctest's is
+  allowed) scores 0 here.
+- Until pytest's session starts, pytest configures itself (its legacypath plugin adds
+  properties to its own classes): a change to the harness whose new value is itself harness
+  code is taken into the snapshot then. Code of the agent's that runs that early (a hidden
+  conftest that imports the package) could swap pytest's functions among themselves unseen;
+  anything else it changes is caught.
+- The image's interpreter must be Python 3.8 or newer (audit hooks).
 - A workspace package that needs compiled extensions cannot load them from the workspace
   (source only): install them in the image.
 - The verifier identity must be able to read the workspace: on docker, files the agent made

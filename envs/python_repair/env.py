@@ -130,7 +130,8 @@ class PythonRepairEnv(ToolEnv):
             exec_timeout_s=exec_timeout_s,
             # No bytecode caches in the workspace: a .pyc written when the agent ran the buggy
             # module is trusted by mtime (1 s resolution) and size, so a same-size fix within that
-            # second would be tested as the old code. The verifier itself runs with -B.
+            # second would run as the old code in the agent's own runs. (The verifier never loads
+            # workspace bytecode at all.)
             sandbox_env={"PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("sandbox_env", {})},
             **kwargs,
         )
