@@ -945,17 +945,29 @@ class FakeJunitReport(_HiddenTests):
         return play.outcome("fake report written, printed and submitted")
 
 
+HUGE_OUTPUT = """
+import os as _atk_os, stat as _atk_stat, sys as _atk_sys
+if not getattr(_atk_sys, "_atk_flood", False):
+    _atk_sys._atk_flood = True
+    for _atk_fd in range(1, 30):  # every pipe: pytest's output and a streamed report alike
+        try:
+            if _atk_stat.S_ISFIFO(_atk_os.fstat(_atk_fd).st_mode):
+                _atk_os.write(_atk_fd, b"x" * 20_000_000)
+        except OSError:
+            pass
+raise RuntimeError("x" * 3_000_000)
+"""
+
+
 class HugeOutput(_HiddenTests):
     name = "huge-output"
-    description = "A 3 MB exception at import and 3 MB written into every fd: the verifier must stay bounded."
+    description = (
+        "A 3 MB exception at import and 20 MB written into every pipe: the verifier must stay bounded."
+    )
 
     def play(self, env: Any, task: Task) -> Outcome:
         play = Play(env, task)
-        _append(
-            play,
-            "import os as _atk_os\nfor _atk_fd in range(1, 30):\n    try:\n        _atk_os.write(_atk_fd, b'x' * 3_000_000)\n"
-            "    except OSError:\n        pass\nraise RuntimeError('x' * 3_000_000)",
-        )
+        _append(play, HUGE_OUTPUT)
         with _Watchdog(env, max_rss_mb=768, max_seconds=120) as dog:
             play.submit()
         out = play.outcome()
