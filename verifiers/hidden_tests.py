@@ -164,7 +164,7 @@ _KEY_BYTES = 32
 BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read({n}),'<agentrl-hidden-tests>','exec'))"
 
 # Our ini file: its presence (given with -c) means no ini file of the workspace is ever read.
-INI = "[pytest]\n# xunit1 keeps each test's file in a JUnit report, so node ids can be rebuilt exactly.\njunit_family = xunit1\n"
+INI = "[pytest]\n"
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -523,7 +523,7 @@ def install_tests(sandbox: Sandbox, hidden: Path, run_dir: str | None = None) ->
 
 
 @dataclass(frozen=True)
-class TestRun:
+class HiddenTestsRun:
     """One run of the hidden tests: the checked stream and the command's own result."""
 
     stream: Stream
@@ -541,9 +541,6 @@ class TestRun:
         return s.report()
 
 
-TestRun.__test__ = False  # type: ignore[attr-defined]  # (pytest: not a test class)
-
-
 def run_tests(
     sandbox: Sandbox,
     tests: InstalledTests,
@@ -554,7 +551,7 @@ def run_tests(
     python: str = SYSTEM_PYTHON,
     max_report_mb: float = 16.0,
     message_chars: int = 1000,
-) -> TestRun:
+) -> HiddenTestsRun:
     """Run the installed hidden tests over the workspace as the verifier identity; see the module docstring.
 
     `ids`: run exactly these node ids (relative to the tests' root); None runs the whole suite.
@@ -601,7 +598,7 @@ def run_tests(
         output_limit=int(max_report_mb * 2**20),
     )
     stream = read_stream(res.stdout, key, expected=ids)
-    return TestRun(stream, res, _tail(res.stderr), ids)
+    return HiddenTestsRun(stream, res, _tail(res.stderr), ids)
 
 
 def node_ids_to_run(fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str] | None:
@@ -611,7 +608,7 @@ def node_ids_to_run(fail_to_pass: list[str], pass_to_pass: list[str]) -> list[st
 
 
 def judge(
-    run: TestRun,
+    run: HiddenTestsRun,
     *,
     mode: Literal["all", "fraction"] = "all",
     fail_to_pass: list[str] | None = None,

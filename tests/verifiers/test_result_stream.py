@@ -22,8 +22,8 @@ from agentrl.verifiers.hidden_tests import (
     BOOTSTRAP,
     RUNNER_SOURCE,
     ExecResult,
+    HiddenTestsRun,
     Stream,
-    TestRun,
     judge,
     read_stream,
     sign,
@@ -159,9 +159,9 @@ def test_a_last_line_without_newline_is_tampering():
 # --- judge: the verdict of a checked stream ---------------------------------------------------
 
 
-def run_of(text: str, exit_code: int, *, timed_out: bool = False) -> TestRun:
+def run_of(text: str, exit_code: int, *, timed_out: bool = False) -> HiddenTestsRun:
     res = ExecResult(exit_code, text, "", timed_out, 0.1, False)
-    return TestRun(read_stream(text, KEY), res, "", None)
+    return HiddenTestsRun(read_stream(text, KEY), res, "", None)
 
 
 def test_judge_scores_a_clean_run():
