@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -55,6 +56,9 @@ def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentr
     typer.echo(f"max turns:   {s.max_turns}")
     typer.echo(f"description: {s.description}")
     env = make(env_id, backend="local", use_pool=False)
+    typer.echo(
+        f"tool calls:  at most {env.max_tool_calls_per_step} per message, {env.step_budget_s:g}s in all"
+    )
     typer.echo(f"verifier:    {env.verifier.name}")
     typer.echo("tools:")
     for schema in env.toolbox.schemas:
@@ -411,7 +415,7 @@ def sft(
         only_passed=not all_trajectories,
         seed=seed,
     )
-    typer.echo(str(launch(cfg, nproc=nproc)))
+    typer.echo(str(_launch_or_bad_nproc(launch, cfg, nproc)))
 
 
 @app.command("demos")
@@ -488,7 +492,17 @@ def train_cmd(
     from agentrl.train_config import load_config
 
     cfg = load_config(config, list(ctx.args))
-    typer.echo(str(launch(cfg, nproc=nproc)))
+    typer.echo(str(_launch_or_bad_nproc(launch, cfg, nproc)))
+
+
+def _launch_or_bad_nproc(launch: Any, cfg: Any, nproc: int) -> Any:
+    """Run `launch`; a placement that does not fit the visible GPUs is a usage error, in one line."""
+    from agentrl.placement import PlacementError
+
+    try:
+        return launch(cfg, nproc=nproc)
+    except PlacementError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--nproc / rollout.devices") from None
 
 
 @app.command("eval")
@@ -676,6 +690,11 @@ def demo(
 
 
 def main() -> None:
+    # The CLI's main thread: install the handlers that remove this process's containers on
+    # SIGTERM/SIGINT before any command opens one (rollouts open them on worker threads).
+    from agentrl.sandbox.reaper import install_signal_handlers
+
+    install_signal_handlers()
     app()
 
 

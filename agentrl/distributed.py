@@ -58,6 +58,11 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            from agentrl.placement import check_nproc
+
+            # A torchrun started by hand with more processes than GPUs: say so, not "invalid device ordinal".
+            check_nproc(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

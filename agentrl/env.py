@@ -11,6 +11,8 @@ The contract is Gymnasium's, exactly:
   its reward comes back from that `step` (0 before).
 - Malformed calls, unknown tools, bad arguments, crashed or hung tools become error
   observations the model can read; `step` does not raise for anything the model writes.
+- One message runs at most `max_tool_calls_per_step` tool calls, within `step_timeout_s` in
+  all; the calls past either are not run, and the observation says so.
 - `close()` is idempotent; `reset()` after `close()` works; `with env:` closes.
 
 Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and an oracle.
@@ -21,14 +23,23 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium
 
-from agentrl.episode import Episode
-from agentrl.parsers import ParsedAction, get_parser
-from agentrl.sandbox.base import DEFAULT_WORKDIR, Limits, Sandbox, SandboxDead, SandboxError, open_sandbox
+from agentrl.episode import Episode, ToolCallRecord
+from agentrl.parsers import ParsedAction, ParseError, ToolCall, get_parser
+from agentrl.sandbox.base import (
+    DEFAULT_WORKDIR,
+    EngineUnavailable,
+    Limits,
+    Sandbox,
+    SandboxDead,
+    SandboxError,
+    open_sandbox,
+)
 from agentrl.spaces import Messages, UnicodeText
 from agentrl.task import Split, Task, TaskGenerator
 from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, run_tool
@@ -55,6 +66,17 @@ def tools_system_block(schemas: list[dict], format_hint: str) -> str:
     )
 
 
+# Default of `max_tool_calls_per_step`. verl's multi-turn rollout runs 1 call per turn
+# (`max_parallel_calls: 1`) and silently drops the rest; PrimeIntellect's verifiers runs every call
+# a message holds. Tool-calling chat templates (Hermes/Qwen, Llama 3.1) let a model emit several,
+# and reading two files at once is ordinary, so 1 would punish a normal habit; no bound lets one
+# message stand for a whole episode (100 parallel guesses win guess-number, 8 x `sleep 4` make a
+# 32 s step). 4 keeps parallel reads and bounds the rest; the model is told what was not run.
+DEFAULT_MAX_TOOL_CALLS_PER_STEP = 4
+# Longest tool name echoed back in an error: a model may write a megabyte where a name belongs.
+_NAME_ECHO = 80
+
+
 class ToolEnv(gymnasium.Env[list, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
@@ -62,6 +84,8 @@ class ToolEnv(gymnasium.Env[list, str]):
     instructions = (
         "You are a helpful agent. Use the tools to solve the task, then call `submit` with your answer."
     )
+    #: `max_tool_calls_per_step` when the caller does not set it; a game may allow fewer.
+    default_max_tool_calls_per_step: ClassVar[int] = DEFAULT_MAX_TOOL_CALLS_PER_STEP
 
     def __init__(
         self,
@@ -79,12 +103,26 @@ class ToolEnv(gymnasium.Env[list, str]):
         exec_timeout_s: float = 30.0,
         verifier_timeout_s: float = 300.0,
         max_action_chars: int = 65536,
+        max_tool_calls_per_step: int | None = None,
+        step_timeout_s: float | None = None,
         sandbox_env: dict[str, str] | None = None,
         env_id: str | None = None,
         render_mode: str | None = None,
     ):
+        """
+        max_tool_calls_per_step: most tool calls one message runs (None: the class's
+            `default_max_tool_calls_per_step`, 4 for ToolEnv, see `DEFAULT_MAX_TOOL_CALLS_PER_STEP`
+            for why); the rest are not run and the observation says so.
+        step_timeout_s: wall-clock budget of all the tool calls of one message (None: twice
+            `exec_timeout_s`). Each call's command timeout is cut to what is left of it; calls that
+            find it spent are not run. The verifier's time is not part of it.
+        """
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if max_tool_calls_per_step is not None and max_tool_calls_per_step < 1:
+            raise ValueError(f"max_tool_calls_per_step must be >= 1, got {max_tool_calls_per_step}")
+        if step_timeout_s is not None and step_timeout_s <= 0:
+            raise ValueError(f"step_timeout_s must be > 0 seconds, got {step_timeout_s}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
         self.task_source = tasks
@@ -104,6 +142,12 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.exec_timeout_s = exec_timeout_s
         self.verifier_timeout_s = verifier_timeout_s
         self.max_action_chars = max_action_chars
+        self.max_tool_calls_per_step = (
+            self.default_max_tool_calls_per_step
+            if max_tool_calls_per_step is None
+            else max_tool_calls_per_step
+        )
+        self.step_timeout_s = step_timeout_s
         # Environment variables every sandbox of this env starts with (the agent can change them
         # in its own commands; verifiers run with their own clean environment).
         self.sandbox_env = dict(sandbox_env or {})
@@ -115,6 +159,17 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.task: Task | None = None
         self.episode: Episode | None = None
         self._ctx: ToolContext | None = None
+        if backend == "docker":
+            # From the main thread (where envs are usually made), so that SIGTERM/SIGINT remove
+            # this process's containers even when a rollout opens them on worker threads.
+            from agentrl.sandbox.reaper import install_signal_handlers
+
+            install_signal_handlers()
+
+    @property
+    def step_budget_s(self) -> float:
+        """The wall-clock budget of one message's tool calls: `step_timeout_s`, else 2 x `exec_timeout_s`."""
+        return self.step_timeout_s if self.step_timeout_s is not None else 2 * self.exec_timeout_s
 
     # --- hooks for subclasses ---------------------------------------------------------
     @property
@@ -239,7 +294,7 @@ class ToolEnv(gymnasium.Env[list, str]):
             )
             parsed = ParsedAction()
         else:
-            parsed = self.parser.parse(action)
+            parsed = self._parse(action)
 
         for err in parsed.errors:
             ep.format_errors += 1
@@ -260,48 +315,70 @@ class ToolEnv(gymnasium.Env[list, str]):
                 )
             )
 
-        for i, call in enumerate(parsed.calls):
+        calls = list(parsed.calls)
+        limit = self.max_tool_calls_per_step
+        deadline = time.monotonic() + self.step_budget_s
+        not_run: list[ToolCall] = []
+        not_run_why = ""
+        for i, call in enumerate(calls):
+            if i >= limit:
+                not_run = calls[i:]
+                not_run_why = f"at most {limit} tool call(s) run per message in this environment; "
+                not_run_why += "call the others in your next message"
+                ep.format_errors += 1
+                step_errors += 1
+                break
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                not_run = calls[i:]
+                not_run_why = f"this message's tool calls used up its time budget of {self.step_budget_s:g}s"
+                break
             step_calls += 1
             ep.tool_calls += 1
-            tool = self.toolbox.tools.get(call.name)
-            if tool is None:
-                close = difflib.get_close_matches(call.name, list(self.toolbox.tools), n=1)
-                hint = f" Did you mean '{close[0]}'?" if close else ""
-                outcome = ToolOutcome(
-                    f"Error: unknown tool '{call.name}'.{hint} "
-                    f"Available tools: {', '.join(self.toolbox.tools)}.",
-                    is_error=True,
-                )
-            else:
-                ep.tools_used[tool.name] = ep.tools_used.get(tool.name, 0) + 1
-                try:
-                    outcome = run_tool(tool, self._ctx, call.arguments)
-                except SandboxDead as exc:
-                    ep.error = f"sandbox died during {call.name}: {exc}"
-                    ep.finish_reason = "env_error"
-                    obs.append(
-                        {
-                            "role": "tool",
-                            "name": call.name,
-                            "tool_call_id": call.id,
-                            "content": "Error: the sandbox died; the episode ends.",
-                        }
-                    )
-                    break
+            # A tool's commands get what is left of the step's budget, never more than their own timeout.
+            self._ctx.exec_timeout_s = min(self.exec_timeout_s, left_s)
+            try:
+                outcome, record = self._run_call(call)
+            except SandboxDead as exc:
+                if isinstance(exc, EngineUnavailable):
+                    ep.error = f"{_name(call)}: {exc}"
+                    content = f"Error: the sandbox's engine stopped answering; the episode ends. ({exc})"
+                else:
+                    ep.error = f"sandbox died during {_name(call)}: {exc}"
+                    content = "Error: the sandbox died; the episode ends."
+                ep.finish_reason = "env_error"
+                ep.calls.append(ToolCallRecord(_name(call), "ran", is_error=True))
+                obs.append({"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": content})
+                break
+            finally:
+                self._ctx.exec_timeout_s = self.exec_timeout_s
+            ep.calls.append(record)
             step_errors += outcome.is_error
             step_timeouts += outcome.timed_out
             ep.tool_errors += outcome.is_error
             ep.tool_timeouts += outcome.timed_out
             obs.append(
-                {"role": "tool", "name": call.name, "tool_call_id": call.id, "content": outcome.content}
+                {"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": outcome.content}
             )
             if outcome.terminal:
                 ep.submission = outcome.submission
                 ep.finish_reason = "submitted"
-                skipped = len(parsed.calls) - i - 1
+                skipped = calls[i + 1 :]
+                ep.calls.extend(ToolCallRecord(_name(c), "not_run") for c in skipped)
                 if skipped:
-                    obs[-1]["content"] += f" ({skipped} later tool call(s) in the same message were not run.)"
+                    obs[-1]["content"] += (
+                        f" ({len(skipped)} later tool call(s) in the same message were not run.)"
+                    )
                 break
+        if not_run:
+            ep.calls.extend(ToolCallRecord(_name(c), "not_run") for c in not_run)
+            names = ", ".join(_name(c) for c in not_run[:8]) + (", ..." if len(not_run) > 8 else "")
+            obs.append(
+                self._error_message(
+                    f"Error: {len(not_run)} tool call(s) of your message were not run ({names}): {not_run_why}.",
+                    role="tool",
+                )
+            )
 
         if not ep.done and ep.turns >= self.max_turns:
             ep.finish_reason = "max_turns"
@@ -310,6 +387,7 @@ class ToolEnv(gymnasium.Env[list, str]):
         reward = 0.0
         info: dict[str, Any] = {
             "step_tool_calls": step_calls,
+            "step_tool_calls_not_run": len(not_run),
             "step_tool_errors": step_errors,
             "step_tool_timeouts": step_timeouts,
         }
@@ -323,6 +401,50 @@ class ToolEnv(gymnasium.Env[list, str]):
                 info["error"] = ep.error
         info.update(ep.stats())
         return obs, reward, terminated, truncated, info
+
+    def _parse(self, action: str) -> ParsedAction:
+        """The parser's reading of `action`, never an exception: a parser (ours or a plugin) that
+        raises, or returns calls of the wrong shape, is a format error the model reads."""
+        try:
+            parsed = self.parser.parse(action)
+        except Exception as exc:
+            log.warning("tool-call parser %r raised on a model message: %r", self.parser.name, exc)
+            return ParsedAction(
+                errors=[ParseError(f"the message could not be parsed ({type(exc).__name__})", action[:200])]
+            )
+        calls: list[ToolCall] = []
+        errors = list(parsed.errors)
+        for call in parsed.calls:
+            if not isinstance(call.name, str) or not call.name:
+                errors.append(ParseError("a tool call needs a non-empty name string", repr(call.name)[:200]))
+            elif not isinstance(call.arguments, Mapping):
+                errors.append(
+                    ParseError(
+                        f"the arguments of tool '{_name(call)}' must be a JSON object",
+                        repr(call.arguments)[:200],
+                    )
+                )
+            else:
+                calls.append(call)
+        return ParsedAction(calls, errors, parsed.content)
+
+    def _run_call(self, call: ToolCall) -> tuple[ToolOutcome, ToolCallRecord]:
+        """Run one well-formed call; its outcome, and the record of whether it ran."""
+        assert self._ctx is not None
+        tool = self.toolbox.tools.get(call.name)
+        if tool is None:
+            close = difflib.get_close_matches(call.name[:200], list(self.toolbox.tools), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            outcome = ToolOutcome(
+                f"Error: unknown tool '{_name(call)}'.{hint} Available tools: {', '.join(self.toolbox.tools)}.",
+                is_error=True,
+                ran=False,
+            )
+            return outcome, ToolCallRecord(_name(call), "unknown_tool", is_error=True)
+        outcome = run_tool(tool, self._ctx, call.arguments)
+        status = "ran" if outcome.ran else "invalid_arguments"
+        record = ToolCallRecord(tool.name, status, outcome.is_error, outcome.timed_out, outcome.duration_s)
+        return outcome, record
 
     def _finish(self) -> Verdict:
         """Run the verifier on the finished episode, then release the sandbox."""
@@ -348,6 +470,9 @@ class ToolEnv(gymnasium.Env[list, str]):
 
     @staticmethod
     def _error_message(content: str, role: str = "user") -> Message:
+        # Errors echo parts of the model's text: keep them encodable (a lone surrogate would
+        # break the tokenizer or the trajectory file downstream, not here).
+        content = content.encode("utf-8", "backslashreplace").decode("utf-8")
         return (
             {"role": role, "name": "error", "content": content}
             if role == "tool"
@@ -362,3 +487,9 @@ class ToolEnv(gymnasium.Env[list, str]):
     def close(self) -> None:
         self._release_sandbox()
         super().close()
+
+
+def _name(call: ToolCall) -> str:
+    """A call's tool name as echoed back to the model: bounded, whatever the model wrote."""
+    name = str(call.name)
+    return name if len(name) <= _NAME_ECHO else name[:_NAME_ECHO] + "..."

@@ -7,6 +7,26 @@ from typing import Any, Literal
 
 FinishReason = Literal["submitted", "max_turns", "max_tokens", "timeout", "env_error"]
 
+CallStatus = Literal["ran", "invalid_arguments", "unknown_tool", "not_run"]
+"""What became of one tool call: `ran` (the tool was invoked with valid arguments, whatever it then
+returned), `invalid_arguments` (refused by the tool's schema: nothing happened), `unknown_tool`, or
+`not_run` (past the per-step call limit or time budget, or after `submit` in the same message)."""
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One tool call the model made, and what became of it."""
+
+    name: str
+    status: CallStatus
+    is_error: bool = False
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ran(self) -> bool:
+        return self.status == "ran"
+
 
 @dataclass
 class Episode:
@@ -17,10 +37,12 @@ class Episode:
     submission: str | None = None
     turns: int = 0
     tool_calls: int = 0
+    """Tool calls dispatched (run, or refused for bad arguments or an unknown name)."""
     tool_errors: int = 0
     tool_timeouts: int = 0
     format_errors: int = 0
-    tools_used: dict[str, int] = field(default_factory=dict)
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    """Every tool call of the episode in order, with what became of it (gates read this)."""
     finish_reason: FinishReason | None = None
     error: str | None = None
 
@@ -28,14 +50,33 @@ class Episode:
     def done(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def tools_used(self) -> dict[str, int]:
+        """Calls that ran, per tool. A call refused for its arguments, or never run, does not count:
+        a gate like "used python" must not be passed by a call that did nothing."""
+        used: dict[str, int] = {}
+        for call in self.calls:
+            if call.ran:
+                used[call.name] = used.get(call.name, 0) + 1
+        return used
+
+    def calls_ran(self, tool: str) -> int:
+        """How many calls of `tool` actually ran."""
+        return sum(1 for call in self.calls if call.ran and call.name == tool)
+
+    @property
+    def tool_calls_not_run(self) -> int:
+        return sum(1 for call in self.calls if call.status == "not_run")
+
     def stats(self) -> dict[str, Any]:
         """The counters, for `info` and logs."""
         return {
             "turns": self.turns,
             "tool_calls": self.tool_calls,
+            "tool_calls_not_run": self.tool_calls_not_run,
             "tool_errors": self.tool_errors,
             "tool_timeouts": self.tool_timeouts,
             "format_errors": self.format_errors,
-            "tools_used": dict(self.tools_used),
+            "tools_used": self.tools_used,
             "finish_reason": self.finish_reason,
         }

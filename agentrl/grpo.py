@@ -205,7 +205,7 @@ class LossMetrics:
     ratio_max: float
     approx_kl: float  # mean k3 estimate of KL(π_old || π_θ) from the PPO ratio: (r - 1) - log r
     kl_ref: float  # mean k3 KL to the reference policy; 0.0 when no ref_logprobs
-    entropy: float | None  # mean token entropy; None when no logits were given
+    entropy: float | None  # mean token entropy; None when neither entropies nor logits were given
     tis_weight_mean: float  # 1.0 when TIS is off
     tis_clip_fraction: float  # fraction of action tokens whose TIS weight hit tis_cap
     num_action_tokens: int
@@ -230,6 +230,7 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     logits: Tensor | None = None,
+    entropy: Tensor | None = None,
     denominator: float | None = None,
 ) -> tuple[Tensor, LossMetrics]:
     """Clipped surrogate loss for GRPO-family updates; returns (scalar loss to minimise, metrics).
@@ -263,8 +264,9 @@ def policy_loss(
       caps of about 2 to 8.
     - `advantages` is [B] (one per trajectory, broadcast over its action tokens) or [B, T].
     - `denominator`: see `aggregate` (micro-batching and data parallel ranks).
-    - `logits` ([B, T, V], token-position layout as in `agentrl.batch`) only feed the entropy
-      metric; no entropy bonus is added.
+    - `entropy` ([B, T], each action token's entropy, as `agentrl.logprobs` computes it beside the
+      log-probs) or else `logits` ([B, T, V], token-position layout as in `agentrl.batch`) only
+      feed the entropy metric; no entropy bonus is added.
 
     Degenerate inputs are defined: no action tokens anywhere gives loss 0 with a zero
     gradient (not NaN); a one-token sequence's GSPO ratio is its token ratio; all-zero
@@ -360,7 +362,11 @@ def policy_loss(
                 torch.where(n > 0, torch.where(mask, r, -big).max(), 1.0),
                 token_mean((r - 1.0) - log_ratio.detach()),  # k3 of the ratio; log r = log_ratio
                 token_mean(kl_per_token.detach()) if kl_per_token is not None else no_kl,
-                token_mean(token_entropy(logits).to(r.dtype)) if logits is not None else no_kl,
+                token_mean(entropy.detach().to(r.dtype))
+                if entropy is not None
+                else token_mean(token_entropy(logits).to(r.dtype))
+                if logits is not None
+                else no_kl,
                 torch.where(n > 0, token_mean(tis_weights), 1.0),
                 (on * (tis_weights >= tis_cap)).sum() / denom if tis_cap is not None else no_kl,
                 n,
@@ -377,7 +383,7 @@ def policy_loss(
         ratio_max=stats[6],
         approx_kl=stats[7],
         kl_ref=stats[8],
-        entropy=stats[9] if logits is not None else None,
+        entropy=stats[9] if entropy is not None or logits is not None else None,
         tis_weight_mean=stats[10],
         tis_clip_fraction=stats[11],
         num_action_tokens=int(stats[12]),

@@ -6,7 +6,12 @@ calls (`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, 
 separated by `;`). Register others with `register_parser(name, cls)`.
 
 A parser never raises on model output: every problem is a `ParseError` the environment turns
-into an observation the model can read.
+into an observation the model can read. JSON from the model is decoded by `decode_json`, which
+refuses what would hurt later rather than here: nesting deeper than `MAX_JSON_DEPTH` (Python's
+decoder recurses, and so does everything that walks the result), `NaN`/`Infinity` and numbers
+that overflow to infinity (not JSON), integers longer than Python converts, and lone UTF-16
+surrogates (`"\\ud800"`: a string that cannot be encoded, so it would break the sandbox call,
+the tokenizer or the trajectory file instead).
 """
 
 from __future__ import annotations
@@ -46,6 +51,121 @@ class ToolCallParser(Protocol):
     def parse(self, text: str) -> ParsedAction: ...
 
 
+# Far deeper than any tool's arguments, far below Python's recursion limit (1000), which the
+# decoder and every later walk of the arguments (validation, logging, templates) would hit.
+MAX_JSON_DEPTH = 32
+# Python refuses to convert longer integer strings (sys.get_int_max_str_digits()); say it plainly.
+MAX_INT_DIGITS = 4300
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str, stop_above: int = MAX_JSON_DEPTH) -> int:
+    """How deeply the arrays and objects in JSON `text` nest (brackets inside strings do not count).
+
+    Stops counting once past `stop_above`: the answer is then "too deep", whatever the rest holds.
+    """
+    depth = deepest = 0
+    for ch in _JSON_BRACKET.findall(_JSON_STRING.sub("", text)):
+        if ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_above:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+class _Refused(ValueError):
+    """Valid-looking JSON we refuse (NaN, an infinite or endless number); the message is for the model."""
+
+
+def _no_constants(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON; write a number or a string")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _Refused(f"the number {text[:40]}{'...' if len(text) > 40 else ''} is too large for a float")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _Refused(f"an integer has {digits} digits; the limit is {MAX_INT_DIGITS}")
+    return int(text)
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants, parse_float=_finite_float, parse_int=_bounded_int)
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (key or value) in decoded JSON that UTF-8 cannot encode, shortened, or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return ascii(item[:40])
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def decode_json(text: str, pos: int = 0, *, check_depth: bool = True) -> tuple[Any, int, str | None]:
+    """Decode the JSON value that starts at `text[pos]` (leading whitespace allowed).
+
+    Returns (value, end, None) or (None, pos, what is wrong as a verb phrase: "is not valid JSON
+    (...)", "nests more than 32 levels deep; ..."); never raises. See the module docstring for what
+    is refused and why. `check_depth=False` skips the depth scan when the caller already scanned a
+    text that contains this one (the Llama 3 parser decodes several values from one text).
+    """
+    if check_depth and json_depth(text[pos:]) > MAX_JSON_DEPTH:
+        return None, pos, f"nests more than {MAX_JSON_DEPTH} levels deep; flatten the arguments"
+    start = pos
+    while start < len(text) and text[start] in " \t\n\r":
+        start += 1
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        return None, pos, f"is not valid JSON ({exc.msg} at char {exc.pos})"
+    except _Refused as exc:
+        return None, pos, f"is not valid JSON ({exc})"
+    except (ValueError, RecursionError, MemoryError) as exc:  # belt and braces: still the model's input
+        return None, pos, f"is not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
+    bad = _lone_surrogate(value)
+    if bad is not None:
+        return (
+            None,
+            pos,
+            (
+                f"holds a string with a lone UTF-16 surrogate ({bad}); write the character itself or a valid \\u escape pair"
+            ),
+        )
+    return value, end, None
+
+
+def decode_json_whole(text: str) -> tuple[Any, str | None]:
+    """`decode_json` of all of `text` (only whitespace may follow the value)."""
+    value, end, error = decode_json(text)
+    if error is not None:
+        return None, error
+    rest = text[end:].strip()
+    if rest:
+        return None, f"is not valid JSON (Extra data at char {len(text) - len(text[end:].lstrip())})"
+    return value, None
+
+
 def _call_from_obj(obj: Any, raw: str, args_key: str) -> ToolCall | ParseError:
     if not isinstance(obj, dict):
         return ParseError(f"a tool call must be a JSON object, got {type(obj).__name__}", raw)
@@ -54,10 +174,12 @@ def _call_from_obj(obj: Any, raw: str, args_key: str) -> ToolCall | ParseError:
         return ParseError('a tool call needs a "name" string', raw)
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON-encoded string
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            return ParseError(f'"{args_key}" is a string that is not valid JSON ({exc.msg})', raw)
+        if args.strip():
+            args, error = decode_json_whole(args)
+            if error is not None:
+                return ParseError(f'"{args_key}" is a string that is not valid JSON: {error}', raw)
+        else:
+            args = {}
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -82,12 +204,9 @@ class HermesParser:
             if not m.group(0).endswith("</tool_call>"):
                 errors.append(ParseError("unterminated <tool_call>: close it with </tool_call>", _short(raw)))
                 continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                errors.append(
-                    ParseError(f"the tool call is not valid JSON ({exc.msg} at char {exc.pos})", _short(raw))
-                )
+            obj, error = decode_json_whole(raw)
+            if error is not None:
+                errors.append(ParseError(f"the tool call {error}", _short(raw)))
                 continue
             call = _call_from_obj(obj, _short(raw), "arguments")
             if isinstance(call, ParseError):
@@ -109,13 +228,12 @@ class Llama3JsonParser:
             return ParsedAction([], [], text.strip())
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
-        decoder = json.JSONDecoder()
         pos, i = 0, 0
         while pos < len(body):
-            try:
-                obj, end = decoder.raw_decode(body, pos)
-            except json.JSONDecodeError as exc:
-                errors.append(ParseError(f"the tool call is not valid JSON ({exc.msg})", _short(body[pos:])))
+            # The first scan covers the whole body; later values start at a value boundary in it.
+            obj, end, error = decode_json(body, pos, check_depth=i == 0)
+            if error is not None:
+                errors.append(ParseError(f"the tool call {error}", _short(body[pos:])))
                 break
             call = _call_from_obj(obj, _short(body[pos:end]), "parameters")
             if isinstance(call, ParseError):

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import queue
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -215,14 +216,24 @@ class VLLMPolicy:
         seed: int = 0,
         cpu_threads: int = 1,
         weight_bucket_bytes: int = 512 << 20,
+        devices: Sequence[int] | None = None,
+        gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
+        weight_transfer: Literal["rpc", "ipc", "nccl"] = "rpc",
         engine_kwargs: dict[str, Any] | None = None,
     ):
         self.model = str(model)
         self.in_process = in_process
         self.weight_bucket_bytes = weight_bucket_bytes
+        self.weight_transfer = weight_transfer
         self._version = 0
         self._update_lock = threading.Lock()
+        self._sleeping = False
         on_gpu = _has_cuda()
+        if not on_gpu and (devices or sleep_mode or weight_transfer != "rpc"):
+            raise ValueError(
+                "devices, sleep_mode and the ipc/nccl weight transfers need CUDA GPUs; on the CPU leave them unset"
+            )
         if not on_gpu:
             from agentrl.model_kit import vllm_cpu_env
 
@@ -245,7 +256,17 @@ class VLLMPolicy:
             enable_prefix_caching=True,
             disable_log_stats=True,
         )
-        if not on_gpu:
+        if on_gpu:
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if devices:
+                kwargs["tensor_parallel_size"] = len(devices)
+            if sleep_mode:
+                kwargs["enable_sleep_mode"] = True
+            if weight_transfer != "rpc":
+                # vLLM's own weight-transfer engine in each worker (`agentrl.weight_sync` drives it).
+                kwargs["weight_transfer_config"] = {"backend": weight_transfer}
+        else:
             kwargs["enforce_eager"] = True  # no torch.compile backend for CPU here (no Triton-CPU)
             # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, which CPU
             # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
@@ -266,8 +287,19 @@ class VLLMPolicy:
         else:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._async_main, name="vllm-engine", daemon=True)
-        self._thread.start()
-        self._ready.wait()
+        # The engine core (and its workers) start in child processes that see only the engine's GPUs;
+        # IPC handles travel pickled, which the workers accept only with insecure serialization on
+        # (the payload comes from this process, never from a network peer).
+        child_env: dict[str, str] = {}
+        if devices:
+            from agentrl.placement import physical_devices
+
+            child_env["CUDA_VISIBLE_DEVICES"] = physical_devices(tuple(devices))
+        if weight_transfer == "ipc":
+            child_env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        with _environ(child_env):
+            self._thread.start()
+            self._ready.wait()
         if self._start_error is not None:
             raise RuntimeError(
                 f"vLLM could not start on {self.model!r}: {self._start_error}. Check that the directory holds a "
@@ -308,8 +340,8 @@ class VLLMPolicy:
         self._ready.set()
         pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
         while True:
-            # Block for work only when the engine is idle; otherwise take what arrived and step.
-            block = not engine.has_unfinished_requests()
+            # Block for work only when the engine is idle (or asleep); otherwise take what arrived and step.
+            block = self._sleeping or not engine.has_unfinished_requests()
             try:
                 cmd = self._commands.get(block=block)
             except queue.Empty:
@@ -330,6 +362,8 @@ class VLLMPolicy:
                         pending[rid] = (loop, fut)
                     except Exception as exc:
                         loop.call_soon_threadsafe(_set_exception, fut, exc)
+                elif kind == "noop":
+                    pass
                 elif kind == "abort":
                     if cmd[1] in pending:
                         engine.abort_request([cmd[1]])
@@ -344,7 +378,7 @@ class VLLMPolicy:
                     cmd = self._commands.get_nowait()
                 except queue.Empty:
                     cmd = None
-            if not engine.has_unfinished_requests():
+            if self._sleeping or not engine.has_unfinished_requests():
                 continue
             try:
                 outputs = engine.step()
@@ -456,6 +490,58 @@ class VLLMPolicy:
             self._version += 1
             return self._version
 
+    # --- GPU placement: sleep mode and vLLM's weight transfer --------------------------------------
+
+    def sleep(self, level: int = 2) -> None:
+        """Put the engine to sleep (vLLM sleep mode): level 1 offloads the weights to the CPU and drops the
+        KV cache, level 2 drops both (the trainer pushes new weights before the next generation anyway).
+        Requests already running finish first (in process: they are kept and resume on waking).
+        On the CPU, vLLM only pauses scheduling (its CPU worker has no sleep mode)."""
+        with self._update_lock:
+            if self.in_process:
+                self._call_inproc(lambda engine: engine.sleep(level, mode="keep"))
+            else:
+                self._call_async(self._engine.sleep(level, mode="wait"))
+            self._sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Wake the engine: `["weights"]` first (to receive new weights), then `["kv_cache"]`; None: both."""
+        with self._update_lock:
+            if self.in_process:
+                awake = self._call_inproc(lambda engine: engine.wake_up(tags))
+            else:
+                awake = self._call_async(self._engine.wake_up(tags))
+            self._sleeping = not awake
+            if awake and self.in_process:
+                self._commands.put(("noop",))  # the step loop blocks while asleep: let it look again
+
+    @property
+    def sleeping(self) -> bool:
+        return self._sleeping
+
+    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """`collective_rpc(method, kwargs=...)` on every worker of the engine, blocking; their results."""
+        if self.in_process:
+            return self._call_inproc(lambda engine: engine.collective_rpc(method, kwargs=kwargs or {}))
+        return self._call_async(self._engine.collective_rpc(method, kwargs=kwargs or {}))
+
+    def weight_sync_client(self) -> EngineWeightSyncClient:
+        """vLLM's `VLLMWeightSyncClient` for this engine (the trainer side of `vllm.distributed.weight_transfer`)."""
+        return EngineWeightSyncClient(self)
+
+    @contextlib.contextmanager
+    def pushing_weights(self) -> Iterator[None]:
+        """Around a weight push that does not go through `update_weights` (vLLM's weight transfer): holds
+        the update lock, then resets the prefix cache (running requests recompute with the new
+        weights) and increments `version`, as `update_weights` does."""
+        with self._update_lock:
+            yield
+            if self.in_process:
+                self._call_inproc(lambda engine: engine.reset_prefix_cache(reset_running_requests=True))
+            else:
+                self._call_async(self._engine.reset_prefix_cache(reset_running_requests=True))
+            self._version += 1
+
     def close(self) -> None:
         if self._closed:
             return
@@ -484,6 +570,59 @@ def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
 def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration (child processes started inside inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class EngineWeightSyncClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over a `VLLMPolicy`'s engine: the four phases of a weight
+    transfer as blocking `collective_rpc`s to its workers (what `AsyncLLM.init_weight_transfer_engine`
+    and friends send). CUDA IPC handles are pickled into `ipc_handles_pickled`, the form vLLM's
+    workers accept from outside their process (as its HTTP client does)."""
+
+    def __init__(self, policy: VLLMPolicy):
+        self.policy = policy
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.policy.rpc("init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.policy.rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        payload = (
+            [_pickled_handles(u) for u in update_info]
+            if isinstance(update_info, list)
+            else _pickled_handles(update_info)
+        )
+        self.policy.rpc("update_weights", {"update_info": payload})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.policy.rpc("finish_weight_update")
+
+
+def _pickled_handles(update_info: dict[str, Any]) -> dict[str, Any]:
+    if update_info.get("ipc_handles") is None:
+        return update_info
+    import base64
+    import pickle
+
+    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(update_info["ipc_handles"])).decode("ascii")
+    return out
 
 
 def _buckets(named: Iterable[tuple[str, Any]], limit: int, serialize: bool) -> list[Any]:
@@ -533,14 +672,23 @@ def _to_generation(out: Any, version: int, version_end: int) -> Generation:
 # transformers: the numerical reference
 
 
-def _load_hf(model: Any, dtype: str = "float32") -> Any:
+def _load_hf(model: Any, dtype: str = "float32", device: str | None = None) -> Any:
+    """A transformers model in eval mode: loaded from a directory (onto `device`, by default CUDA when
+    there is one), or the given module (moved to `device` only when one is named)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     if isinstance(model, (str, Path)):
         model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device is not None:
+        model = model.to(device)
     model.eval()
     return model
+
+
+def _device_of(model: Any) -> Any:
+    return next(model.parameters()).device
 
 
 def _processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -569,9 +717,9 @@ def score_logprobs(model: Any, token_ids: list[int], temperature: float = 1.0) -
     import torch
 
     model = _load_hf(model)
-    ids = torch.tensor([token_ids])  # [1, T]
+    ids = torch.tensor([token_ids], device=_device_of(model))  # [1, T]
     with torch.no_grad():
-        logits = model(ids).logits[0, :-1]  # [T - 1, V]
+        logits = model(ids, use_cache=False).logits[0, :-1]  # [T - 1, V]
     logp = _processed_logprobs(logits, temperature if temperature > 0 else 1.0, 1.0)  # [T - 1, V]
     chosen = logp.gather(1, ids[0, 1:, None])[:, 0]  # [T - 1]
     return [0.0, *chosen.tolist()]
@@ -580,8 +728,8 @@ def score_logprobs(model: Any, token_ids: list[int], temperature: float = 1.0) -
 class HFPolicy:
     """Token-by-token sampling with a transformers model (KV cache, no batching): the reference policy."""
 
-    def __init__(self, model: Any, dtype: str = "float32"):
-        self.model = _load_hf(model, dtype)
+    def __init__(self, model: Any, dtype: str = "float32", device: str | None = None):
+        self.model = _load_hf(model, dtype, device)
         self._version = 0
         self._lock = threading.Lock()
 
@@ -601,14 +749,17 @@ class HFPolicy:
             stop |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         with self._lock, torch.no_grad():
             version = self._version
-            ids = torch.tensor([prompt_ids])  # [1, P]
+            device = _device_of(self.model)
+            ids = torch.tensor([prompt_ids], device=device)  # [1, P]
             out = self.model(ids, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1]  # logits: [V]
             tokens: list[int] = []
             logprobs: list[float] = []
             reason: FinishReason = "length"
             for _ in range(sampling.max_tokens):
-                logp = _processed_logprobs(logits, sampling.temperature, sampling.top_p)  # [V]
+                # The distribution comes back to the CPU: the seeded generator is a CPU one, so a seed
+                # draws the same tokens on any device.
+                logp = _processed_logprobs(logits, sampling.temperature, sampling.top_p).cpu()  # [V]
                 if sampling.temperature == 0:
                     tok = int(logp.argmax())
                 else:
@@ -618,7 +769,7 @@ class HFPolicy:
                 if tok in stop:
                     reason = "stop"
                     break
-                out = self.model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+                out = self.model(torch.tensor([[tok]], device=device), past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[0, -1]
         return Generation(tokens, logprobs, reason, version, self._version)
 

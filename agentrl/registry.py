@@ -32,6 +32,9 @@ class EnvSpec:
     entry_point: str | Callable[..., Any]
     max_turns: int | None = None
     verifier: str | tuple[str, dict] | None = None
+    max_tool_calls_per_step: int | None = None
+    """Most tool calls one message runs; None: the environment class's own default
+    (`ToolEnv.default_max_tool_calls_per_step`: 4, or 1 for a game like guess-number)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
 
@@ -72,11 +75,14 @@ def register(
     *,
     max_turns: int | None = None,
     verifier: str | tuple[str, dict] | None = None,
+    max_tool_calls_per_step: int | None = None,
     description: str = "",
     **kwargs: Any,
 ) -> EnvSpec:
     """Register an environment; `kwargs` become the constructor's defaults."""
     parse_env_id(id)
+    if max_tool_calls_per_step is not None and max_tool_calls_per_step < 1:
+        raise ValueError(f"max_tool_calls_per_step must be >= 1 (or None), got {max_tool_calls_per_step}")
     if isinstance(entry_point, str) and ":" not in entry_point:
         raise ValueError(f"entry_point {entry_point!r} must look like 'package.module:ClassName'")
     if id in registry:
@@ -86,6 +92,7 @@ def register(
         entry_point=entry_point,
         max_turns=max_turns,
         verifier=verifier,
+        max_tool_calls_per_step=max_tool_calls_per_step,
         kwargs=dict(kwargs),
         description=description,
     )
@@ -178,14 +185,21 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
         kwargs.setdefault("max_turns", s.max_turns)
     if s.verifier is not None:
         kwargs.setdefault("verifier", s.verifier)
+    if s.max_tool_calls_per_step is not None:
+        kwargs.setdefault("max_tool_calls_per_step", s.max_tool_calls_per_step)
     kwargs.update(overrides)
     kwargs.setdefault("env_id", s.id)
     cls = _load_entry_point(s.entry_point)
     env = cls(**kwargs)
+    spec_fields = ("max_turns", "verifier", "max_tool_calls_per_step", "env_id")
     env.spec = replace(
         s,
-        kwargs={k: v for k, v in kwargs.items() if k not in ("max_turns", "verifier", "env_id")},
+        kwargs={k: v for k, v in kwargs.items() if k not in spec_fields},
         max_turns=kwargs.get("max_turns", s.max_turns),
+        # What this instance runs with (the class's default when neither spec nor caller set it).
+        max_tool_calls_per_step=getattr(
+            env, "max_tool_calls_per_step", kwargs.get("max_tool_calls_per_step")
+        ),
     )
     return env
 

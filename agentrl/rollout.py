@@ -414,6 +414,11 @@ async def collect(
     which a sampling policy never sees.
     """
     cfg = config or RolloutConfig()
+    # Environments and their sandboxes are made on worker threads below; the handlers that remove
+    # containers on SIGTERM/SIGINT can only be installed from here (the loop's thread, usually main).
+    from agentrl.sandbox.reaper import install_signal_handlers
+
+    install_signal_handlers()
     if masker is None:
         tok = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
         if tok is None:

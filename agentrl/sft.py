@@ -19,11 +19,14 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.batch import collate, sequence_logprobs
+from agentrl.batch import collate
+from agentrl.logprobs import action_logprobs
+from agentrl.packing import plan_micro_batches, resolve_packing
 from agentrl.trajectory import Trajectory, load_trajectories
 
 
@@ -40,7 +43,20 @@ class SFTConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps, then cosine decay to 10% of lr.")
     batch_size: int = Field(32, gt=0, description="Sequences per optimizer step, over all processes.")
-    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward pass on one process.")
+    micro_batch_size: int | None = Field(
+        8, gt=0, description="Most sequences per forward pass on one process (None: only the token budget)."
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        8192,
+        gt=0,
+        description="Token budget of one forward pass on one process (padded: count x longest; packed: "
+        "the sum of lengths); sequences are length-bucketed. None: no budget.",
+    )
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Pack sequences into one row for the varlen attention; auto: on, except on a GPU without "
+        "its flash kernel (fp32, old torch).",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     only_passed: bool = Field(
         True, description="Train only on trajectories whose verifier passed (rejection sampling)."
@@ -61,25 +77,36 @@ def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
 
 
 def rank_micro_batches(
-    global_batch: list[Trajectory], rank: int, world: int, micro: int
+    global_batch: list[Trajectory],
+    rank: int,
+    world: int,
+    micro: int | None,
+    *,
+    max_tokens: int | None = None,
+    packed: bool = False,
 ) -> list[list[Trajectory]]:
-    """This rank's micro-batches. Every rank gets the same number (FSDP collectives must match);
-    a rank with nothing left runs a copy of a sequence with an all-zero loss mask."""
-    mine = global_batch[rank::world]
-    n_micro = math.ceil(math.ceil(len(global_batch) / world) / micro)
-    out = [mine[i * micro : (i + 1) * micro] for i in range(n_micro)]
-    filler = global_batch[0]
-    blank = Trajectory(**{**filler.__dict__, "loss_mask": [0] * len(filler.token_ids)})
-    return [mb if mb else [blank] for mb in out]
+    """This rank's micro-batches (at most `micro` sequences and `max_tokens` tokens each). Every rank
+    gets the same number (FSDP collectives must match); a rank with nothing left runs a two-token
+    filler with an all-zero loss mask (`agentrl.packing.plan_micro_batches`)."""
+    plan = plan_micro_batches(global_batch, world, max_tokens=max_tokens, max_sequences=micro, packed=packed)
+    return plan.for_rank(rank)
 
 
 def masked_nll_sum(
-    model: torch.nn.Module, trajectories: list[Trajectory], pad_id: int, device: torch.device
+    model: torch.nn.Module,
+    trajectories: list[Trajectory],
+    pad_id: int,
+    device: torch.device,
+    *,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, float]:
-    """Sum of -log p over the assistant tokens of `trajectories`, and how many there are."""
+    """Sum of -log p over the assistant tokens of `trajectories`, and how many there are.
+
+    Log-probs come from the hidden states at the assistant tokens only (`agentrl.logprobs`), with no
+    KV cache: never a [B, T, V] fp32 tensor, and activation checkpointing can recompute the layers.
+    """
     batch = collate(trajectories, pad_id).to(device)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
-    logp = sequence_logprobs(logits, batch.input_ids)  # [B, T]
+    logp = action_logprobs(model, batch, packed=packed).logprobs  # [B, T], 0 off the mask
     return -(logp * batch.loss_mask).sum(), float(batch.loss_mask.sum().item())
 
 
@@ -113,6 +140,7 @@ def train_sft(cfg: SFTConfig) -> Path:
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
     model.train()
     shard_model(model, activation_checkpointing=cfg.activation_checkpointing)
+    packed = resolve_packing(cfg.packing, info.device, info.device.type == "cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     rng = random.Random(cfg.seed)
@@ -135,7 +163,14 @@ def train_sft(cfg: SFTConfig) -> Path:
             rng.shuffle(epoch)
             order += epoch
         global_batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        micro = rank_micro_batches(global_batch, info.rank, info.world_size, cfg.micro_batch_size)
+        micro = rank_micro_batches(
+            global_batch,
+            info.rank,
+            info.world_size,
+            cfg.micro_batch_size,
+            max_tokens=cfg.max_tokens_per_micro_batch,
+            packed=packed,
+        )
         local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
         scale, global_tokens = global_token_scale(local_tokens, info.device)
         for g in opt.param_groups:
@@ -144,7 +179,7 @@ def train_sft(cfg: SFTConfig) -> Path:
         for i, mb in enumerate(micro):
             # Reduce gradients over ranks only on the last micro-batch of the step.
             model.set_requires_gradient_sync(i == len(micro) - 1)
-            nll, _ = masked_nll_sum(model, mb, pad_id, info.device)
+            nll, _ = masked_nll_sum(model, mb, pad_id, info.device, packed=packed)
             (nll * scale).backward()
             loss_sum += float(nll.item())
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -180,8 +215,12 @@ def train_sft(cfg: SFTConfig) -> Path:
 
 
 def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
-    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes."""
+    """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes (PlacementError when `nproc`
+    exceeds the visible GPUs)."""
     from agentrl.distributed import run_ranks
+    from agentrl.placement import check_nproc, visible_gpus
+
+    check_nproc(nproc, visible_gpus())
 
     if nproc <= 1:
         path = train_sft(cfg)

@@ -26,7 +26,15 @@ from typing import Any
 
 from pydantic import ConfigDict, ValidationError, create_model
 
-from agentrl.sandbox.base import ExecResult, Sandbox, SandboxDead
+from agentrl.sandbox.base import (
+    ExecResult,
+    FileTooLargeError,
+    NotRegularFileError,
+    Sandbox,
+    SandboxDead,
+    SandboxError,
+    SandboxPathError,
+)
 from agentrl.task import Task
 
 
@@ -56,6 +64,9 @@ class ToolOutcome:
     terminal: bool = False
     submission: str | None = None
     duration_s: float = 0.0
+    # Whether the tool itself ran: False when the arguments failed validation (nothing happened).
+    # Gates such as `tool-used` count only calls that ran.
+    ran: bool = True
 
 
 @dataclass(frozen=True)
@@ -156,10 +167,20 @@ def _format_validation_error(tool: Tool, exc: ValidationError) -> str:
 def run_tool(t: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolOutcome:
     """Validate `arguments` and run the tool. Never raises, except `SandboxDead`, which ends the episode."""
     t0 = time.perf_counter()
+    if not isinstance(arguments, Mapping):
+        return ToolOutcome(
+            f"Error: the arguments of tool '{t.name}' must be a JSON object, got {type(arguments).__name__}.",
+            is_error=True,
+            ran=False,
+        )
     try:
         args = t.params_model.model_validate(dict(arguments))
     except ValidationError as exc:
-        return ToolOutcome(_format_validation_error(t, exc), is_error=True)
+        return ToolOutcome(_format_validation_error(t, exc), is_error=True, ran=False)
+    except Exception as exc:  # a validator that crashed on odd input: still the model's bad arguments
+        return ToolOutcome(
+            f"Error: bad arguments for tool '{t.name}': {type(exc).__name__}: {exc}", is_error=True, ran=False
+        )
     try:
         result = t.fn(ctx, **{k: getattr(args, k) for k in t.params_model.model_fields})
     except SandboxDead:
@@ -245,6 +266,31 @@ def python(ctx: ToolContext, code: str) -> ToolOutcome:
     return format_exec(res, ctx.exec_timeout_s)
 
 
+# What the read_file tool reads at most; the model sees at most MAX_OBSERVATION_CHARS of it anyway.
+READ_FILE_TOOL_BYTES = 1024 * 1024
+
+
+def _file_error(path: str, exc: Exception) -> ToolError:
+    """The model-facing words for a file a tool cannot read (and what to do instead)."""
+    if isinstance(exc, FileNotFoundError):
+        return ToolError(f"no such file: {path}")
+    if isinstance(exc, IsADirectoryError):
+        return ToolError(f"{path} is a directory; use bash with `ls` to list it")
+    if isinstance(exc, NotRegularFileError):
+        return ToolError(
+            f"{path} is not a regular file (a device, FIFO or socket); only regular files can be read"
+        )
+    if isinstance(exc, FileTooLargeError):
+        return ToolError(
+            f"{path} is larger than {exc.limit} bytes; work on it with bash (`sed -n`, `grep`, `head`)"
+        )
+    if isinstance(exc, SandboxPathError):
+        return ToolError(str(exc))
+    if isinstance(exc, PermissionError):
+        return ToolError(f"permission denied: {path}")
+    return ToolError(f"cannot read {path}: {exc}")
+
+
 @tool
 def read_file(ctx: ToolContext, path: str) -> str:
     """Read a text file.
@@ -253,12 +299,20 @@ def read_file(ctx: ToolContext, path: str) -> str:
         path: File path, relative to the workspace or absolute.
     """
     try:
-        data = _sandbox(ctx).read_file(path)
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise ToolError(f"{path} is a directory; use bash with `ls` to list it") from None
-    return _clip(data.decode("utf-8", errors="replace"))
+        # One byte over the limit says whether the file was cut; never more is read.
+        data = _sandbox(ctx).read_file(path, max_bytes=READ_FILE_TOOL_BYTES + 1, truncate=True)
+    except (OSError, SandboxError) as exc:
+        if isinstance(exc, SandboxDead):
+            raise
+        raise _file_error(path, exc) from None
+    text = data[:READ_FILE_TOOL_BYTES].decode("utf-8", errors="replace")
+    if len(data) <= READ_FILE_TOOL_BYTES:
+        return _clip(text)
+    head = text[:MAX_OBSERVATION_CHARS]
+    return (
+        f"{head}\n[... {path} is larger than {READ_FILE_TOOL_BYTES} bytes; this is its start. "
+        "Read other parts with bash (`sed -n '100,200p' FILE`, `tail -c`).]"
+    )
 
 
 @tool
@@ -271,6 +325,10 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
     """
     try:
         _sandbox(ctx).write_file(path, content)
+    except NotRegularFileError:
+        raise ToolError(
+            f"{path} is not a regular file (a device, FIFO or socket); write a regular file"
+        ) from None
     except PermissionError:
         raise ToolError(f"permission denied: {path} (only the workspace and /tmp are writable)") from None
     return f"Wrote {len(content.encode())} bytes to {path}."
@@ -288,10 +346,12 @@ def str_replace(ctx: ToolContext, path: str, old: str, new: str) -> str:
     sb = _sandbox(ctx)
     try:
         text = sb.read_file(path).decode("utf-8")
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {path}") from None
     except UnicodeDecodeError:
         raise ToolError(f"{path} is not a UTF-8 text file") from None
+    except (OSError, SandboxError) as exc:
+        if isinstance(exc, SandboxDead):
+            raise
+        raise _file_error(path, exc) from None
     count = text.count(old)
     if count != 1:
         raise ToolError(

@@ -10,11 +10,15 @@ One step:
  2. the batch goes to every rank; advantages are computed on the whole batch (one per
     trajectory, group-relative), then each rank takes its share;
  3. `optim.epochs` passes over the batch, each split into `optim.mini_batches` optimizer
-    steps: each rank computes the clipped surrogate over its micro-batches (FSDP2 all-gathers
-    the weights, reduce-scatters the gradients), the global gradient is clipped, AdamW steps.
-    With more than one step per batch the ratio is taken against the log-probs from before
-    the first one, computed up front (as are the reference's when `loss.kl_coef` > 0);
- 4. the full weights go to the vLLM policy, whose version increments;
+    steps: each rank computes the clipped surrogate over its micro-batches (cut by a token
+    budget, packed where the varlen kernel runs: `agentrl.packing`; log-probs from hidden
+    states at the action tokens only: `agentrl.logprobs`; FSDP2 all-gathers the weights,
+    reduce-scatters the gradients), the global gradient is clipped, AdamW steps. With more
+    than one step per batch the ratio is taken against the log-probs from before the first
+    one, computed up front (as are the reference's when `loss.kl_coef` > 0). A vLLM engine
+    colocated on the trainer's GPU sleeps meanwhile (`agentrl.placement`);
+ 4. the weights go to the vLLM policy (bf16 GPU to GPU on GPUs, `agentrl.weight_sync`), whose
+    version increments;
  5. metrics to out/metrics.jsonl (and TensorBoard), held-out evaluation every `eval.every`
     steps, a resumable checkpoint every `checkpoint_every` steps.
 
@@ -22,8 +26,9 @@ Asynchronous mode overlaps 1 with 3-4: a background thread generates the next ba
 the weights it has while the trainer updates; trajectories more than `max_staleness` versions
 behind are dropped or kept with the truncated importance-sampling correction.
 
-Losses and advantages are the pure functions of `agentrl.grpo`; batching is `agentrl.batch`;
-the curriculum is `agentrl.curriculum`; distribution is `agentrl.distributed`.
+Losses and advantages are the pure functions of `agentrl.grpo`; batching is `agentrl.batch`
+and `agentrl.packing`; the curriculum is `agentrl.curriculum`; distribution is
+`agentrl.distributed`; GPU placement is `agentrl.placement` and `agentrl.weight_sync`.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl.batch import collate, sequence_logprobs
+from agentrl.batch import collate
 from agentrl.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
 from agentrl.distributed import (
     DistInfo,
@@ -58,9 +63,12 @@ from agentrl.distributed import (
     shard_model,
 )
 from agentrl.grpo import group_advantages, policy_loss, weight_negatives
-from agentrl.sft import rank_micro_batches
+from agentrl.logprobs import action_logprobs
+from agentrl.packing import plan_micro_batches, resolve_packing
+from agentrl.placement import Placement, plan_placement, visible_gpus
 from agentrl.train_config import TrainConfig
 from agentrl.trajectory import Trajectory, load_trajectories
+from agentrl.weight_sync import WeightSync
 
 
 def log(msg: str) -> None:
@@ -93,9 +101,10 @@ def grpo_step(
         rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale
     )  # [N]
     advantages = weight_negatives(advantages, cfg.loss.negative_weight)  # [N]
-    # Keyed by object: the shards below hand out these same objects (plus zero-mask fillers).
+    # Keyed by object: the plans below hand out these same objects (plus zero-mask fillers).
     advantage_of = {id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)}
     n_updates = cfg.optim.epochs * cfg.optim.mini_batches
+    packed = trainer_packs(cfg, info)
     # The trust region is anchored at the trainer's own log-probs of the batch before its first
     # update ("decoupled" PPO: the rollout engine's log-probs only enter through the capped TIS
     # weight). With one update those are the live log-probs detached; with more, the ratio must
@@ -119,7 +128,9 @@ def grpo_step(
             for group in opt.param_groups:
                 group["lr"] = learning_rate(cfg, updates_done)
             updates_done += 1
-            micro = rank_micro_batches(mini, info.rank, info.world_size, cfg.optim.micro_batch_size)
+            micro = trainer_micro_batches(mini, cfg, info, packed)
+            # Denominators over the whole optimizer step, all ranks: the plan is the same everywhere,
+            # so each rank counts its own share and one all-reduce gives the global count.
             local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
             _, global_tokens = global_token_scale(local_tokens, info.device)
             local_seqs = sum(1 for mb in micro for t in mb if any(t.loss_mask))
@@ -130,12 +141,10 @@ def grpo_step(
             for i, mb in enumerate(micro):
                 model.set_requires_gradient_sync(i == len(micro) - 1)
                 batch = collate(mb, pad_id).to(info.device)
-                logits = model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask
-                ).logits  # [B, T, V]
-                logp = sequence_logprobs(
-                    logits, batch.input_ids, temperature=cfg.rollout.temperature
-                )  # [B, T]
+                live = action_logprobs(
+                    model, batch, temperature=cfg.rollout.temperature, with_entropy=True, packed=packed
+                )
+                logp = live.logprobs  # [B, T], 0 off the loss mask
                 adv = torch.tensor([advantage_of.get(id(t), 0.0) for t in mb], device=info.device)  # [B]
                 width = logp.shape[1]
                 old = ref = None
@@ -160,7 +169,7 @@ def grpo_step(
                     tis_cap=cfg.loss.tis_cap,
                     ref_logprobs=ref,
                     kl_coef=cfg.loss.kl_coef,
-                    logits=logits.detach(),
+                    entropy=live.entropy,
                     denominator=max(denom, 1e-9),
                 )
                 loss.backward()
@@ -190,6 +199,26 @@ def grpo_step(
     return out
 
 
+def trainer_packs(cfg: TrainConfig, info: DistInfo) -> bool:
+    """Whether this trainer packs its micro-batches (`optim.packing`, resolved for its device and dtype)."""
+    bf16 = cfg.optim.bf16 if cfg.optim.bf16 is not None else info.device.type == "cuda"
+    return resolve_packing(cfg.optim.packing, info.device, bf16)
+
+
+def trainer_micro_batches(
+    trajectories: list[Trajectory], cfg: TrainConfig, info: DistInfo, packed: bool
+) -> list[list[Trajectory]]:
+    """This rank's micro-batches of `trajectories` under the token budget (same count on every rank)."""
+    plan = plan_micro_batches(
+        trajectories,
+        info.world_size,
+        max_tokens=cfg.optim.max_tokens_per_micro_batch,
+        max_sequences=cfg.optim.micro_batch_size,
+        packed=packed,
+    )
+    return plan.for_rank(info.rank)
+
+
 def learning_rate(cfg: TrainConfig, update: int) -> float:
     """Learning rate of optimizer step `update` (0-based): linear warm-up, then constant."""
     if cfg.optim.warmup_steps and update < cfg.optim.warmup_steps:
@@ -209,7 +238,8 @@ def _logprobs_before_update(
     each [len(token_ids)]. Every rank computes its own share (the shards are what it trains on)
     plus the zero-mask fillers, so the FSDP collectives of the forward passes match."""
     out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
-    micro = rank_micro_batches(trajectories, info.rank, info.world_size, cfg.optim.micro_batch_size)
+    packed = trainer_packs(cfg, info)
+    micro = trainer_micro_batches(trajectories, cfg, info, packed)
     mine = [t for mb in micro for t in mb]
     # The mini-batches reshuffle trajectories across ranks, so every rank needs every row: run
     # this rank's share, then gather the rows of the others.
@@ -221,10 +251,9 @@ def _logprobs_before_update(
                 if m is None:
                     rows.append(None)
                     continue
-                logits = m(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, T, V]
                 rows.append(
-                    sequence_logprobs(logits, batch.input_ids, temperature=cfg.rollout.temperature)
-                )  # [B, T]
+                    action_logprobs(m, batch, temperature=cfg.rollout.temperature, packed=packed).logprobs
+                )  # [B, T], 0 off the loss mask (the only positions the loss reads)
             for b, t in enumerate(mb):
                 n = len(t.token_ids)
                 out[id(t)] = tuple(None if r is None else r[b, :n].cpu() for r in rows)  # type: ignore[assignment]
@@ -321,6 +350,7 @@ def train(cfg: TrainConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     info = init_distributed()
+    placement = train_placement(cfg, info.world_size)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     ckpt_dir = out / "checkpoints" / "latest"
@@ -388,8 +418,10 @@ def train(cfg: TrainConfig) -> Path:
                 # on GPUs vLLM's choice (bf16), with the TIS correction covering the mismatch.
                 dtype="auto" if torch.cuda.is_available() else "float32",
                 max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
+                **engine_placement_kwargs(placement),
             )
         gen = Generator(cfg, policy)
+    sync = WeightSync(placement, gen.policy if gen else None, model, info, active=cfg.replay is None)
     prefetch: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     worker: threading.Thread | None = None
@@ -443,6 +475,7 @@ def train(cfg: TrainConfig) -> Path:
                 )
         else:
             t0 = time.perf_counter()
+            sync.before_update()  # a colocated engine sleeps: the update gets its memory
             metrics.update(
                 grpo_step(
                     model,
@@ -459,10 +492,9 @@ def train(cfg: TrainConfig) -> Path:
             updates += cfg.optim.epochs * cfg.optim.mini_batches
             metrics["time/train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        sd = full_state_dict(model)
-        if gen is not None:
-            gen.policy.update_weights(sd)
-            metrics["policy/version"] = float(gen.policy.version)
+        version = sync.after_update()  # wake weights, push them (a collective), wake the KV cache
+        if version is not None:
+            metrics["policy/version"] = float(version)
         metrics["time/weight_sync_s"] = time.perf_counter() - t0
         metrics["time/step_s"] = time.perf_counter() - t_step
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
@@ -494,6 +526,7 @@ def train(cfg: TrainConfig) -> Path:
         export_hf(sd, cfg.model, out / "final")
         if writer is not None:
             writer.close()
+    sync.close()
     if gen is not None:
         gen.policy.close()
     dist.barrier()
@@ -578,8 +611,36 @@ def _tensorboard(cfg: TrainConfig, out: Path) -> Any:
     return SummaryWriter(str(out / "tb"))
 
 
+def train_placement(cfg: TrainConfig, nproc: int) -> Placement:
+    """Trainer and engine GPUs for this config on this machine (`agentrl.placement`); PlacementError if impossible."""
+    return plan_placement(
+        gpus=visible_gpus(),
+        nproc=nproc,
+        devices=cfg.rollout.devices,
+        asynchronous=cfg.asynchronous.mode == "async",
+        sleep=cfg.rollout.sleep,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+    )
+
+
+def engine_placement_kwargs(placement: Placement) -> dict[str, Any]:
+    """`VLLMPolicy` arguments that put the engine where `placement` says (nothing on CPU)."""
+    if not placement.on_gpu:
+        return {}
+    return {
+        "devices": list(placement.engine_gpus),
+        "gpu_memory_utilization": placement.gpu_memory_utilization,
+        "sleep_mode": placement.sleep,
+        "weight_transfer": placement.transport,
+    }
+
+
 def launch(cfg: TrainConfig, nproc: int = 1) -> Path:
-    """Train here (nproc=1) or under `torchrun` with `nproc` processes."""
+    """Train here (nproc=1) or under `torchrun` with `nproc` processes.
+
+    Raises PlacementError (before starting anything) when `nproc` or `rollout.devices` do not fit
+    the visible GPUs."""
+    train_placement(cfg, nproc)
     if nproc <= 1:
         path = train(cfg)
         dist.destroy_process_group()

@@ -32,6 +32,24 @@ class RolloutSettings(_Strict):
     )
     episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of one episode.")
     concurrency: int = Field(32, gt=0, description="Episodes in flight at once.")
+    devices: list[int] | None = Field(
+        None,
+        description="GPUs (indices among the visible ones) of the vLLM engine. None: colocated on the "
+        "trainer's first GPU. GPUs the trainer does not use: dedicated (weights over NCCL); "
+        "trainer GPUs: colocated (weights over CUDA IPC).",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of each engine GPU's memory vLLM may take (weights + KV cache). "
+        "None: 0.9 on dedicated GPUs, 0.4 colocated with the trainer.",
+    )
+    sleep: bool = Field(
+        True,
+        description="Colocated, synchronous: the engine sleeps during each update (frees its weights and "
+        "KV cache) and wakes for generation.",
+    )
 
 
 class OptimSettings(_Strict):
@@ -41,7 +59,22 @@ class OptimSettings(_Strict):
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
-    micro_batch_size: int = Field(8, gt=0, description="Sequences per forward pass on one process.")
+    micro_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="Most sequences per forward pass on one process (None: only the token budget bounds it).",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        8192,
+        gt=0,
+        description="Token budget of one forward pass on one process: padded, count x longest; packed, the "
+        "sum of lengths. Sequences are length-bucketed; a longer one runs alone. None: no budget.",
+    )
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Pack a micro-batch's sequences into one row for the varlen attention (no padding). "
+        "auto: on, except on a GPU without the varlen flash kernel (fp32, old torch): length-bucketed padding there.",
+    )
     epochs: int = Field(
         1,
         ge=1,

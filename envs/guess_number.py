@@ -1,7 +1,8 @@
 """`agentrl/guess-number-v0`: a stateful multi-turn game; find a secret number from higher/lower feedback.
 
-The game lives in the environment, not in a sandbox: the agent's only tool is `guess`, and
-the feedback depends on the whole history of the episode. A correct guess ends the episode
+The game lives in the environment, not in a sandbox: the agent's only tool is `guess`, one
+guess per turn (`max_tool_calls_per_step=1`), and the feedback depends on the whole history of
+the episode. A correct guess ends the episode
 (the guess is the submission); the turn limit leaves room for a binary search and little more.
 """
 
@@ -80,6 +81,9 @@ class BinarySearchOracle:
 
 class GuessNumberEnv(ToolEnv):
     instructions = "You are playing a number-guessing game. Use the guess tool; think like a binary search."
+    # One guess per turn: the feedback is the game. With parallel calls, 100 guesses in one
+    # message would win in two turns whatever the strategy.
+    default_max_tool_calls_per_step = 1
 
     def __init__(
         self, *, seed: int = 0, max_turns: int | None = None, verifier: Any = "exact-match", **kwargs: Any

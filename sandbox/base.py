@@ -23,6 +23,7 @@ Three identities exist inside every sandbox:
 
 from __future__ import annotations
 
+import errno
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ AGENT_USER = "agent"
 # Runs the agent's code on the verifier's behalf (see the module docstring); never root.
 VERIFIER_UID = 2000
 VERIFIER_USER = "verifier"
+# `Limits.read_limit_bytes`' default: far above any source file or test report, far below what
+# would hurt the host when 32 episodes read at once.
+DEFAULT_READ_LIMIT_BYTES = 16 * 1024 * 1024
 
 
 class Limits(BaseModel):
@@ -61,6 +65,14 @@ class Limits(BaseModel):
         64 * 1024,
         gt=0,
         description="Cap on each of stdout and stderr per exec; the rest is dropped and `truncated` set.",
+    )
+    read_limit_bytes: int = Field(
+        DEFAULT_READ_LIMIT_BYTES,
+        gt=0,
+        description=(
+            "Largest file `read_file` returns, in bytes (unless the caller passes `max_bytes`); a larger "
+            "one raises `FileTooLargeError`, so no path the agent names can make the host read without bound."
+        ),
     )
 
 
@@ -86,6 +98,43 @@ class SandboxError(RuntimeError):
 
 class SandboxDead(SandboxError):
     """The sandbox itself is gone (container removed, OOM-killed init, daemon lost)."""
+
+
+class EngineUnavailable(SandboxDead):
+    """The container engine behind the sandbox stopped answering (frozen, deadlocked or down).
+
+    A `SandboxDead`: nothing more can run in the sandbox, so the episode ends with `env_error`;
+    the message says what to do about the engine.
+    """
+
+
+class SandboxPathError(SandboxError, PermissionError):
+    """A file method was given a path the sandbox must not reach (an escape, or a read-only place)."""
+
+
+class NotRegularFileError(SandboxPathError):
+    """A path names a device, FIFO or socket (or a symlink to one): sandboxes read and write
+    regular files only, so `/dev/zero` or a planted FIFO can neither flood nor hang the reader."""
+
+
+class FileTooLargeError(SandboxError, OSError):
+    """A file holds more than the read limit (`Limits.read_limit_bytes`, or the caller's `max_bytes`)."""
+
+    def __init__(self, path: str, limit: int, where: str = "") -> None:
+        message = (
+            f"{path} holds more than {limit} bytes, the read limit{f' of {where}' if where else ''}; "
+            "read it in parts (e.g. `head -c`/`sed -n` in an exec), pass a larger max_bytes, or "
+            "truncate=True for its first bytes"
+        )
+        super().__init__(message)
+        self.errno = errno.EFBIG
+        self.strerror = message
+        self.filename = path
+        self.path = path
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 Command = str | Sequence[str]
@@ -128,8 +177,15 @@ class Sandbox(Protocol):
         """Write a file (relative paths are under `workdir`), creating parent directories."""
         ...
 
-    def read_file(self, path: str) -> bytes:
-        """Read a file's bytes; `FileNotFoundError` when it does not exist."""
+    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
+        """Read a regular file's bytes (relative paths are under `workdir`).
+
+        Bounded whatever the path names: a symlink is judged by what it points to, inside the
+        sandbox; a device, FIFO or socket raises `NotRegularFileError` (never read, never waited
+        on); more than `max_bytes` (default `limits.read_limit_bytes`) raises `FileTooLargeError`,
+        or with `truncate=True` returns the first `max_bytes`. `FileNotFoundError` when it does
+        not exist, `IsADirectoryError` for a directory.
+        """
         ...
 
     def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
@@ -160,6 +216,15 @@ BACKENDS: dict[str, str] = {
     "bwrap": "agentrl.sandbox.bwrap:BwrapSandbox",
     "local": "agentrl.sandbox.local:LocalSandbox",
 }
+
+
+def read_limit(limits: Limits, max_bytes: int | None) -> int:
+    """The byte limit of one `read_file`: the caller's `max_bytes`, else the sandbox's."""
+    if max_bytes is None:
+        return limits.read_limit_bytes
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    return max_bytes
 
 
 def backend_class(name: str) -> type:

@@ -132,6 +132,7 @@ from agentrl.sandbox.base import (
     Limits,
     SandboxDead,
     SandboxError,
+    read_limit,
 )
 from agentrl.sandbox.local import HostView, Mount, as_argv, run_capped
 
@@ -927,9 +928,9 @@ class BwrapSandbox:
         payload = data.encode() if isinstance(data, str) else bytes(data)
         self._view.write(path, payload, mode=mode, privileged=privileged)
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
         self._check_open()
-        return self._view.read(path)
+        return self._view.read(path, limit=read_limit(self.limits, max_bytes), truncate=truncate)
 
     def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
         self._check_open()

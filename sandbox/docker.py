@@ -10,7 +10,13 @@ What it covers:
   both size-capped tmpfs, plus /dev/shm (Docker's default, counted in the memory cap);
 - `/verifier` (`PROTECTED_DIR`) is a root-owned tmpfs: only `privileged=True` can write it;
 - per-exec timeouts that kill the command's whole process tree, daemonized children too;
-- stdout/stderr capped while they stream, so a 100 MB print never reaches host memory.
+- stdout/stderr capped while they stream, so a 100 MB print never reaches host memory;
+- `read_file` reads regular files only, in the container as the agent, at most
+  `Limits.read_limit_bytes` (`/dev/zero`, a FIFO, a link to either: refused, nothing read);
+- engine trouble is named (`agentrl.sandbox.engine`): create/start/remove bounded in concurrency,
+  a timed-out or refused call health-checked and raised as `EngineUnavailable` in words; a start
+  that fails removes its created container; a container killed from outside during an exec
+  (`docker kill`/`stop`) raises `SandboxDead` instead of returning exit -9.
 
 What it does not cover: kernel exploits (containers share the host kernel; use gVisor or VMs
 for hostile code at scale), CPU time beyond the quota, and covert channels between sandboxes.
@@ -31,7 +37,7 @@ import contextlib
 import datetime
 import errno
 import io
-import os
+import logging
 import posixpath
 import select
 import socket
@@ -54,11 +60,20 @@ from agentrl.sandbox.base import (
     PROTECTED_DIR,
     VERIFIER_UID,
     Command,
+    EngineUnavailable,
     ExecResult,
+    FileTooLargeError,
     Limits,
+    NotRegularFileError,
     SandboxDead,
     SandboxError,
+    SandboxPathError,
+    read_limit,
 )
+from agentrl.sandbox.engine import Engine, is_engine_failure
+from agentrl.sandbox.engine import engine as engine_for
+
+log = logging.getLogger(__name__)
 
 AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
 ROOT_USER = "0:0"
@@ -167,36 +182,37 @@ while [ $n -lt 50 ]; do
 done
 exit 1
 """
+# Reads a file for `read_file`, inside the container as the reading user: only a regular file
+# (`[ -f ]` follows symlinks, so a link is judged by its target), at most $2 bytes of it, so
+# /dev/zero, /dev/urandom, a FIFO or a socket can neither flood nor hang the host. For root,
+# only a target that resolves inside PROTECTED_DIR. The file could be swapped for a FIFO
+# between the test and `head`: then `head` blocks until the read's timeout, and still nothing
+# unbounded reaches the host. Only sh built-ins and `head` (coreutils or busybox): any image.
+_READ_SCRIPT = f"""
+p=$1
+if [ ! -e "$p" ]; then echo "agentrl-read: missing" >&2; exit 2; fi
+if [ -d "$p" ]; then echo "agentrl-read: directory" >&2; exit 3; fi
+if [ ! -f "$p" ]; then echo "agentrl-read: special" >&2; exit 4; fi
+if [ "$3" = {ROOT_USER} ]; then
+  case $(readlink -f -- "$p") in {PROTECTED_DIR}/*) ;; *) echo "agentrl-read: outside" >&2; exit 5 ;; esac
+fi
+exec head -c "$2" -- "$p"
+"""
+_READ_TIMEOUT_S = 30.0
+# How long an exec killed by SIGKILL waits to learn whether its whole container was stopped.
+_STOP_CHECK_S = 0.5
+
 # How long kill_agent_processes keeps trying: under a fork bomb, `docker exec` itself fails
 # now and then ("OCI runtime exec failed") because the pids cgroup is full.
 _KILL_ALL_DEADLINE_S = 30.0
 
 
-# --- one Docker client per process -------------------------------------------------------
-
-_clients: dict[int, Any] = {}
-_client_lock = threading.Lock()
+# --- the engine ----------------------------------------------------------------------------
 
 
 def docker_client() -> Any:
-    """The process-wide docker SDK client (a forked child gets its own: sockets do not survive fork)."""
-    pid = os.getpid()
-    client = _clients.get(pid)
-    if client is not None:
-        return client
-    with _client_lock:
-        if pid not in _clients:
-            import docker
-
-            try:
-                # Sized for many sandboxes exec'ing at once from rollout threads.
-                _clients[pid] = docker.from_env(max_pool_size=32)
-            except docker.errors.DockerException as exc:
-                raise SandboxError(
-                    f"cannot reach the Docker engine ({exc}). Start it (`make setup`, or `dockerd &` as "
-                    "root) or use the daemonless backend: open_sandbox('bwrap')."
-                ) from exc
-        return _clients[pid]
+    """The process-wide docker SDK client of the default engine (`DOCKER_HOST`); see `agentrl.sandbox.engine`."""
+    return engine_for().client
 
 
 # --- docker's multiplexed exec stream ------------------------------------------------------
@@ -315,10 +331,18 @@ class DockerSandbox:
             )
         self.workdir = workdir
         self._closed = False
-        client = docker_client()
-        self._api = client.api
         # First sandbox of this process: exit handlers for our containers, reap of dead runs.
         reaper.install_exit_handlers()
+        if reaper.pending_removals():
+            # Removals owed since the engine last failed: try them off this caller's path.
+            threading.Thread(target=reaper.retry_deferred, name="agentrl-retry-removals", daemon=True).start()
+        if reaper.exiting():
+            raise SandboxError(
+                "this process is shutting down (its sandboxes are being removed); no new sandbox starts"
+            )
+        self._engine: Engine = engine_for()
+        client = self._engine.client
+        self._api = client.api
 
         owner = reaper.owner_labels()
         # The caller's labels are kept as given, and may name the run (agentrl.run_id); the
@@ -338,45 +362,65 @@ class DockerSandbox:
             workdir: f"{size},uid={AGENT_UID},gid={AGENT_UID},mode=0755,exec",
         }
         self.name = f"agentrl-{uuid.uuid4().hex[:12]}"
+        self.id = self.name  # until the engine gives it an id
         memory = f"{self.limits.memory_mb}m"
+        # Registered by name before the create is sent: a create that times out on our side may
+        # still complete on the engine's, and exit handlers must find that container too.
+        reaper.register(self.name, self._engine.address, creating=True)
         try:
-            container = client.containers.create(
-                image,
-                command=["env", f"{KEEPALIVE_MARKER}=1", "sleep", "infinity"],
-                name=self.name,
-                # docker-init as PID 1 reaps the zombies of daemonized agent processes.
-                init=True,
-                user=ROOT_USER,
-                working_dir=workdir,
-                environment=dict(env or {}),
-                labels=self.labels,
-                network_mode="bridge" if self.limits.network else "none",
-                mem_limit=memory,
-                memswap_limit=memory,  # equal to mem_limit: no swap
-                nano_cpus=int(self.limits.cpus * 1e9),
-                pids_limit=self.limits.pids,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                read_only=True,
-                tmpfs=tmpfs,
-            )
+            with self._engine.lifecycle(f"creating container {self.name}"):
+                container = client.containers.create(
+                    image,
+                    command=["env", f"{KEEPALIVE_MARKER}=1", "sleep", "infinity"],
+                    name=self.name,
+                    # docker-init as PID 1 reaps the zombies of daemonized agent processes.
+                    init=True,
+                    user=ROOT_USER,
+                    working_dir=workdir,
+                    environment=dict(env or {}),
+                    labels=self.labels,
+                    network_mode="bridge" if self.limits.network else "none",
+                    mem_limit=memory,
+                    memswap_limit=memory,  # equal to mem_limit: no swap
+                    nano_cpus=int(self.limits.cpus * 1e9),
+                    pids_limit=self.limits.pids,
+                    cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"],
+                    read_only=True,
+                    tmpfs=tmpfs,
+                )
         except docker.errors.ImageNotFound as exc:
+            reaper.unregister(self.name)
             raise SandboxError(
                 f"image {image!r} is not on this Docker engine; build it with `agentrl sandbox build` "
                 "(images are built offline and never pulled)"
             ) from exc
         except docker.errors.APIError as exc:
+            reaper.unregister(self.name)
             raise SandboxError(
                 f"could not create a container from {image!r}: {exc.explanation or exc}"
             ) from exc
+        except BaseException:
+            # Timed out or interrupted: the engine may still create it. Owed, never forgotten.
+            self._closed = True
+            reaper.defer(self.name)
+            raise
+        reaper.created(self.name)
         self._cid: str = container.id
-        self.id: str = container.id[:12]
-        reaper.register(self._cid)
+        self.id = container.id[:12]
         try:
-            container.start()
-        except docker.errors.APIError as exc:
-            self.close()
-            raise SandboxError(f"container from {image!r} would not start: {exc.explanation or exc}") from exc
+            with self._engine.lifecycle(f"starting container {self.name}"):
+                self._api.start(self._cid)
+        except BaseException as exc:
+            # Never leave a created-but-never-started container behind: remove it now (or, with
+            # the engine down, leave it owed to the retry, the exit handlers and the reaper).
+            with contextlib.suppress(Exception):
+                self.close()
+            if isinstance(exc, docker.errors.APIError):
+                raise SandboxError(
+                    f"container from {image!r} would not start: {exc.explanation or exc}"
+                ) from exc
+            raise
 
     # --- commands --------------------------------------------------------------------------
 
@@ -410,6 +454,13 @@ class DockerSandbox:
             timeout=timeout,
             cap=self.limits.output_limit_bytes if output_limit is None else output_limit,
         )
+        if raw.exit_code == 128 + 9 and not raw.timed_out and self._stopped_from_outside():
+            # SIGKILL can be the command's own fate (kill -9, the OOM killer) or the container's:
+            # `docker kill`/`stop` kill PID 1 and the kernel then kills every exec. Only the
+            # first is a result the model should read; the second ends the episode.
+            self._dead(
+                "its container was killed or stopped from outside (docker kill/stop) during the command"
+            )
         stdout = raw.stdout.decode("utf-8", errors="replace")
         stderr = raw.stderr.decode("utf-8", errors="replace")
         exit_code = raw.exit_code
@@ -562,6 +613,19 @@ class DockerSandbox:
             raise SandboxDead(f"docker sandbox {self.id} died while running a command")
         raise SandboxError(f"docker never reported an exit code for exec {exec_id[:12]} in sandbox {self.id}")
 
+    def _stopped_from_outside(self) -> bool:
+        """After an exec died of SIGKILL: did the container itself stop? The engine records a
+        stop a few tens of milliseconds after the exec's stream ends, so wait for it, briefly."""
+        import docker.errors
+
+        try:
+            self._api.wait(self._cid, timeout=_STOP_CHECK_S, condition="not-running")
+        except docker.errors.NotFound:
+            return True
+        except Exception:
+            return False  # still running when the wait ran out: the command alone was killed
+        return True
+
     def _kill_tree(self, marker: str, user: str, elapsed_s: float) -> None:
         """Kill what a timed-out exec started (see `_KILLER`), as the exec's own user."""
         raw = self._run(
@@ -688,8 +752,9 @@ class DockerSandbox:
             )
         raise SandboxError(f"could not write {target} in sandbox {self.id}: {message}")
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
         target = self._path(path)
+        limit = read_limit(self.limits, max_bytes)
         message = ""
         # As the agent: it owns the workspace. Root is tried only for paths under
         # PROTECTED_DIR, where the agent cannot plant anything: reading an agent-chosen path
@@ -697,27 +762,51 @@ class DockerSandbox:
         users = [AGENT_USER]
         if target.startswith(PROTECTED_DIR + "/"):
             users.append(ROOT_USER)
+        raw = None
         for user in users:
             raw = self._run(
-                ["cat", "--", target],
+                ["/bin/sh", "-c", _READ_SCRIPT, "agentrl-read", target, str(limit + 1), user],
                 user=user,
                 env=None,
                 stdin=None,
-                timeout=max(self.limits.exec_timeout_s, _INTERNAL_TIMEOUT_S),
-                cap=None,
+                timeout=min(self.limits.exec_timeout_s, _READ_TIMEOUT_S),
+                # One byte over the limit tells "exactly at the limit" from "larger": never more.
+                cap=limit + 1,
             )
             if raw.exit_code == 0 and not raw.timed_out:
-                return raw.stdout
-            message = raw.stderr.decode(errors="replace").strip()
-            if "Permission denied" not in message:
                 break
-        if "No such file" in message or "Not a directory" in message:
+            message = raw.stderr.decode(errors="replace").strip()
+            # The agent may not even see into PROTECTED_DIR (then the file looks missing to it).
+            if "Permission denied" not in message and "agentrl-read: missing" not in message:
+                break
+        assert raw is not None
+        if raw.exit_code == 0 and not raw.timed_out:
+            data = raw.stdout
+            if len(data) > limit:
+                if not truncate:
+                    raise FileTooLargeError(target, limit, f"sandbox {self.id}")
+                data = data[:limit]
+            return data
+        if "agentrl-read: special" in message:
+            raise NotRegularFileError(
+                f"{target} in sandbox {self.id} is not a regular file (a device, FIFO or socket); refused"
+            )
+        if "agentrl-read: outside" in message:
+            raise SandboxPathError(
+                f"{target} in sandbox {self.id} resolves outside {PROTECTED_DIR}; refused (it is read as the agent)"
+            )
+        if "No such file" in message or "Not a directory" in message or "agentrl-read: missing" in message:
             raise FileNotFoundError(errno.ENOENT, f"no such file in sandbox {self.id}", target)
-        if "Is a directory" in message:
+        if "agentrl-read: directory" in message or "Is a directory" in message:
             raise IsADirectoryError(errno.EISDIR, f"is a directory in sandbox {self.id}", target)
         if "Permission denied" in message:
             raise PermissionError(errno.EACCES, f"unreadable in sandbox {self.id}", target)
-        raise SandboxError(f"could not read {target} in sandbox {self.id}: {message or 'timed out'}")
+        if raw.timed_out:
+            message = (
+                f"timed out after {min(self.limits.exec_timeout_s, _READ_TIMEOUT_S):g}s "
+                "(was it swapped for a FIFO while being read?)"
+            )
+        raise SandboxError(f"could not read {target} in sandbox {self.id}: {message}")
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -728,32 +817,38 @@ class DockerSandbox:
         raise SandboxDead(f"docker sandbox {self.id} ({self.name}) is gone: {why}; open a new sandbox")
 
     def alive(self) -> bool:
-        if self._closed:
-            return False
+        if self._closed or not self._engine.healthy():
+            return False  # an engine known to be down is not asked again (that costs a timeout)
         try:
             return bool(self._api.inspect_container(self._cid)["State"]["Running"])
         except Exception:
             return False
 
     def close(self) -> None:
+        """Remove the container. Safe to call twice. With the engine down or hung, the removal is
+        owed, not forgotten (`reaper.pending_removals()`): retried when the next sandbox opens, at
+        exit, and, after this process ends, by the next start-up reap (the labels name it)."""
         if self._closed:
             return
         self._closed = True
-        reaper.unregister(self._cid)
         import docker.errors
-        import requests
 
         try:
-            self._api.remove_container(self._cid, force=True, v=True)
+            with self._engine.lifecycle(f"removing container {self.name}"):
+                self._api.remove_container(self.name, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
             if not (exc.status_code == 409 and "already in progress" in str(exc)):
+                reaper.defer(self.name)
                 raise SandboxError(
                     f"could not remove container {self.name}: {exc.explanation or exc}"
                 ) from exc
-        except requests.exceptions.ConnectionError:
-            pass  # the engine is gone; the next start-up reap removes the container
+        except EngineUnavailable as exc:
+            reaper.defer(self.name)
+            log.warning("container %s is owed a removal: %s", self.name, exc)
+            return
+        reaper.unregister(self.name)
 
     def __enter__(self) -> DockerSandbox:
         return self
@@ -786,8 +881,14 @@ class _DockerErrors:
             self.sandbox._dead("its container no longer exists")
         if isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
             self.sandbox._dead(f"its container is not running ({exc.explanation})")
-        if isinstance(exc, requests.exceptions.ConnectionError):
-            self.sandbox._dead(f"the Docker engine does not answer ({exc})")
+        if isinstance(exc, EngineUnavailable):
+            return False
+        if is_engine_failure(exc):
+            # Timed out or refused: a health check says whether the engine is down or just stuck.
+            engine = self.sandbox._engine
+            raise engine.failure(f"a command in sandbox {self.sandbox.id}", engine.describe(exc)) from exc
+        if isinstance(exc, requests.exceptions.RequestException):
+            self.sandbox._dead(f"the connection to the Docker engine broke ({type(exc).__name__}: {exc})")
         if isinstance(exc, docker.errors.DockerException):
             raise SandboxError(f"docker sandbox {self.sandbox.id}: {exc}") from exc
         return False

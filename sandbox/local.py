@@ -52,9 +52,13 @@ from agentrl.sandbox.base import (
     PROTECTED_DIR,
     Command,
     ExecResult,
+    FileTooLargeError,
     Limits,
+    NotRegularFileError,
     SandboxDead,
     SandboxError,
+    SandboxPathError,
+    read_limit,
 )
 
 log = logging.getLogger(__name__)
@@ -70,8 +74,7 @@ _warned = False
 TRUNCATION_NOTE = "\n[agentrl: output truncated, {n} bytes dropped]"
 
 
-class SandboxPathError(SandboxError, PermissionError):
-    """A file method was given a path the sandbox must not reach (an escape, or a read-only place)."""
+__all__ = ["HostView", "LocalSandbox", "Mount", "SandboxPathError", "kill_marked", "run_capped"]
 
 
 # --------------------------------------------------------------------------------------
@@ -339,8 +342,13 @@ class HostView:
                 continue
             resolved = candidate
         found = self._mount_of(resolved)
+        where = "/" + "/".join(resolved)
+        if found is not None and found[0].host is None and found[0].target in ("/dev", "/proc"):
+            raise NotRegularFileError(
+                f"{path!r} resolves to {where!r}, under {found[0].target}, which holds devices and process "
+                "files, not regular files; only regular files are read or written"
+            )
         if found is None or found[0].host is None:
-            where = "/" + "/".join(resolved)
             raise SandboxPathError(
                 f"{path!r} resolves to {where!r}, outside every directory this sandbox maps to the "
                 f"host ({', '.join(m.target for m in self.mounts if m.host is not None)}); "
@@ -402,12 +410,12 @@ class HostView:
                 if exc.errno == errno.ELOOP:
                     raise SandboxPathError(f"{path!r} became a symlink while being written; refused") from exc
                 if exc.errno == errno.ENXIO:  # a FIFO nobody reads: O_NONBLOCK saved us from hanging
-                    raise SandboxPathError(f"{path!r} exists and is not a regular file; refused") from exc
+                    raise NotRegularFileError(f"{path!r} exists and is not a regular file; refused") from exc
                 raise
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise SandboxPathError(f"{path!r} exists and is not a regular file; refused")
+                    raise NotRegularFileError(f"{path!r} exists and is not a regular file; refused")
                 os.set_blocking(fd, True)
                 os.ftruncate(fd, 0)
                 view = memoryview(data)
@@ -420,7 +428,12 @@ class HostView:
         finally:
             os.close(dfd)
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, *, limit: int, truncate: bool = False) -> bytes:
+        """The bytes of the regular file at sandbox path `path`, at most `limit` of them.
+
+        More than `limit` raises `FileTooLargeError` (with `truncate`, the first `limit` come
+        back). Only `limit + 1` bytes are ever read, whatever the file's size claims.
+        """
         mount, parts = self.resolve(path)
         if not parts:
             raise IsADirectoryError(f"{path!r} is a directory")
@@ -439,9 +452,16 @@ class HostView:
                 if stat.S_ISDIR(st.st_mode):
                     raise IsADirectoryError(f"{path!r} is a directory")
                 if not stat.S_ISREG(st.st_mode):
-                    raise SandboxPathError(f"{path!r} is not a regular file; refused")
+                    raise NotRegularFileError(
+                        f"{path!r} is not a regular file (a device, FIFO or socket); refused"
+                    )
                 os.set_blocking(f.fileno(), True)
-                return f.read()
+                data = f.read(limit + 1)
+            if len(data) > limit:
+                if not truncate:
+                    raise FileTooLargeError(path, limit)
+                data = data[:limit]
+            return data
         finally:
             os.close(dfd)
 
@@ -592,9 +612,9 @@ class LocalSandbox:
             path, data.encode() if isinstance(data, str) else bytes(data), mode=mode, privileged=privileged
         )
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
         self._check_open()
-        return self._view.read(path)
+        return self._view.read(path, limit=read_limit(self.limits, max_bytes), truncate=truncate)
 
     def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
         self._check_open()

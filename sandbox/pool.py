@@ -22,10 +22,12 @@ What it guarantees:
 - `close()` (also on `with`, and at interpreter exit) destroys every warm sandbox and waits for
   in-flight starts, so a run leaves no container behind.
 
-What it does not do: health-check a sandbox after hand-out (that is the caller's), or bound the
-caller's own starts. When nothing is warm and no start is in flight, `acquire` starts a sandbox
-in the caller's thread, so those starts run with the caller's concurrency; only the background
-refills are bounded (`workers`, default 2, so a 2-core machine is not swamped by refills).
+What it does not do: health-check a sandbox after hand-out (that is the caller's). When nothing
+is warm and no start is in flight, `acquire` starts a sandbox in the caller's thread, so those
+starts run with the caller's concurrency; the background refills are bounded by `workers`
+(default 2, so a 2-core machine is not swamped by refills), and on docker every container
+create/start/remove, the caller's included, also passes the engine's process-wide gate
+(`agentrl.sandbox.engine`, 4 at once by default).
 """
 
 from __future__ import annotations
@@ -231,6 +233,11 @@ class SandboxPool:
 
         # A pool the caller forgot to close still must not leave containers behind.
         atexit.register(self.close)
+        # Its sandboxes start on worker threads: the signal handlers that remove them must be
+        # installed from the main thread, so do it here when the pool is made there.
+        from agentrl.sandbox.reaper import install_signal_handlers
+
+        install_signal_handlers()
 
     # ---- public API -------------------------------------------------------------------------
 

@@ -7,12 +7,17 @@ process is gone: the pid is dead, the pid was reused by a newer process (start t
 or the machine rebooted since (boot id differs). Containers owned by other hosts are never
 judged: this machine cannot see their processes (use `reap(include_live=True)` there).
 
-Three things call into here:
-- `install_exit_handlers()`, once per process when its first docker sandbox opens: `atexit`
-  and SIGTERM/SIGINT handlers remove the containers this process still holds, then defer to
+Four things call into here:
+- `install_signal_handlers()`, from every agentrl entry point that runs on the main thread
+  (the CLI, `ToolEnv`, `rollout.collect`, `SandboxPool`, a sandbox opened there): SIGTERM and
+  SIGINT handlers that remove the containers this process holds, whichever thread opened them
+  (a rollout opens them on worker threads), including creates still in flight, then defer to
   whatever handler was there before (SIGINT still raises KeyboardInterrupt);
-- a start-up reap, once per process at the same moment, in a background thread, for runs
-  that died by SIGKILL or OOM, where no handler could run;
+- `install_exit_handlers()`, when each process's first docker sandbox opens: the `atexit`
+  removal, the signal handlers if on the main thread, and a start-up reap in a background
+  thread for runs that died by SIGKILL or OOM, where no handler could run;
+- `defer()` / `retry_deferred()`: a container whose removal failed (engine down) is not
+  forgotten: it stays owed, is retried, removed at exit, or reaped by the next process;
 - `agentrl sandbox reap [--all]`.
 """
 
@@ -21,13 +26,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import logging
 import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 LABEL_RUN_ID = "agentrl.run_id"
 LABEL_PID = "agentrl.pid"
@@ -131,16 +141,24 @@ def _remove_many(client: Any, ids: list[str]) -> list[str]:
     Plain threads, not concurrent.futures: its executors refuse work once the interpreter
     starts shutting down, which is exactly when `atexit` calls this.
     """
+    import requests
+
     removed: list[str] = []
     errors: list[BaseException] = []
+    # One timeout is enough to know the engine is not answering: do not wait one out per container.
+    engine_down = threading.Event()
 
     def worker(batch: list[str]) -> None:
         for cid in batch:
+            if engine_down.is_set():
+                return
             try:
                 if _remove(client, cid):
                     removed.append(cid)
             except Exception as exc:
                 errors.append(exc)
+                if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+                    engine_down.set()
 
     n_threads = min(8, len(ids))
     batches = [ids[i::n_threads] for i in range(n_threads)]
@@ -191,46 +209,175 @@ def reap(include_live: bool = False, *, client: Any = None) -> list[str]:
 
 # --- this process's own containers -------------------------------------------------------
 
-# Container ids this process created and has not closed yet, with the pid that created them:
-# a forked child inherits this dict but must never remove its parent's containers.
-_owned: dict[str, int] = {}
+
+@dataclass
+class _Owned:
+    """One container this process created (or is creating) and has not removed yet."""
+
+    pid: int  # the creating process: a forked child inherits the registry, never the containers
+    engine: str  # the engine's address (DOCKER_HOST): removals go to the engine that holds it
+    creating: bool  # the create call is in flight: it may exist on the engine any moment now
+    thread: int  # the creating thread (a signal handler cannot wait for its own thread)
+    deferred: bool = False  # a removal failed (engine down): retried, and at exit, and by the reaper
+    # The create call itself failed on our side (timeout): the engine may still carry it out once
+    # it answers again, so "no such container" is final only after the engine has answered for a
+    # while (`_UNCERTAIN_SETTLE_S`): requests it held while hung are done by then.
+    uncertain: bool = False
+    answered_since: float | None = None
+
+
+# Keyed by container name, chosen before the create call, so a container whose create is in flight
+# (or timed out on our side but completed on the engine's) can still be removed.
+_owned: dict[str, _Owned] = {}
 _owned_lock = threading.Lock()
+# Set while an exit handler removes this process's containers: no new create may start then.
+_exiting = False
+# How long an exit handler waits for creates in flight to land, so it can remove them too.
+_EXIT_WAIT_S = 10.0
+# Removals at exit use their own client with this timeout: a dead engine must not hold up the exit.
+_EXIT_TIMEOUT_S = 10.0
+# How long a create that timed out on our side is watched for once the engine answers again.
+_UNCERTAIN_SETTLE_S = 5.0
 
 
-def register(container_id: str) -> None:
+def register(name: str, engine: str, *, creating: bool = False) -> None:
+    """Record a container this process owns (`creating=True` before its create call is sent)."""
     with _owned_lock:
-        _owned[container_id] = os.getpid()
+        _owned[name] = _Owned(os.getpid(), engine, creating, threading.get_ident())
 
 
-def unregister(container_id: str) -> None:
+def created(name: str) -> None:
+    """The create call of `name` returned (whether or not the container exists)."""
+    record = _owned.get(name)
+    if record is not None:
+        record.creating = False
+
+
+def unregister(name: str) -> None:
+    """`name` is removed: forget it."""
     with _owned_lock:
-        _owned.pop(container_id, None)
+        _owned.pop(name, None)
 
 
-def remove_own_containers() -> list[str]:
-    """Remove every container this process created and has not closed (exit handlers call this)."""
+def defer(name: str) -> None:
+    """The removal of `name` failed (engine down or hung): keep it, to be retried by
+    `retry_deferred()`, by this process's exit handlers, and after this process, by the start-up
+    reap of the next one (its labels name this process)."""
+    record = _owned.get(name)
+    if record is not None:
+        if record.creating:
+            record.uncertain = True
+        record.creating = False
+        record.deferred = True
+
+
+def exiting() -> bool:
+    """Whether an exit handler is removing this process's containers right now."""
+    return _exiting
+
+
+def pending_removals() -> list[str]:
+    """Containers of this process whose removal failed and is still owed."""
     pid = os.getpid()
-    # No lock: this runs inside signal handlers, which may interrupt a thread holding it.
-    ids = [cid for cid, owner in list(_owned.items()) if owner == pid]
-    if not ids:
-        return []
-    for cid in ids:
-        _owned.pop(cid, None)
+    return [name for name, r in list(_owned.items()) if r.pid == pid and r.deferred]
+
+
+def retry_deferred() -> list[str]:
+    """Try the owed removals again now; returns the names removed. Never raises."""
+    pid = os.getpid()
+    by_engine: dict[str, list[str]] = {}
+    for name, r in list(_owned.items()):
+        if r.pid == pid and r.deferred:
+            by_engine.setdefault(r.engine, []).append(name)
+    from agentrl.sandbox.engine import engine
+
+    done: list[str] = []
+    for address, names in by_engine.items():
+        try:
+            eng = engine(address)
+        except Exception:
+            continue  # still unreachable: all stay owed
+        for name in names:
+            try:
+                # Through the engine's gate: bounded, and at once refused while it is known down.
+                with eng.lifecycle(f"removing container {name} (owed)"):
+                    existed = _remove(eng.client, name)
+            except Exception:
+                continue  # still down: stays owed
+            record = _owned.get(name)
+            if not existed and record is not None and record.uncertain:
+                now = time.monotonic()
+                if record.answered_since is None:
+                    record.answered_since = now
+                if now - record.answered_since < _UNCERTAIN_SETTLE_S:
+                    continue  # its timed-out create may still land: keep watching for it
+            unregister(name)
+            done.append(name)
+    return done
+
+
+def remove_own_containers(*, final: bool = True, wait_s: float = _EXIT_WAIT_S) -> list[str]:
+    """Remove every container this process created and has not removed (exit handlers call this).
+
+    Creates in flight on other threads are waited for (up to `wait_s`), then removed too; while
+    this runs no new create may start. `final=False` (a handler after which the process may go
+    on, such as SIGINT's) lets creates start again afterwards.
+    """
+    global _exiting
+    pid = os.getpid()
+    main = threading.main_thread().ident
+    me = threading.get_ident()
+    deadline = time.monotonic() + wait_s
+    removed: list[str] = []
+    _exiting = True
     try:
-        # A fresh client: the handler may have interrupted the shared one mid-request.
-        return _remove_many(_client(), ids)
-    except Exception:
-        return []  # the engine is gone; the next start-up reap finds them
+        while True:
+            # No lock: this runs inside signal handlers, which may interrupt a thread holding it.
+            mine = [(n, r) for n, r in list(_owned.items()) if r.pid == pid]
+            # A create on this very thread (the handler interrupted it) will never land while we
+            # wait: try it by name now. Others in flight are waited for.
+            ready = [(n, r) for n, r in mine if not r.creating or r.thread in (me, main)]
+            by_engine: dict[str, list[tuple[str, _Owned]]] = {}
+            for name, r in ready:
+                _owned.pop(name, None)
+                by_engine.setdefault(r.engine, []).append((name, r))
+            for address, entries in by_engine.items():
+                try:
+                    removed += _remove_many(_exit_client(address), [n for n, _ in entries])
+                except Exception:
+                    # The engine is gone: still owed (if the process goes on), and after it ends
+                    # the next start-up reap finds them by their labels.
+                    for name, r in entries:
+                        r.creating, r.deferred = False, True
+                        _owned.setdefault(name, r)
+            in_flight = [n for n, r in list(_owned.items()) if r.pid == pid and r.creating]
+            if not in_flight or time.monotonic() >= deadline:
+                return removed
+            time.sleep(0.02)
+    finally:
+        if not final:
+            _exiting = False
 
 
-_installed_pid: int | None = None
+def _exit_client(address: str) -> Any:
+    import docker
+
+    return docker.from_env(timeout=_EXIT_TIMEOUT_S, environment={**os.environ, "DOCKER_HOST": address})
+
+
+_atexit_pid: int | None = None
+_signals_pid: int | None = None
 _previous: dict[int, Any] = {}
 _startup_thread: threading.Thread | None = None
+_startup_pid: int | None = None
+_warned_thread = False
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    remove_own_containers()
     previous = _previous.get(signum)
+    # SIGTERM with no handler of the user's means death right after this: nothing may start
+    # a new container any more. Anything else may go on (SIGINT is a catchable exception).
+    remove_own_containers(final=not callable(previous))
     if callable(previous):
         previous(signum, frame)  # for SIGINT: default_int_handler raises KeyboardInterrupt
         return
@@ -240,30 +387,55 @@ def _on_signal(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
-def install_exit_handlers() -> None:
-    """Install, once per process, the handlers that remove this process's containers on exit,
-    and start the once-per-process reap of dead runs.
+def install_signal_handlers() -> bool:
+    """On the main thread, install (once per process) the SIGTERM/SIGINT handlers that remove this
+    process's containers, whichever thread opened them, then defer to the handler that was there
+    before (SIGINT still raises KeyboardInterrupt; SIGTERM still kills). Returns whether they are
+    installed. Off the main thread it does nothing (Python allows signal handlers only there).
 
-    Signal handlers can only be set from the main thread; from another thread only `atexit`
-    is installed (SIGKILL-style deaths are then still covered by the start-up reap).
+    agentrl calls this at every entry point that runs on the main thread: the CLI, `ToolEnv`,
+    `rollout.collect`, `SandboxPool`, and every sandbox opened there. A program that opens
+    sandboxes only from its own worker threads calls it once from its main thread.
     """
-    global _installed_pid, _startup_thread
+    global _signals_pid
     pid = os.getpid()
-    if _installed_pid == pid:
-        return
-    _installed_pid = pid
-    atexit.register(remove_own_containers)
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous = signal.getsignal(signum)
-            if previous is signal.SIG_IGN:
-                continue  # the process was told to ignore it (nohup): keep ignoring it
-            if previous is _on_signal:
-                continue  # inherited through fork: already ours, chaining to itself would loop
-            _previous[signum] = previous
-            signal.signal(signum, _on_signal)
-    _startup_thread = threading.Thread(target=_quiet(reap), name="agentrl-reaper", daemon=True)
-    _startup_thread.start()
+    if _signals_pid == pid:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _signals_pid = pid
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+        if previous is signal.SIG_IGN:
+            continue  # the process was told to ignore it (nohup): keep ignoring it
+        if previous is _on_signal:
+            continue  # inherited through fork: already ours, chaining to itself would loop
+        _previous[signum] = previous
+        signal.signal(signum, _on_signal)
+    return True
+
+
+def install_exit_handlers() -> None:
+    """Once per process: the `atexit` removal of this process's containers, the signal handlers
+    (when called on the main thread, or already installed from it), and the start-up reap of
+    dead runs in a background thread. Every docker sandbox calls this when it opens."""
+    global _atexit_pid, _startup_thread, _startup_pid, _warned_thread
+    pid = os.getpid()
+    if _atexit_pid != pid:
+        _atexit_pid = pid
+        atexit.register(remove_own_containers)
+    if not install_signal_handlers() and not _warned_thread:
+        _warned_thread = True
+        log.warning(
+            "a docker sandbox opened on a worker thread before agentrl's signal handlers were installed: "
+            "SIGTERM/SIGINT would leave its container behind until the next start-up reap. Call "
+            "agentrl.sandbox.install_exit_handlers() once from the main thread (agentrl's CLI, ToolEnv and "
+            "rollout do)"
+        )
+    if _startup_pid != pid:
+        _startup_pid = pid
+        _startup_thread = threading.Thread(target=_quiet(reap), name="agentrl-reaper", daemon=True)
+        _startup_thread.start()
 
 
 def wait_startup_reap(timeout: float | None = None) -> None:

@@ -11,6 +11,9 @@ import shutil
 
 import pytest
 
+# A private Docker engine for tests that freeze one (session-wide: one dockerd for the whole run).
+from tests.fixtures_dockerd import private_engine  # noqa: F401
+
 
 @functools.cache
 def _docker_problem() -> str | None:

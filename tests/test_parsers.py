@@ -1,6 +1,10 @@
-import pytest
+import json
 
-from agentrl.parsers import HermesParser, Llama3JsonParser, get_parser, register_parser
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrl.parsers import PARSERS, HermesParser, Llama3JsonParser, get_parser, json_depth, register_parser
 
 
 def test_hermes_parallel_calls_in_order():
@@ -72,3 +76,75 @@ def test_parser_registry():
         get_parser("nope")
     with pytest.raises(ValueError, match="already registered"):
         register_parser("hermes", HermesParser)
+
+
+# --- model text that would make a naive decoder raise (issue 14): an error, never an exception ----
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [
+        ("[" * 1000 + "]" * 1000, "nests more than 32 levels deep"),
+        ('{"a":' * 1000 + "1" + "}" * 1000, "nests more than 32 levels deep"),
+        ("NaN", "NaN is not JSON"),
+        ("-Infinity", "-Infinity is not JSON"),
+        ("1e999", "too large for a float"),
+        ("9" * 5000, "an integer has 5000 digits; the limit is 4300"),
+        ('"\\ud800"', "lone UTF-16 surrogate"),
+    ],
+)
+@pytest.mark.parametrize("parser", ["hermes", "llama3-json"])
+def test_hostile_json_is_a_parse_error(parser, arguments, needle):
+    key = "arguments" if parser == "hermes" else "parameters"
+    call = f'{{"name": "python", "{key}": {{"code": {arguments}}}}}'
+    parsed = get_parser(parser).parse(f"<tool_call>{call}</tool_call>" if parser == "hermes" else call)
+    assert parsed.calls == []
+    assert len(parsed.errors) == 1 and needle in parsed.errors[0].message
+
+
+def test_depth_limit_counts_brackets_outside_strings_only():
+    code = "[" * 100  # a string full of brackets is not nesting
+    parsed = HermesParser().parse(
+        f'<tool_call>{{"name": "python", "arguments": {{"code": "{code}", "x": {"[" * 30 + "]" * 30}}}}}</tool_call>'
+    )
+    assert parsed.errors == [] and parsed.calls[0].arguments["code"] == code
+    assert json_depth('{"a": "[[[["}') == 1
+    assert json_depth("[" * 5 + "]" * 5) == 5
+
+
+def test_arguments_given_as_a_json_string_are_held_to_the_same_rules():
+    inner = json.dumps("[" * 100 + "]" * 100)
+    parsed = HermesParser().parse(f'<tool_call>{{"name": "bash", "arguments": {inner}}}</tool_call>')
+    assert parsed.calls == [] and "nests more than 32 levels deep" in parsed.errors[0].message
+
+
+def test_valid_unicode_and_large_finite_numbers_still_parse():
+    parsed = HermesParser().parse(
+        '<tool_call>{"name": "x", "arguments": {"s": "\\ud83d\\ude00 \\u00e9", "n": 1e308, "i": '
+        + "9" * 4300
+        + "}}</tool_call>"
+    )
+    assert parsed.errors == []
+    assert parsed.calls[0].arguments["s"] == "\U0001f600 é" and parsed.calls[0].arguments["n"] == 1e308
+
+
+HOSTILE_TEXT = st.one_of(
+    st.text(max_size=200),
+    st.lists(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)), max_size=200).map("".join),
+    st.integers(0, 5000).map(lambda d: "[" * d),
+    st.integers(0, 5000).map(lambda d: "{" * d + "}" * d),
+    st.integers(0, 10000).map(lambda n: "1" * n),
+    st.sampled_from(
+        ["NaN", "Infinity", "1e999", '"\\ud800"', '"\\', "<tool_call>", "</tool_call>", ";", "{}"]
+    ),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(parser=st.sampled_from(sorted(PARSERS)), pieces=st.lists(HOSTILE_TEXT, max_size=8))
+def test_parsers_never_raise(parser, pieces):
+    text = "".join(pieces)
+    for wrapped in (text, f"<tool_call>{text}</tool_call>", f'{{"name": "x", "parameters": {text}}}'):
+        parsed = get_parser(parser).parse(wrapped)
+        for call in parsed.calls:
+            assert isinstance(call.name, str) and isinstance(call.arguments, dict)

@@ -37,6 +37,26 @@ def test_make_applies_spec_defaults_and_overrides():
     assert env.max_turns == 3 and env.spec.max_turns == 3
 
 
+def test_max_tool_calls_per_step_from_the_spec_the_class_or_the_caller():
+    # ToolEnv's default, the game's own (one guess per turn), a spec's, and the caller's, in that order.
+    assert agentrl.make("agentrl/calc-v0", backend="local").max_tool_calls_per_step == 4
+    assert agentrl.make("agentrl/guess-number-v0").spec.max_tool_calls_per_step == 1
+    agentrl.register("test/CalcTwo-v0", "agentrl.envs.calc:CalcEnv", max_tool_calls_per_step=2)
+    try:
+        env = agentrl.make("test/CalcTwo-v0", backend="local")
+        assert env.max_tool_calls_per_step == 2 and env.spec.max_tool_calls_per_step == 2
+        assert (
+            agentrl.make(
+                "test/CalcTwo-v0", backend="local", max_tool_calls_per_step=6
+            ).max_tool_calls_per_step
+            == 6
+        )
+    finally:
+        registry.pop("test/CalcTwo-v0")
+    with pytest.raises(ValueError, match="max_tool_calls_per_step must be >= 1"):
+        agentrl.register("test/Bad-v0", "agentrl.envs.calc:CalcEnv", max_tool_calls_per_step=0)
+
+
 def test_did_you_mean_and_missing_version():
     with pytest.raises(KeyError, match="Did you mean 'agentrl/calc-v0'"):
         agentrl.make("agentrl/cacl-v0")

@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentrl.train_config import TrainConfig, load_config
 from agentrl.trajectory import Trajectory, save_trajectories
+from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
 
@@ -41,18 +43,24 @@ def grpo_batch(vocab: int, groups: int = 3, group_size: int = 4, seed: int = 0) 
     return out
 
 
-def run(cfg: TrainConfig, nproc: int) -> list[dict]:
+def run(cfg: TrainConfig, nproc: int, cpu: bool = True) -> list[dict]:
+    """`python -m agentrl.train` under torchrun. `cpu`: gloo ranks on the CPU even where CUDA GPUs
+    are visible (these are CPU tests: fp32 numbers compared across process counts; a one-GPU
+    machine could not host two NCCL ranks anyway)."""
     launcher = (
         [sys.executable]
         if nproc == 1
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run(
         [*launcher, "-m", "agentrl.train", cfg.model_dump_json()],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
@@ -152,11 +160,75 @@ def test_ppo_epochs_mini_batches_and_kl_match_across_processes_and_resume(tiny_m
     assert resumed[1]["losses/policy_loss"] == pytest.approx(one[1]["losses/policy_loss"], rel=1e-5, abs=1e-8)
 
 
+@pytest.mark.slow
+def test_activation_checkpointing_packing_and_token_budget_match_the_plain_run_on_two_processes(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+):
+    """FSDP2 on 2 gloo ranks with activation checkpointing, packed micro-batches under a token budget
+    and per-sequence loss aggregation takes the steps of 1 process with none of them."""
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    data = tmp_path / "batch.jsonl"
+    save_trajectories(data, grpo_batch(vocab))
+    base = dict(model=str(tiny_model_dir), replay=str(data), steps=2, loss={"agg": "seq-mean-token-mean"})
+    plain = run(
+        TrainConfig(
+            **base,
+            out=str(tmp_path / "plain"),
+            optim={"lr": 1e-3, "max_tokens_per_micro_batch": None, "packing": "off"},
+        ),
+        1,
+    )
+    lean = run(
+        TrainConfig(
+            **base,
+            out=str(tmp_path / "lean"),
+            optim={
+                "lr": 1e-3,
+                "max_tokens_per_micro_batch": 100,
+                "packing": "on",
+                "activation_checkpointing": True,
+            },
+        ),
+        2,
+    )
+    for a, b in zip(plain, lean, strict=True):
+        assert b["losses/policy_loss"] == pytest.approx(a["losses/policy_loss"], rel=1e-5, abs=1e-7)
+        assert b["losses/grad_norm"] == pytest.approx(a["losses/grad_norm"], rel=1e-4)
+        assert b["losses/entropy"] == pytest.approx(a["losses/entropy"], rel=1e-5)
+
+
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_activation_checkpointing_on_and_off_give_equal_gradients(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    packing: str,
+):
+    """The trainer's step under FSDP2 (gloo) with decoder layers recomputed in backward: the same
+    gradients, to fp32 rounding. (The training forward keeps no KV cache: a recomputed layer that
+    appended to one would see its keys twice.)"""
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    trajs = grpo_batch(vocab, groups=2, group_size=3)
+    base = {"model": str(tiny_model_dir), "loss": {"kl_coef": 0.1}}
+
+    def cfg(checkpointing: bool) -> TrainConfig:
+        optim = {"grad_clip": 1e9, "packing": packing, "activation_checkpointing": checkpointing, "epochs": 2}
+        return TrainConfig(**base, optim=optim)
+
+    off, m_off = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg(False), trajs)
+    on, m_on = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg(True), trajs)
+    assert m_on["losses/policy_loss"] == pytest.approx(m_off["losses/policy_loss"], rel=1e-6, abs=1e-9)
+    assert_same_gradients(off, on, rel=1e-6)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_path, mode):  # noqa: F811
-    """The real loop: curriculum draws, vLLM rollouts on rank 0, FSDP2 update on 2 ranks, weight push."""
+    """The real loop: curriculum draws, vLLM rollouts on rank 0, FSDP2 update on 2 ranks, weight push.
+
+    On a GPU machine it runs there (vLLM needs its GPU build): 2 ranks with 2 GPUs or more, one
+    (the engine colocated with it) on a single GPU."""
     cfg = TrainConfig(
         env="tests.coin_env:test/Coin-v0",
         model=str(tiny_model_dir),
@@ -167,7 +239,8 @@ def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_pa
         optim={"lr": 1e-4, "micro_batch_size": 4},
         asynchronous={"mode": mode, "max_staleness": 1},
     )
-    rows = run(cfg, 2)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    rows = run(cfg, 1 if gpus == 1 else 2, cpu=False)
     assert [r["step"] for r in rows] == [1, 2, 3]
     # Weights reached vLLM after every update.
     assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]

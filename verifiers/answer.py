@@ -107,13 +107,19 @@ class RegexVerifier:
 
 @dataclass
 class ToolUsedVerifier:
-    """A format gate: passes when the episode called `tool` at least `min_calls` times."""
+    """A format gate: passes when `tool` ran at least `min_calls` times in the episode.
+
+    Counts calls that ran (`Episode.calls`), not calls attempted: a call refused for its
+    arguments, for an unknown name, or past the step's limit did nothing and does not count.
+    """
 
     tool: str = "python"
     min_calls: int = 1
     name: str = "tool-used"
 
     def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict:
-        n = episode.tools_used.get(self.tool, 0)
+        n = episode.calls_ran(self.tool)
+        attempted = sum(1 for call in episode.calls if call.name == self.tool)
         ok = n >= self.min_calls
-        return Verdict(float(ok), ok, f"called {self.tool} {n} time(s), need {self.min_calls}")
+        refused = f" ({attempted - n} more attempted that did not run)" if attempted > n else ""
+        return Verdict(float(ok), ok, f"{self.tool} ran {n} time(s){refused}, need {self.min_calls}")

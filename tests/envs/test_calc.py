@@ -1,5 +1,6 @@
 import pytest
 
+import agentrl
 from agentrl.envs.calc import CalcTaskGenerator
 
 from .conftest import floor_rewards, oracle_rewards
@@ -33,3 +34,26 @@ def test_oracle_solves_100_tasks_through_docker():
 @pytest.mark.docker
 def test_empty_and_random_agents_score_zero():
     assert set(floor_rewards("agentrl/calc-v0", 5)) == {0.0}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("bad_call", [{"code": 123}, {"program": "print(1)"}, {}])
+def test_python_gate_counts_only_python_calls_that_ran(bad_call):
+    from agentrl.agents import tool_call
+
+    env = agentrl.make("agentrl/calc-v0")
+    try:
+        task = env._pick_task({"index": 0})
+        # A python call refused for its arguments ran nothing: typing the answer in still scores 0.
+        env.reset(options={"task": task})
+        obs, *_ = env.step(tool_call("python", **bad_call))
+        assert "bad arguments for tool 'python'" in obs[0]["content"]
+        _, reward, terminated, _, info = env.step(tool_call("submit", answer=task.answer))
+        assert terminated and reward == 0.0
+        assert "python ran 0 time(s) (1 more attempted that did not run)" in info["verdict"].details
+        # Control: a python call that ran, then the same answer, scores 1.
+        env.reset(options={"task": task})
+        env.step(tool_call("python", code="print(0)"))
+        assert env.step(tool_call("submit", answer=task.answer))[1] == 1.0
+    finally:
+        env.close()

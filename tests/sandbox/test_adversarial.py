@@ -17,7 +17,14 @@ import tracemalloc
 
 import pytest
 
-from agentrl.sandbox import PROTECTED_DIR, Limits, SandboxDead, open_sandbox
+from agentrl.sandbox import (
+    PROTECTED_DIR,
+    FileTooLargeError,
+    Limits,
+    NotRegularFileError,
+    SandboxDead,
+    open_sandbox,
+)
 
 LIMITS = Limits(
     memory_mb=256,
@@ -188,6 +195,35 @@ def test_disk_fill_stopped_at_cap(sb, where):
     assert size <= LIMITS.disk_mb << 20
     # The cap is per mount: freeing space makes it usable again.
     assert sb.exec(f"rm {target} && echo ok > small.txt && cat small.txt").stdout == "ok\n"
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "zero-link", "fifo", "/workspace/fifo-link"])
+def test_read_file_refuses_devices_fifos_and_links_to_them(sb, path):
+    assert sb.exec("ln -s /dev/zero zero-link; mkfifo fifo; ln -s /workspace/fifo fifo-link").ok
+    tracemalloc.start()
+    try:
+        with pytest.raises(NotRegularFileError, match="not a regular file|devices"):
+            sb.read_file(path)
+        _, host_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert host_peak < 1 << 20  # refused before a byte was read (a FIFO is not waited on either)
+
+
+def test_read_file_reads_at_most_its_limit(sb):
+    assert sb.exec("head -c 20000000 /dev/urandom > big.bin").ok
+    tracemalloc.start()
+    try:
+        with pytest.raises(FileTooLargeError, match="holds more than 1000000 bytes"):
+            sb.read_file("big.bin", max_bytes=1_000_000)
+        head = sb.read_file("big.bin", max_bytes=1_000_000, truncate=True)
+        _, host_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(head) == 1_000_000 and head == sb.read_file("big.bin", max_bytes=20_000_000)[:1_000_000]
+    assert host_peak < 8 << 20  # a 20 MB file; at most 1 MB + 1 byte of it read
+    small = Limits(read_limit_bytes=10)
+    assert small.read_limit_bytes == 10  # the default limit is a sandbox limit like the others
 
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])

@@ -10,7 +10,15 @@ import time
 import docker
 import pytest
 
-from agentrl.sandbox import PROTECTED_DIR, Limits, Sandbox, SandboxDead, SandboxError, open_sandbox
+from agentrl.sandbox import (
+    PROTECTED_DIR,
+    Limits,
+    Sandbox,
+    SandboxDead,
+    SandboxError,
+    SandboxPathError,
+    open_sandbox,
+)
 from agentrl.sandbox.docker import DockerSandbox
 
 pytestmark = pytest.mark.docker
@@ -189,6 +197,17 @@ def test_read_file_never_reads_for_the_agent_as_root(sb):
     assert sb.exec(f"ln -s {PROTECTED_DIR}/secret.txt link.txt").ok
     with pytest.raises(PermissionError):
         sb.read_file("link.txt")  # an agent-planted path is read as the agent
+
+
+def test_root_read_never_follows_a_link_out_of_the_verifier_dir(sb):
+    # Code run for the verifier could plant a link in /verifier; the read as root must not follow
+    # it to what only root may read elsewhere.
+    assert sb.exec(
+        f"echo root-only > /tmp/private && chmod 600 /tmp/private && ln -s /tmp/private {PROTECTED_DIR}/report.xml",
+        privileged=True,
+    ).ok
+    with pytest.raises(SandboxPathError, match="resolves outside /verifier"):
+        sb.read_file(f"{PROTECTED_DIR}/report.xml")
 
 
 def test_privileged_exec_is_root_without_capabilities(sb):

@@ -15,6 +15,11 @@ import docker
 import pytest
 
 from agentrl.sandbox import open_sandbox, reaper
+from tests import fixtures_model
+
+tiny_model_dir = (
+    fixtures_model.tiny_model_dir
+)  # the session-wide tiny model (its tokenizer drives the rollout)
 
 pytestmark = pytest.mark.docker
 
@@ -178,3 +183,96 @@ def test_cli_reap(run_id):
     assert out.returncode == 0, out.stderr
     assert leaked.name in out.stdout and "removed" in out.stdout
     assert containers_of(run_id) == []
+
+
+# --- a rollout driver stopped by a scheduler (issue 14, attack 10) ------------------------------
+
+# The rollout API on calc-v0 (docker, warm pool), 2 tasks x 2 episodes at once. A scripted agent's
+# first action is a python call that sleeps: when the test signals, every episode has a container
+# with a command running in it, opened on a rollout worker thread, and the pool holds warm ones.
+ROLLOUT_DRIVER = """
+import sys
+from transformers import AutoTokenizer
+from agentrl.agents import tool_call
+from agentrl.demos import ScriptedPolicy
+from agentrl.masker import ChatMasker
+from agentrl.rollout import RolloutConfig, collect_sync
+
+masker = ChatMasker(AutoTokenizer.from_pretrained(sys.argv[1]))
+
+class Sleeper:
+    def act(self, observation):
+        print("ACT", flush=True)
+        return tool_call("python", code="import time; time.sleep(120)")
+
+collect_sync(
+    "agentrl/calc-v0", [0, 1], None, RolloutConfig(group_size=2, concurrency=4, episode_timeout_s=300),
+    masker=masker, episode_policy=lambda env, seq: ScriptedPolicy(Sleeper(), seq, masker),
+    env_kwargs={"exec_timeout_s": 200},
+)
+"""
+
+
+def spawn_rollout(run_id: str, model_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "AGENTRL_RUN_ID": run_id, "AGENTRL_POOL_SIZE": "2"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ROLLOUT_DRIVER, str(model_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    for _ in range(4):  # every episode has sent its sleeping python call
+        line = proc.stdout.readline()
+        assert line.strip() == "ACT", (
+            f"the driver failed: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
+        )
+    time.sleep(1.0)  # the calls are running in their containers
+    assert len(containers_of(run_id)) >= 4
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_rollout_driver_leaves_no_container(run_id, tiny_model_dir, signum):
+    proc = spawn_rollout(run_id, tiny_model_dir)
+    proc.send_signal(signum)
+    proc.communicate(timeout=120)
+    assert containers_of(run_id) == []
+
+
+def test_a_sigkilled_rollout_driver_is_cleaned_by_the_next_start_up_reap(run_id, tiny_model_dir):
+    proc = spawn_rollout(run_id, tiny_model_dir)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert len(containers_of(run_id)) >= 4  # nothing can run on SIGKILL
+    code = textwrap.dedent(
+        """
+        from agentrl.sandbox import open_sandbox, reaper
+        with open_sandbox("docker"):
+            reaper.wait_startup_reap(timeout=60)
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert containers_of(run_id) == []
+
+
+def test_a_sandbox_closed_while_the_engine_is_frozen_is_owed_not_forgotten(private_engine, monkeypatch):
+    from agentrl.sandbox.engine import engine
+
+    monkeypatch.setenv("DOCKER_HOST", private_engine.address)
+    monkeypatch.setenv("AGENTRL_DOCKER_TIMEOUT_S", "2")
+    engine().check_health()
+    box = open_sandbox("docker")
+    with private_engine.frozen():
+        box.close()  # does not raise, does not hang past the timeout
+        assert box.name in reaper.pending_removals()
+        assert reaper.retry_deferred() == []  # still frozen: still owed
+    engine().check_health()
+    assert reaper.retry_deferred() == [box.name]
+    assert reaper.pending_removals() == []
+    # The engine may be finishing the removal it was asked for while frozen ("in progress").
+    deadline = time.monotonic() + 10
+    while private_engine.containers(f"agentrl.run_id={reaper.run_id()}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert private_engine.containers(f"agentrl.run_id={reaper.run_id()}") == []

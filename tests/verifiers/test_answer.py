@@ -1,6 +1,6 @@
 import pytest
 
-from agentrl.episode import Episode
+from agentrl.episode import Episode, ToolCallRecord
 from agentrl.task import Task
 from agentrl.verifiers import get, names
 from agentrl.verifiers.answer import normalize_text, parse_number
@@ -69,14 +69,26 @@ def test_regex():
 def test_composite_gate_and_weights():
     t = Task(id="t", prompt="p", answer="10")
     comp = get("composite", parts=[("numeric", 3.0), ("exact-match", 1.0)], gates=["tool-used"])
-    assert comp.verify(None, t, ep("10", tools_used={"python": 1})).reward == 1.0
-    gated = comp.verify(None, t, ep("10", tools_used={}))
+    assert comp.verify(None, t, ep("10", calls=[ToolCallRecord("python", "ran")])).reward == 1.0
+    gated = comp.verify(None, t, ep("10", calls=[]))
     assert gated.reward == 0.0 and "gate tool-used: FAIL" in gated.details
     half = get("composite", parts=[("numeric", 1.0), ("exact-match", 1.0)])
     v = half.verify(None, t, ep("10.0"))  # numeric passes, exact text differs
     assert v.reward == pytest.approx(0.5) and not v.passed
     with pytest.raises(ValueError, match="at least one part"):
         get("composite")
+
+
+def test_tool_used_gate_counts_only_calls_that_ran():
+    gate = get("tool-used", tool="python")
+    refused = [
+        ToolCallRecord("python", "invalid_arguments", is_error=True),
+        ToolCallRecord("python", "not_run"),
+    ]
+    v = gate.verify(None, Task(id="t", prompt="p"), ep("10", calls=refused))
+    assert not v.passed and "python ran 0 time(s) (2 more attempted that did not run)" in v.details
+    ran = [*refused, ToolCallRecord("python", "ran", is_error=True)]  # ran, even if its code then failed
+    assert gate.verify(None, Task(id="t", prompt="p"), ep("10", calls=ran)).passed
 
 
 def test_registry_lists_builtins_and_suggests():

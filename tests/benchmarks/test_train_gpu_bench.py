@@ -1,0 +1,55 @@
+"""Smoke run of `benchmarks/train_gpu.py --tiny` on the CPU: the JSON the H100 run prints, every variant filled in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_gpu.py"
+
+
+@pytest.mark.slow
+def test_tiny_mode_prints_throughput_mfu_memory_and_the_ratio_to_plain(tmp_path: Path) -> None:
+    out_file = tmp_path / "train_gpu.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--tiny",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--trajectories",
+            "8",
+            "--long-trajectories",
+            "2",
+            "--long-len",
+            "256",
+            "--out",
+            str(out_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)  # stdout holds the JSON object only
+    assert json.loads(out_file.read_text()) == result
+    assert result["benchmark"] == "train_gpu" and result["mode"] == "tiny" and result["device"] == "cpu"
+    tiny = result["shapes"]["tiny"]
+    assert tiny["trajectories"] == 8 and tiny["tokens_per_step"] > 0
+    assert tiny["defaults"]["packs_here"] is True  # auto packs on the CPU
+    assert set(tiny["variants"]) == {"ours", "ours_packing_off", "plain", "ours_activation_checkpointing"}
+    for name, v in tiny["variants"].items():
+        assert v["ok"] and v["tokens_per_s"] > 0 and v["peak_memory_gib"] > 0, name
+        assert v["mfu"] is None  # no peak FLOP/s for a CPU
+    assert tiny["speedup_vs_plain"] > 0
+    assert 0 < tiny["activation_checkpointing_memory_cut"] < 1
+    assert tiny["long"]["ok"] and tiny["long"]["tokens"] == 256
