@@ -98,7 +98,8 @@ app.add_typer(env_app, name="env")
 model_app = typer.Typer(help="Local models: build the tiny Qwen2 model and tokenizer.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 verifier_app = typer.Typer(
-    help="Verifier plugins: list them, check an environment's verifier on its tasks.", no_args_is_help=True
+    help="Verifier plugins: list them, check an environment's verifier on its tasks, audit it with attacks.",
+    no_args_is_help=True,
 )
 app.add_typer(verifier_app, name="verifier")
 tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
@@ -229,6 +230,71 @@ def verifier_check(
         env.close()
     typer.echo(f"{env_id}: kept {tasks - dropped} of {tasks} tasks, dropped {dropped}")
     sys.exit(1 if dropped else 0)
+
+
+@verifier_app.command("audit")
+def verifier_audit(
+    env_id: str = typer.Argument("", help="Environment id, e.g. agentrl/python-repair-v0."),
+    tasks: int = typer.Option(1, "--tasks", min=1, help="How many tasks to attack (task indices 0..N-1)."),
+    backend: str = typer.Option("docker", help="Sandbox backend: docker or bwrap."),
+    json_path: str = typer.Option("", "--json", help="Also write the whole report as JSON here (for CI)."),
+    attack: list[str] = typer.Option(
+        [], "--attack", help="Play only this attack (repeatable); default: every attack that applies."
+    ),
+    list_attacks: bool = typer.Option(
+        False, "--list", help="List the attacks (built-in and plugins), then exit."
+    ),
+) -> None:
+    """Play the reward-hacking attack library against an env's verifier, through env.step only.
+
+    Per task: the controls (the oracle passes, the untouched start fails), then every attack that
+    applies, each reported as contained, exploited or not applicable with its evidence. Exits 1
+    when anything is exploited, a control fails or an attack could not be played.
+    """
+    import json
+
+    from agentrl.audit import AuditError, attacks, format_finding, run_audit
+    from agentrl.registry import make
+
+    if list_attacks:
+        for a in attacks():
+            typer.echo(f"{a.name:30s} {a.description}")
+        return
+    if not env_id:
+        typer.echo("error: give an environment id (agentrl envs list shows them), or --list", err=True)
+        raise typer.Exit(2)
+    try:
+        env = make(env_id, backend=backend)
+    except KeyError as exc:
+        typer.echo(f"error: {exc.args[0]}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        report = run_audit(
+            env,
+            env_id=env_id,
+            tasks=tasks,
+            only=attack or None,
+            on_finding=lambda f: typer.echo(format_finding(f)),
+        )
+    except AuditError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        env.close()
+    for c in report.controls:
+        typer.echo(f"[control {'ok' if c.ok else 'FAILED'}] {c.task_id}: {c.reason}")
+    counts = {
+        s: sum(f.status == s for f in report.findings)
+        for s in ("contained", "exploited", "not applicable", "error")
+    }
+    typer.echo(
+        f"{env_id} ({backend}): {counts['exploited']} exploited, {counts['contained']} contained, "
+        f"{counts['not applicable']} not applicable, {counts['error']} could not run; "
+        f"controls {'ok' if all(c.ok for c in report.controls) else 'FAILED'} ({report.seconds:.0f}s)"
+    )
+    if json_path:
+        Path(json_path).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    sys.exit(0 if report.ok else 1)
 
 
 @tasks_synth_app.command("python-repair")

@@ -1,20 +1,23 @@
-"""python-repair-v0: reset and verification latency, against a bare `docker run` of the same test command.
+"""python-repair-v0: reset and verification latency, the hardened verifier against the one before it, and a bare `docker run`.
 
     .venv/bin/python benchmarks/python_repair.py                  # 12 cached tasks, all packages
-    .venv/bin/python benchmarks/python_repair.py --tasks 4 --packages inflection
+    .venv/bin/python benchmarks/python_repair.py --tasks 4 --packages inflection --repeats 3
 
 Prints ONE JSON object on stdout (progress on stderr). For each task, in the same run:
 
-- `reset_s`: `env.reset()` (warm pool sandbox, staging the package from the image, writing the
-  mutant module);
-- `verify_s`: the `hidden-tests` verifier after the oracle's fix (kill the agent's processes,
-  copy the tests in, the hardened pytest run, the JUnit report read back);
-- `episode_s`: the oracle's whole episode, reset to verdict;
+- `reset_s`: `env.reset()` (warm pool sandbox, staging the package with the mutant in place);
+- `verify_s` (after) and `verify_before_s` (before): the `hidden-tests` verifier on the same
+  sandbox, after the oracle's fix and again on the untouched mutant, `--repeats` times each,
+  the two verifiers interleaved in alternating order. "after" is this tree's verifier (pytest
+  as the verifier identity, results streamed and checked, guard and audit hook); "before" is
+  `verifiers/hidden_tests.py` as it was at `--baseline-ref` (default: the commit the hardening
+  started from), loaded from git into a temporary module: pytest as root, a JUnit report read
+  back from /verifier. Both kill the agent's processes, copy the tests in, run pytest and
+  read the result, so they are compared whole;
 - `bare_docker_run_s`: `docker run --rm` (docker SDK `containers.run`) of the package's image
   with the fixed source and the tests bind-mounted read-only, running the same pytest over the
   same tests: the floor a verification could cost without our sandbox or hardening;
-- `bare_pytest_s`: the time pytest itself took inside that bare container (its own clock),
-  i.e. the suite's cost with no container start at all.
+- `bare_pytest_s`: the time pytest itself took inside that bare container (its own clock).
 
 Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair` first).
 """
@@ -22,19 +25,24 @@ Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair` fir
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents import run_episode
 from agentrl.envs.python_repair.env import PythonRepairEnv
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES, get_spec, source_dir, tests_dir
 from agentrl.envs.python_repair.synth import cached_tasks
 from agentrl.task import Task
+from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
+
+# The commit the verifier hardening (issue 14) started from: its hidden_tests.py is "before".
+BASELINE_REF = "3c7fd1527ce720cf62aee2c95e4d1287fafb96d9"
 
 BARE_SCRIPT = """
 import sys, time
@@ -67,6 +75,25 @@ def pick(tasks: list[Task], n: int, packages: list[str]) -> list[Task]:
         out.extend(v[i] for v in by_pkg.values() if i < len(v) and len(out) < n)
         i += 1
     return out
+
+
+def baseline_verifier(ref: str) -> Any:
+    """The hidden-tests verifier as it was at `ref` (git show), as a module of its own."""
+    repo = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{ref}:verifiers/hidden_tests.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp(prefix="agentrl-bench-")) / "hidden_tests_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("agentrl_hidden_tests_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.HiddenTestsVerifier(mode="all", timeout_s=120.0)
 
 
 def bare_run(client: Any, task: Task) -> tuple[float, float, int]:
@@ -105,11 +132,24 @@ def bare_run(client: Any, task: Task) -> tuple[float, float, int]:
     return wall, inner, code
 
 
+def fix(env: PythonRepairEnv, task: Task) -> None:
+    """Reset, then play the oracle's edits up to (not including) its submit."""
+    agent = env.oracle(task)
+    obs, _ = env.reset(options={"task": task})
+    action = agent.act(obs)
+    while '"submit"' not in action:
+        obs, *_ = env.step(action)
+        action = agent.act(obs)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=12, help="How many cached tasks to time.")
     ap.add_argument("--packages", default=",".join(DEFAULT_PACKAGES), help="Comma-separated packages.")
     ap.add_argument("--seed", type=int, default=0, help="Synthesis seed of the cached tasks.")
+    ap.add_argument("--repeats", type=int, default=2, help="Verifications per variant, state and task.")
+    ap.add_argument("--backend", default="docker", help="Sandbox backend: docker or bwrap.")
+    ap.add_argument("--baseline-ref", default=BASELINE_REF, help="Git ref whose hidden_tests.py is 'before'.")
     args = ap.parse_args()
     import docker
 
@@ -122,39 +162,60 @@ def main() -> int:
         )
         return 2
     client = docker.from_env()
-    env = PythonRepairEnv(tasks=tasks, max_turns=4)
+    after = HiddenTestsVerifier(mode="all", timeout_s=120.0)
+    before = baseline_verifier(args.baseline_ref)
+    env = PythonRepairEnv(tasks=tasks, max_turns=4, backend=args.backend)
     reset_s: list[float] = []
-    verify_s: list[float] = []
-    episode_s: list[float] = []
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    by_state: dict[str, dict[str, list[float]]] = {
+        s: {"before": [], "after": []} for s in ("fixed", "mutant")
+    }
     bare_s: list[float] = []
     bare_inner_s: list[float] = []
     per_package: dict[str, dict[str, list[float]]] = {}
-    rewards: list[float] = []
+    rewards: dict[str, list[float]] = {
+        "before_fixed": [],
+        "after_fixed": [],
+        "before_mutant": [],
+        "after_mutant": [],
+    }
     try:
-        # One untimed episode: the pool's first sandbox of each image and imports are start-up costs.
-        run_episode(env, env.oracle(tasks[0]), options={"task": tasks[0]})
+        # Start-up costs (the pool's first sandbox of each image, imports) are not measured.
+        fix(env, tasks[0])
+        after.verify(env.sandbox, tasks[0], env.episode)
+        before.verify(env.sandbox, tasks[0], env.episode)
         for i, task in enumerate(tasks):
             pkg = task.metadata["package"]
-            t0 = time.perf_counter()
-            obs, _ = env.reset(options={"task": task})
-            reset_s.append(time.perf_counter() - t0)
-            agent = env.oracle(task)
-            while True:
-                obs, reward, terminated, truncated, info = env.step(agent.act(obs))
-                if terminated or truncated:
-                    break
-            episode_s.append(time.perf_counter() - t0)
-            verify_s.append(info["verdict"].duration_s)
-            rewards.append(reward)
+            d = per_package.setdefault(
+                pkg, {"verify_before_s": [], "verify_after_s": [], "bare_docker_run_s": []}
+            )
+            for state in ("fixed", "mutant"):
+                t0 = time.perf_counter()
+                if state == "fixed":
+                    fix(env, task)
+                else:
+                    env.reset(options={"task": task})
+                reset_s.append(time.perf_counter() - t0)
+                for rep in range(args.repeats):
+                    order = [("before", before), ("after", after)]
+                    if (i + rep) % 2:
+                        order.reverse()
+                    for name, verifier in order:
+                        t0 = time.perf_counter()
+                        verdict = verifier.verify(env.sandbox, task, env.episode)
+                        took = time.perf_counter() - t0
+                        times[name].append(took)
+                        by_state[state][name].append(took)
+                        d[f"verify_{name}_s"].append(took)
+                        rewards[f"{name}_{state}"].append(verdict.reward)
             wall, inner, code = bare_run(client, task)
             bare_s.append(wall)
             bare_inner_s.append(inner)
-            d = per_package.setdefault(pkg, {"verify_s": [], "bare_docker_run_s": []})
-            d["verify_s"].append(verify_s[-1])
             d["bare_docker_run_s"].append(wall)
             print(
-                f"[bench] {i + 1}/{len(tasks)} {pkg}: reset {reset_s[-1]:.2f}s verify {verify_s[-1]:.2f}s "
-                f"bare docker run {wall:.2f}s (pytest {inner:.2f}s, exit {code}) reward {reward}",
+                f"[bench] {i + 1}/{len(tasks)} {pkg}: verify before {statistics.median(d['verify_before_s']):.2f}s "
+                f"after {statistics.median(d['verify_after_s']):.2f}s; bare docker run {wall:.2f}s "
+                f"(pytest {inner:.2f}s, exit {code})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -162,15 +223,39 @@ def main() -> int:
         env.close()
     result = {
         "env": "agentrl/python-repair-v0",
+        "backend": args.backend,
         "tasks": len(tasks),
-        "oracle_reward_mean": statistics.fmean(rewards),
+        "repeats": args.repeats,
+        "baseline_ref": args.baseline_ref,
+        "reward_mean": {k: round(statistics.fmean(v), 3) for k, v in rewards.items()},
         "reset_s": pct(reset_s),
-        "verify_s": pct(verify_s),
-        "episode_s": pct(episode_s),
+        "verify_before_s": pct(times["before"]),
+        "verify_s": pct(times["after"]),
+        "verify_after_over_before": round(
+            statistics.median(times["after"]) / statistics.median(times["before"]), 3
+        ),
+        "by_state": {
+            s: {
+                "verify_before_s": pct(v["before"]),
+                "verify_after_s": pct(v["after"]),
+                "after_over_before": round(statistics.median(v["after"]) / statistics.median(v["before"]), 3),
+            }
+            for s, v in by_state.items()
+        },
         "bare_docker_run_s": pct(bare_s),
         "bare_pytest_s": pct(bare_inner_s),
-        "verify_over_bare_docker_run": round(statistics.median(verify_s) / statistics.median(bare_s), 3),
-        "per_package": {k: {kk: pct(vv) for kk, vv in v.items()} for k, v in sorted(per_package.items())},
+        "verify_over_bare_docker_run": round(
+            statistics.median(times["after"]) / statistics.median(bare_s), 3
+        ),
+        "per_package": {
+            k: {
+                **{kk: pct(vv) for kk, vv in v.items()},
+                "after_over_before": round(
+                    statistics.median(v["verify_after_s"]) / statistics.median(v["verify_before_s"]), 3
+                ),
+            }
+            for k, v in sorted(per_package.items())
+        },
         "docker_server": client.version().get("Version"),
     }
     print(json.dumps(result, indent=2))

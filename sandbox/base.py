@@ -4,12 +4,21 @@ A sandbox is an isolated place where an agent's tool calls run: a fresh file sys
 writable workspace, resource limits, and per-command timeouts. Everything above this layer
 (environments, tools, verifiers) talks to the `Sandbox` protocol only, never to a backend.
 
-Two users exist inside every sandbox:
+Three identities exist inside every sandbox:
 - the agent (non-root, uid 1000 where the backend can switch users): runs every `exec` by
   default and owns the workspace;
-- the verifier: `exec(..., privileged=True)` and `copy_in(..., privileged=True)` act with
-  the sandbox's own root and can write `PROTECTED_DIR`, which the agent can never write.
-  Backends that cannot switch users (bwrap) say so in their `capabilities`.
+- privileged (the sandbox's own root): `exec(..., privileged=True)` and
+  `copy_in(..., privileged=True)` can write `PROTECTED_DIR`, which the agent can never write,
+  and see what the image keeps root-only (e.g. a pristine copy of the source). Environments
+  use it to stage a task; nothing of the agent's ever runs with it;
+- the verifier identity (`exec(..., as_verifier=True)`): what runs the agent's code on the
+  verifier's behalf (the hidden tests import it). Unprivileged: it reads the workspace and
+  `PROTECTED_DIR`, writes neither (only a scratch /tmp), and sees nothing root-only. So a
+  workspace symlink into a root-only directory leads nowhere, whoever follows it: a
+  privileged helper never imports or runs what the agent wrote (no confused deputy).
+  docker: uid 2000. bwrap (one uid only): a mount view with the workspace and
+  `PROTECTED_DIR` read-only, a fresh /tmp, and the image's root-only paths masked.
+  Backends say what they support in their `capabilities`.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ DEFAULT_WORKDIR = "/workspace"
 PROTECTED_DIR = "/verifier"
 AGENT_UID = 1000
 AGENT_USER = "agent"
+# Runs the agent's code on the verifier's behalf (see the module docstring); never root.
+VERIFIER_UID = 2000
+VERIFIER_USER = "verifier"
 # `Limits.read_limit_bytes`' default: far above any source file or test report, far below what
 # would hurt the host when 32 episodes read at once.
 DEFAULT_READ_LIMIT_BYTES = 16 * 1024 * 1024
@@ -145,12 +157,17 @@ class Sandbox(Protocol):
         stdin: str | bytes | None = None,
         env: Mapping[str, str] | None = None,
         privileged: bool = False,
+        as_verifier: bool = False,
+        output_limit: int | None = None,
     ) -> ExecResult:
         """Run `cmd` (argv list, or a string run by `/bin/sh -c`) in `workdir`.
 
         Never raises for what the command does (non-zero exit, timeout, huge output); raises
         `SandboxDead` only when the sandbox itself is gone. On timeout the command's whole
-        process tree is killed.
+        process tree is killed. `as_verifier` runs it as the verifier identity (see the module
+        docstring; not together with `privileged`). `output_limit` replaces
+        `limits.output_limit_bytes` for this command only (a verifier reading its own results
+        needs a different cap than the agent's commands).
         """
         ...
 

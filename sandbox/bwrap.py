@@ -38,6 +38,20 @@ The file system
   `privileged=True` write it from the host side directly, and `exec(privileged=True)` binds it
   read-write. Files therefore show as owned by `agent` inside; the read-only bind, not
   ownership, is what keeps the agent out.
+- The image's root-only paths (`private_paths`: directories other users cannot enter, files
+  they cannot read, e.g. a task image's pristine source, /root, /etc/shadow): on docker their
+  permission bits hide them from the agent; here the one uid owns every exported file, so
+  every exec but a privileged one gets an empty read-only tmpfs (a directory) or /dev/null
+  (a file) over each, and the host-side file methods refuse them.
+- The verifier identity (`exec(as_verifier=True)`, which runs the agent's code for a
+  verifier): the same masks, the workspace and /verifier bound read-only, and a fresh /tmp of
+  its own (a directory in the /verifier tmpfs, removed after the exec).
+
+What the sandbox can read about its host: bwrap's own process is PID 1 inside, so its options
+(host paths, `--setenv` values) go through a file descriptor (`--args`), never its argv, and
+it runs with an empty environment: /proc/1/cmdline shows `bwrap --args N -- prlimit ... --
+<command>` and /proc/1/environ nothing of the host. /proc/self/mountinfo still names the
+exported root file system's host directory (as docker's shows its overlay directories).
 - /proc is a fresh procfs of the exec's pid namespace; /dev is bwrap's minimal /dev (null,
   zero, random, urandom, tty, pts) made read-only, with a 64 MiB tmpfs /dev/shm.
 
@@ -94,6 +108,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -291,6 +306,70 @@ def find_rootfs(image: str = DEFAULT_IMAGE) -> Path:
             raise
         _rootfs_memo[image] = path
         return path
+
+
+_PRIVATE_SUFFIX = ".private-paths.json"
+_private_memo: dict[str, tuple[str, ...]] = {}
+
+
+def _is_private(mode: int) -> bool:
+    """Whether a user who owns nothing in the image could read it: docker's agent and verifier
+    are "other" to every file of the image, so the other-bits decide."""
+    if stat.S_ISDIR(mode):
+        return not mode & stat.S_IXOTH
+    if stat.S_ISREG(mode):
+        return not mode & stat.S_IROTH
+    return False
+
+
+def private_paths(rootfs: Path) -> tuple[str, ...]:
+    """The image's root-only paths (absolute, as seen inside), topmost only: every directory
+    other users cannot enter and every regular file they cannot read.
+
+    On docker these are unreadable to the agent and the verifier identity (their permission
+    bits do it). bwrap has one uid, which owns every exported file, so the bits protect
+    nothing: these paths are masked instead (an empty read-only tmpfs, or /dev/null for a file)
+    in every exec but privileged ones. Computed once per root file system (a walk of the
+    tree, ~0.1 s) and kept beside it (outside it: nothing of ours shows inside) when its
+    parent directory is writable.
+    """
+    key = str(rootfs)
+    if key in _private_memo:
+        return _private_memo[key]
+    sidecar = rootfs.parent / f"{rootfs.name}{_PRIVATE_SUFFIX}"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        found = tuple(json.loads(sidecar.read_text())["private"])
+        _private_memo[key] = found
+        return found
+    out: list[str] = []
+    stack = [(rootfs, "")]
+    while stack:
+        host, inside = stack.pop()
+        try:
+            entries = list(os.scandir(host))
+        except OSError:
+            continue
+        for e in entries:
+            if e.name == _COMPLETE_MARK and not inside:
+                continue
+            path = f"{inside}/{e.name}"
+            if path in ("/proc", "/dev", "/sys"):
+                continue  # bwrap mounts its own
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if _is_private(st.st_mode):
+                out.append(path)
+            elif stat.S_ISDIR(st.st_mode):
+                stack.append((Path(e.path), path))
+    found = tuple(sorted(out))
+    _private_memo[key] = found
+    with contextlib.suppress(OSError):
+        tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"private": list(found)}) + "\n")
+        os.replace(tmp, sidecar)
+    return found
 
 
 # --------------------------------------------------------------------------------------
@@ -518,8 +597,11 @@ class BwrapSandbox:
     """A bubblewrap sandbox: one fresh bwrap (own namespaces) per exec over persistent dirs."""
 
     backend = "bwrap"
-    # File system, network and process isolation; no separate verifier user (see docstring).
-    capabilities: frozenset[str] = frozenset({"fs_isolation", "net_isolation", "pid_isolation"})
+    # File system, network and process isolation; no separate verifier user, but a verifier
+    # identity by mount view (see the module docstring).
+    capabilities: frozenset[str] = frozenset(
+        {"fs_isolation", "net_isolation", "pid_isolation", "verifier_identity"}
+    )
 
     def __init__(
         self,
@@ -542,6 +624,7 @@ class BwrapSandbox:
         self.id = f"bwrap-{uuid.uuid4().hex[:12]}"
         self._bwrap = bwrap_binary()
         self.rootfs = find_rootfs(image)
+        self._private = private_paths(self.rootfs)
         self._prlimit = next((f"/{p}" for p in _PRLIMIT_PATHS if (self.rootfs / p).exists()), None)
         if self._prlimit is None:
             raise SandboxError(
@@ -594,6 +677,8 @@ class BwrapSandbox:
                 Mount(PROTECTED_DIR, self.host_protected, agent_writable=False, privileged_writable=True),
                 Mount("/proc", None, agent_writable=False, privileged_writable=False),
                 Mount("/dev", None, agent_writable=False, privileged_writable=False),
+                # Masked in every exec but privileged ones: the host side must not read them either.
+                *(Mount(p, None, agent_writable=False, privileged_writable=False) for p in self._private),
             ],
             workdir,
         )
@@ -650,9 +735,12 @@ class BwrapSandbox:
 
     # -- commands -------------------------------------------------------------------------
 
-    def _argv(self, argv: list[str], env: Mapping[str, str], privileged: bool) -> list[str]:
+    def _options(self, env: Mapping[str, str], identity: str, scratch: Path | None) -> list[str]:
+        """bwrap's options for one exec. They reach bwrap through a file descriptor
+        (`--args`), never its argv: bwrap's own process is PID 1 inside the sandbox, and its
+        command line (host paths, environment values) is readable at /proc/1/cmdline."""
         lim = self.limits
-        args = [self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+        args = ["--unshare-all", "--unshare-user", "--disable-userns"]
         if lim.network:
             args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
         args += [
@@ -663,20 +751,49 @@ class BwrapSandbox:
             "--gid", str(AGENT_UID),
             "--hostname", "agentrl",
             "--ro-bind", str(self.rootfs), "/",
+        ]  # fmt: skip
+        if identity != "privileged":
+            # The image's root-only paths (a pristine source, /root, /etc/shadow): on docker
+            # their permission bits hide them from the agent and the verifier identity; here
+            # the one uid owns them, so they are covered. Only privileged execs see them.
+            for path in self._private:
+                if (self.rootfs / path.lstrip("/")).is_dir():
+                    args += ["--tmpfs", path, "--remount-ro", path]
+                else:
+                    args += ["--ro-bind", "/dev/null", path]
+        args += [
             "--proc", "/proc",
             "--dev", "/dev",
             # bwrap's /dev is a writable tmpfs sized at half the RAM: cap /dev/shm like docker
             # (64 MiB) and make the rest read-only, or it is a memory bomb outside every rlimit.
             "--size", str(min(64, lim.disk_mb) << 20), "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev",
-            "--bind", str(self._ws_dir), self.workdir,
-            "--bind", str(self._tmp_dir), "/tmp",
-            "--bind" if privileged else "--ro-bind", str(self._prot_dir), PROTECTED_DIR,
-            "--chdir", self.workdir,
-            "--clearenv",
         ]  # fmt: skip
+        if identity == "verifier":
+            # Reads the workspace and /verifier, writes neither: its only writable place is a
+            # fresh /tmp of its own (not the agent's), inside the capped /verifier tmpfs.
+            assert scratch is not None
+            args += [
+                "--ro-bind", str(self._ws_dir), self.workdir,
+                "--bind", str(scratch), "/tmp",
+                "--ro-bind", str(self._prot_dir), PROTECTED_DIR,
+            ]  # fmt: skip
+        else:
+            args += [
+                "--bind", str(self._ws_dir), self.workdir,
+                "--bind", str(self._tmp_dir), "/tmp",
+                "--bind" if identity == "privileged" else "--ro-bind", str(self._prot_dir), PROTECTED_DIR,
+            ]  # fmt: skip
+        args += ["--chdir", self.workdir, "--clearenv"]
         for key, value in env.items():
             args += ["--setenv", key, value]
+        return args
+
+    def _argv(self, argv: list[str], options_fd: int) -> list[str]:
+        """The host command line: only `bwrap --args FD`, then the command (prlimit's limits
+        and the agent's own command are all that show inside)."""
+        lim = self.limits
+        args = [self._bwrap, "--args", str(options_fd)]
         # Limits set inside the new user namespace (see the module docstring for why).
         args += ["--", self._prlimit, f"--nproc={lim.pids}"]
         if self._cgroups is None:
@@ -702,8 +819,12 @@ class BwrapSandbox:
         stdin: str | bytes | None = None,
         env: Mapping[str, str] | None = None,
         privileged: bool = False,
+        as_verifier: bool = False,
+        output_limit: int | None = None,
     ) -> ExecResult:
         self._check_open()
+        if privileged and as_verifier:
+            raise ValueError("privileged and as_verifier are two different identities; pick one")
         timeout = self.limits.exec_timeout_s if timeout is None else timeout
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -716,8 +837,41 @@ class BwrapSandbox:
             **self.env,
             **(env or {}),
         }
-        argv = self._argv(as_argv(cmd), full_env, privileged)
+        identity = "privileged" if privileged else "verifier" if as_verifier else "agent"
+        scratch = None
+        if as_verifier:
+            # Made from the host side (the verifier's exec cannot write /verifier), in the capped tmpfs.
+            name = f".verifier-tmp-{uuid.uuid4().hex[:12]}"
+            (self.host_protected / name).mkdir(mode=0o700)
+            scratch = self._prot_dir / name
+        options = self._options(full_env, identity, scratch)
+        # A memfd, not a pipe: the options can outgrow a pipe's buffer (a large environment).
+        options_fd = os.memfd_create("agentrl-bwrap-args", 0)  # close-on-exec unless passed
+        try:
+            os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")
+            os.lseek(options_fd, 0, os.SEEK_SET)
+            argv = self._argv(as_argv(cmd), options_fd)
+            result = self._run(argv, stdin, timeout, options_fd, output_limit)
+        finally:
+            os.close(options_fd)
+            if scratch is not None:
+                shutil.rmtree(self.host_protected / scratch.name, ignore_errors=True)
+        if 128 < result.exit_code < 160 and not result.timed_out:
+            result = replace(result, exit_code=128 - result.exit_code)
+        if not self.alive():
+            raise SandboxDead(
+                f"sandbox {self.id} went away during exec (closed, or its directories were removed)"
+            )
+        return result
 
+    def _run(
+        self,
+        argv: list[str],
+        stdin: str | bytes | None,
+        timeout: float,
+        options_fd: int,
+        output_limit: int | None,
+    ) -> ExecResult:
         def on_start(proc: subprocess.Popen[bytes]) -> None:
             with self._lock:
                 self._running.add(proc)
@@ -731,15 +885,19 @@ class BwrapSandbox:
         with self._lock:  # a drain in progress (below) finishes before a new exec starts
             self._in_flight += 1
         try:
-            result = run_capped(
+            return run_capped(
                 argv,
-                cwd=None,
-                env={"PATH": os.environ.get("PATH", _PATH)},
+                # "/", so that the cgroup-joining shell's PWD (it exports one) names no host path.
+                cwd="/",
+                # Nothing of the host's environment: bwrap's own environment is readable inside
+                # at /proc/1/environ. Every program here is called by absolute path.
+                env={},
                 stdin=stdin,
                 timeout=timeout,
-                output_limit=self.limits.output_limit_bytes,
+                output_limit=self.limits.output_limit_bytes if output_limit is None else output_limit,
                 kill_tree=kill_tree,
                 on_start=on_start,
+                pass_fds=(options_fd,),
             )
         finally:
             with self._lock:
@@ -751,13 +909,6 @@ class BwrapSandbox:
                     # and the next exec would fail to start. Wait them out (killing any
                     # straggler) while no exec is in flight: the lock keeps new ones waiting.
                     self._cgroups.kill_all(wait_s=5.0)
-        if 128 < result.exit_code < 160 and not result.timed_out:
-            result = replace(result, exit_code=128 - result.exit_code)
-        if not self.alive():
-            raise SandboxDead(
-                f"sandbox {self.id} went away during exec (closed, or its directories were removed)"
-            )
-        return result
 
     def kill_agent_processes(self) -> None:
         with self._lock:

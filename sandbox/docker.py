@@ -26,6 +26,9 @@ agent can neither signal it nor take the container down by killing its own proce
 `exec` runs as the agent (uid 1000) unless `privileged=True`, which means root inside the
 container, still with no capabilities: it can write `/verifier` because it owns it, nothing
 more (it cannot write the agent's workspace, whose tmpfs root is 0755 and owned by uid 1000).
+`as_verifier=True` runs as uid 2000, which owns nothing: it reads what is world-readable (the
+workspace as the agent left it, the hidden tests), writes only /tmp, and cannot read the
+image's root-only files, whatever symlink the agent planted.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from agentrl.sandbox.base import (
     DEFAULT_IMAGE,
     DEFAULT_WORKDIR,
     PROTECTED_DIR,
+    VERIFIER_UID,
     Command,
     EngineUnavailable,
     ExecResult,
@@ -73,6 +77,9 @@ log = logging.getLogger(__name__)
 
 AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
 ROOT_USER = "0:0"
+# Neither root nor the agent: it reads the agent's (world-readable) workspace, cannot read the
+# image's root-only files, and cannot write the workspace (0755, uid 1000) or /verifier (root's).
+VERIFIER_USER = f"{VERIFIER_UID}:{VERIFIER_UID}"
 # Every exec's processes inherit this variable (value: a fresh uuid per exec); on timeout the
 # killer finds the command's whole tree by it, including children that left its session.
 EXEC_MARKER = "AGENTRL_EXEC"
@@ -296,9 +303,10 @@ class DockerSandbox:
 
     backend = "docker"
     # What this backend isolates, in the vocabulary of `agentrl.sandbox.bwrap`, plus
-    # "user_switch": privileged execs run as a different user (root) than the agent.
+    # "user_switch": privileged execs run as a different user (root) than the agent;
+    # "verifier_identity": `as_verifier` execs run unprivileged, apart from both (base.py).
     capabilities: frozenset[str] = frozenset(
-        {"fs_isolation", "net_isolation", "pid_isolation", "user_switch"}
+        {"fs_isolation", "net_isolation", "pid_isolation", "user_switch", "verifier_identity"}
     )
 
     def __init__(
@@ -424,7 +432,11 @@ class DockerSandbox:
         stdin: str | bytes | None = None,
         env: Mapping[str, str] | None = None,
         privileged: bool = False,
+        as_verifier: bool = False,
+        output_limit: int | None = None,
     ) -> ExecResult:
+        if privileged and as_verifier:
+            raise ValueError("privileged and as_verifier are two different identities; pick one")
         if isinstance(cmd, str):
             argv = ["/bin/sh", "-c", cmd]
         else:
@@ -436,11 +448,11 @@ class DockerSandbox:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
         raw = self._run(
             argv,
-            user=ROOT_USER if privileged else AGENT_USER,
+            user=ROOT_USER if privileged else VERIFIER_USER if as_verifier else AGENT_USER,
             env=env,
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             timeout=timeout,
-            cap=self.limits.output_limit_bytes,
+            cap=self.limits.output_limit_bytes if output_limit is None else output_limit,
         )
         if raw.exit_code == 128 + 9 and not raw.timed_out and self._stopped_from_outside():
             # SIGKILL can be the command's own fate (kill -9, the OOM killer) or the container's:

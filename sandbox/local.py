@@ -93,6 +93,7 @@ def run_capped(
     kill_tree: Callable[[subprocess.Popen[bytes]], None],
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
     drain_after_exit_s: float = 0.2,
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run `argv` in a new session; return its result with each stream capped at `output_limit`.
 
@@ -101,7 +102,8 @@ def run_capped(
     deadline `kill_tree(proc)` must kill everything the command started. Once the command
     itself has exited, background children still holding the pipes get `drain_after_exit_s`
     more to flush, then the pipes are closed (they are not killed: a shell does not kill its
-    background jobs either).
+    background jobs either). `pass_fds` are inherited by the child (bwrap reads its arguments
+    from one).
     """
     start = time.monotonic()
     deadline = start + timeout
@@ -115,6 +117,7 @@ def run_capped(
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(pass_fds),
         )
     except OSError as exc:
         raise SandboxError(f"could not start {argv[0]!r}: {exc}") from exc
@@ -561,7 +564,10 @@ class LocalSandbox:
         stdin: str | bytes | None = None,
         env: Mapping[str, str] | None = None,
         privileged: bool = False,
+        as_verifier: bool = False,
+        output_limit: int | None = None,
     ) -> ExecResult:
+        # One user, no isolation: `privileged` and `as_verifier` change nothing here.
         self._check_open()
         timeout = self.limits.exec_timeout_s if timeout is None else timeout
         if timeout <= 0:
@@ -589,7 +595,7 @@ class LocalSandbox:
             env=full_env,
             stdin=stdin,
             timeout=timeout,
-            output_limit=self.limits.output_limit_bytes,
+            output_limit=self.limits.output_limit_bytes if output_limit is None else output_limit,
             kill_tree=kill_tree,
         )
 

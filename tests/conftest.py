@@ -61,3 +61,15 @@ def bwrap_path() -> str:
     if path is None:
         pytest.fail("bubblewrap is not installed; run `make setup` (scripts/ensure-system.sh)", pytrace=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def toolz_repair_task(tmp_path_factory):
+    """One python-repair task on toolz (several modules, so file metadata could single one out),
+    synthesized once per session into a temporary cache (seed 0; about 15 s through docker)."""
+    from agentrl.envs.python_repair.synth import SynthConfig, synthesize
+
+    if problem := _docker_problem():
+        pytest.fail(problem, pytrace=False)
+    result = synthesize(["toolz"], 1, SynthConfig(seed=0, cache_dir=tmp_path_factory.mktemp("toolz-synth")))
+    return result.tasks[0]

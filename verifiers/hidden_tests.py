@@ -1,47 +1,84 @@
-"""The `hidden-tests` verifier: run the task's hidden pytest suite after the episode, where the agent cannot reach it.
+"""The `hidden-tests` verifier: run the task's hidden pytest suite after the episode, where the agent cannot reach it, and trust only what the agent's code cannot forge.
 
     ToolEnv(..., verifier=("hidden-tests", {"mode": "fraction", "timeout_s": 60}))
+
+The difficulty: the hidden tests import the agent's code, so that code runs inside the test
+run. Everything below follows from three rules: what runs the agent's code has no privilege
+worth stealing; the verdict is decided outside the process that runs it; and inside that
+process, tampering with the harness leaves traces the agent's code cannot erase.
 
 Order of events, after the agent's last action:
 
 1. The agent's processes are killed (`sandbox.kill_agent_processes()`): a daemon it left
    running (nohup, setsid, double fork) can neither rewrite files nor watch for the tests.
-   From here on nothing of the agent's runs except the code the tests import.
-2. The hidden tests (`task.hidden_tests`, a host file or folder) are copied into a fresh
-   directory under `/verifier` (`PROTECTED_DIR`), privileged. They exist nowhere in the
-   sandbox before this moment, and never in the workspace.
-3. pytest runs as the verifier's user with a launcher in that directory:
-   `/usr/bin/python3 -I -B runner.py` (the system interpreter by absolute path, never a
-   PATH lookup; `-I` ignores every PYTHON* variable and the user site). The launcher
-   replaces the environment with a fixed one (system PATH, HOME and TMPDIR in /verifier,
-   `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`, no PYTEST_ADDOPTS/PYTHONPATH), imports the system's
-   pytest, and only then *appends* the workspace to `sys.path`. (The variable is the
-   autoload switch of the base image's pytest 7.2, which has no `--disable-plugin-autoload` yet.)
-4. pytest gets `-c <our ini>` and `--rootdir` in /verifier (the workspace's `pytest.ini`,
-   `pyproject.toml`, `setup.cfg`, `tox.ini` are never read), `--confcutdir` at the hidden
-   tests (plus `--noconftest` when they bring no conftest of their own), `-p
-   no:cacheprovider`, and `--junitxml` into /verifier.
-5. The JUnit XML is read back from /verifier and parsed per test; stdout is only quoted in
-   `details`, never believed. The exit status must agree with the report.
+2. The hidden tests (`task.hidden_tests`, a host file or folder) are copied, privileged, into
+   a fresh directory under `/verifier` (`PROTECTED_DIR`), with our pytest.ini. They exist
+   nowhere in the sandbox before this moment, and never in the workspace.
+3. pytest runs as the sandbox's *verifier identity* (`exec(as_verifier=True)`; docker: uid
+   2000; bwrap: a mount view), never as root: it reads the workspace and the tests, writes
+   neither (a fresh /tmp only), and cannot read the image's root-only files. A workspace
+   package replaced by a symlink to the pristine source (`/opt/src/...`) leads to a
+   permission error (docker) or an empty, masked directory (bwrap): no confused deputy.
+4. The interpreter is the image's, by absolute path, isolated (`python3 -I -B -c BOOTSTRAP`).
+   The runner (`pytest_runner.py`) arrives on stdin, followed by a fresh per-run MAC key:
+   nothing of it is on disk, in an environment block or on a command line. It rebuilds the
+   environment (system PATH, HOME/TMPDIR in its scratch dir, PYTEST_DISABLE_PLUGIN_AUTOLOAD,
+   no PYTEST_ADDOPTS/PYTHONPATH), imports the system's pytest and all its plugins, snapshots
+   the harness (below), and only then *appends* the workspace to `sys.path`.
+5. pytest gets `-c <our ini>` and `--rootdir`/`--confcutdir` at the hidden tests (the
+   workspace's `pytest.ini`, `pyproject.toml`, `setup.cfg`, `tox.ini` and `conftest.py` are
+   never read), `-p no:cacheprovider`, and, when the task lists its tests as node ids
+   (FAIL_TO_PASS + PASS_TO_PASS), exactly those ids; otherwise the whole hidden suite.
+6. Results are *streamed*: the runner's reporter plugin writes one signed, numbered record per
+   event to the command's stdout, which only this verifier (the host process, which never
+   imports the agent's code) reads: `start`, collection errors, the collected node ids, each
+   test phase's outcome as it happens, `end` with pytest's exit status. No report file exists
+   anywhere the code under test could rewrite, or replace with a symlink to /dev/zero; the
+   stream is capped (`max_report_mb`) while it is read.
+7. `read_stream` checks the stream: every record well-formed, signed with this run's key and
+   in sequence; exactly one start, one collected list, one end, nothing after the end; each
+   (test, phase) reported once (the first result is the only result: a record added later,
+   by atexit or after `os._exit`, is a duplicate); every reported test in the collected list,
+   and every collected test one the task lists (a made-up test is rejected); no `tamper`
+   record; pytest's exit status equal to the process's and in agreement with the outcomes.
+   Any violation: reward 0, with the reason. Only then is the score computed.
 
-How each trick of the agent's is neutralised (tests/verifiers/test_hidden_tests.py has one
-attack each):
+Inside the test process (`pytest_runner.py` has the details):
+
+- Guard snapshot, taken before the workspace is importable: the identity of every module,
+  class and function of pytest, pluggy and their dependencies, of the runner itself, of
+  builtins and of sys's functions. Re-checked after collection (when every test module, and
+  so the agent's package, has been imported), at each test (the modules where outcomes are
+  made; the runtest hooks' implementations; the test modules' globals) and at the end. Every
+  registered plugin and hook implementation must come from pytest or the hidden tests. A
+  difference is a `tamper` record: "patch pytest's report objects at import" (attack 2 of
+  issue 14) is caught here, whichever object was patched.
+- An audit hook (`sys.addaudithook`: no code can remove it) writes a `tamper` record, or
+  fails the operation if it cannot, on: attribute writes to the guarded classes and
+  functions (including `__code__`/`__defaults__` swaps) and to the hidden tests' functions,
+  ctypes memory access, `gc.get_objects`/`get_referrers`/`get_referents`,
+  `sys._current_frames`, `sys.settrace`/`setprofile`, opening `/proc/*/mem`, a second code
+  object compiled under a hidden test's file name, a function made from a test's code.
+- Workspace imports are source-only: workspace directories get a finder whose only loader
+  compiles the `.py` source every time. A planted `__pycache__/*.pyc` whose header matches
+  the source (attack 4), an unchecked hash-based `.pyc`, a sourceless `.pyc` or an extension
+  module (`.so`) in the workspace is never loaded. (`-B` only stops writing bytecode.)
+
+How the older tricks are neutralised (tests/verifiers/test_hidden_tests.py has one attack each):
 
 - `conftest.py` anywhere in the workspace or /tmp: outside the confcutdir and never collected.
 - pytest plugins: entry points in a workspace `.dist-info`/`.egg-info` are not autoloaded
   (PYTEST_DISABLE_PLUGIN_AUTOLOAD); `-p` in a workspace ini's addopts is never read.
 - `sitecustomize`/`usercustomize`/`.pth` files: executed only from site directories at
-  interpreter start; `-I` drops the user site (the agent's `~/.local`) and the workspace is a
-  plain `sys.path` entry added later, not a site directory.
+  interpreter start; `-I` drops the user site and the workspace is a plain `sys.path` entry.
 - a workspace `pytest`, `_pytest`, `unittest` (or any name the system has): shadowed by the
   system's, because the workspace is last on `sys.path` and pytest is imported before it.
-- PATH, PYTHONPATH, PYTEST_ADDOPTS set in `.bashrc`/`.profile`, a fake `python3` or
-  `pytest` in `~/bin`: no shell reads those files here, the interpreter is an absolute path
-  on the read-only root file system, and the environment is rebuilt from scratch.
-- `sys.exit()` at import of the agent's module: pytest reports a collection error: reward 0.
-  `os._exit()` or a crash: no report, reward 0.
-- a fake report printed or written in the workspace: only the file pytest wrote under
-  /verifier is read.
+- PATH, PYTHONPATH, PYTEST_ADDOPTS set in `.bashrc`/`.profile`, a fake `python3` or `pytest`:
+  no shell reads those files, the interpreter is an absolute path on the read-only root, and
+  the environment is rebuilt from scratch.
+- `sys.exit()` at import: a collection error, reward 0. `os._exit()` or a crash: no `end`
+  record, reward 0. An `atexit` hook that writes results: records after `end`, reward 0.
+- a fake report or fake results printed anywhere: only the signed stream counts.
 
 Reward: `mode="all"` (default) gives 1 only when every considered test passed; `"fraction"`
 gives the fraction that passed. Skipped and xfailed tests count as not passed (the agent's
@@ -52,40 +89,54 @@ code could call `pytest.skip`). Which tests are considered:
   work too; a JSON-encoded list, as in the SWE-bench datasets, is accepted). Entries are
   pytest node ids relative to the hidden-tests root (`test_lib.py::test_add`,
   `test_lib.py::TestX::test_y[2]`), or a bare test name (`test_add`) that stands for every
-  test of that name, parametrized variants included. A listed test absent from the report
-  counts as failed. Tests not listed are run but do not count.
-- Otherwise every test in the report (at least one must have run).
+  test of that name, parametrized variants included. A listed test absent from the results
+  counts as failed. With node ids only, exactly the listed tests run; with a bare name, the
+  whole suite runs and unlisted tests do not count.
+- Otherwise every test the suite collects (at least one must run).
 
-A timeout, a collection error, a pytest crash (no report, an internal error, a signal) or a
-report that contradicts pytest's exit status gives reward 0 with the reason in `details`.
+A timeout, a collection error, a pytest crash or an exit status that disagrees with the
+results gives reward 0 with the reason in `details`.
 
-Known limits:
+Known limits (honest ones):
 
-- The code under test runs inside the pytest process, so it can still tamper with pytest in
-  memory (patch its report objects at import time) or write the report file itself. Every
-  in-process test harness shares this (SWE-bench's included); closing it would need the
-  tests to call the agent's code across a process boundary. The exit-status check catches
-  the cheap version (a report rewritten at exit).
-- Hidden tests run with /verifier as the working directory; a test that needs the
-  workspace finds it in the `AGENTRL_WORKSPACE` environment variable (or imports from it).
-  A module of the agent's that has the name of a standard or system module is not
-  importable by the tests: pick task module names that do not collide.
-- docker: pytest runs as the container's root without capabilities. It cannot write the
-  agent's workspace (owned by uid 1000), so the tests see the state the agent left, frozen.
-- bwrap: there is only one user. The tests are copied on the host side into the sandbox's
-  /verifier directory, which agent commands see read-only (and nothing of the agent's
-  outlives its own command there, so there is nothing to kill). The privileged pytest run
-  binds /verifier read-write and runs as the same uid as the agent, so the agent's imported
-  code could write there, and to the workspace, while the tests run. Everything else above
-  holds.
-- local: no /verifier inside commands, so this verifier refuses to run (reward 0, reason).
+- The code under test still runs inside the pytest process; no in-process harness can be
+  made unforgeable. The guard, the audit hook and the stream rules make forging require
+  targeting this harness specifically: reaching its live objects without an audited call
+  (frames are reachable through `sys._getframe`/`f_back`, which pytest and logging use too,
+  so they are not flagged), then changing *instance* state (a pluggy hook caller's list, a
+  report object in flight, our reporter's attributes) that no snapshot covers, or signing
+  forged records with the reporter's own emitter (the key itself is only in OpenSSL's
+  state, but the emitter that holds it is a Python object). Closing this needs the tests to
+  call the agent's code across a process boundary, which pytest does not do. The audited
+  events and the snapshot are tuned on pytest 7-9 and these suites; a test suite that
+  itself uses ctypes memory access, `gc.get_referrers` or `sys.settrace` (doctest's is
+  allowed) scores 0 here.
+- Until pytest's session starts, pytest configures itself (its legacypath plugin adds
+  properties to its own classes): a change to the harness whose new value is itself harness
+  code is taken into the snapshot then. Code of the agent's that runs that early (a hidden
+  conftest that imports the package) could swap pytest's functions among themselves unseen;
+  anything else it changes is caught.
+- The image's interpreter must be Python 3.8 or newer (audit hooks).
+- A workspace package that needs compiled extensions cannot load them from the workspace
+  (source only): install them in the image.
+- The verifier identity must be able to read the workspace: on docker, files the agent made
+  unreadable to others (chmod 600) fail to import, which scores 0. It can write only what
+  the agent made world-writable there (bwrap: nothing).
+- Hidden tests run with a scratch directory as the working directory; a test that needs the
+  workspace finds it in the `AGENTRL_WORKSPACE` environment variable (or imports from it). A
+  module of the agent's that has the name of a standard or system module is not importable
+  by the tests: pick task module names that do not collide.
+- local: no /verifier and no isolation, so this verifier refuses to run (reward 0, reason).
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import hmac
 import json
 import re
-import shlex
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -95,7 +146,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from agentrl.episode import Episode
-from agentrl.sandbox.base import PROTECTED_DIR, Sandbox
+from agentrl.sandbox.base import PROTECTED_DIR, ExecResult, Sandbox
 from agentrl.task import Task
 from agentrl.verifiers.base import Verdict
 
@@ -104,39 +155,16 @@ _SEVERITY: dict[str, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-REPORT_NAME = "junit.xml"
 _DETAILS_LIMIT = 3000
 
-# Runs inside the sandbox as `python3 -I -B runner.py config.json`. Kept tiny and free of
-# imports beyond the standard library until pytest itself.
-RUNNER = r'''"""agentrl hidden-tests launcher: a clean environment, the system pytest, the workspace last."""
-import json
-import os
-import sys
-
-with open(sys.argv[1]) as f:
-    cfg = json.load(f)
-# Rebuild the environment: nothing the agent set (shell rc files cannot reach a docker exec,
-# but other backends inherit more) gets to pytest or to processes the tests start. AGENTRL_*
-# are the sandbox's own bookkeeping: the docker backend finds a timed-out command by one.
-keep = {k: v for k, v in os.environ.items() if k.startswith("AGENTRL_")}
-os.environ.clear()
-os.environ.update(keep)
-os.environ.update(cfg["env"])
-for name in ("home", "tmp"):
-    os.makedirs(os.path.join(cfg["run_dir"], name), mode=0o700, exist_ok=True)
-os.chdir(cfg["run_dir"])
-import pytest  # the system's: the workspace is not on sys.path yet
-
-# Appended, not prepended: the standard library and the system's site-packages win every
-# name, so a workspace `pytest`, `_pytest` or `unittest` never takes over. A plain path entry,
-# not a site directory: .pth files and sitecustomize/usercustomize in it are never executed.
-sys.path.extend(cfg["import_paths"])
-sys.exit(int(pytest.main(cfg["args"])))
-'''
+# The runner's text, sent on stdin (never imported here: it runs the agent's code).
+RUNNER_SOURCE = Path(__file__).with_name("pytest_runner.py").read_text()
+_KEY_BYTES = 32
+# Reads the program from stdin, runs it; the program then reads the key that follows it.
+BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read({n}),'<agentrl-hidden-tests>','exec'))"
 
 # Our ini file: its presence (given with -c) means no ini file of the workspace is ever read.
-INI = "[pytest]\n# xunit1 keeps each test's file in the report, so node ids can be rebuilt exactly.\njunit_family = xunit1\n"
+INI = "[pytest]\n"
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -144,7 +172,7 @@ INI = "[pytest]\n# xunit1 keeps each test's file in the report, so node ids can 
 
 @dataclass(frozen=True)
 class CaseResult:
-    """One entry of the JUnit report: a test, or a module that failed to collect."""
+    """One test's outcome, or a module that failed to collect."""
 
     nodeid: str
     outcome: Outcome
@@ -153,7 +181,7 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class Report:
-    """Per-test outcomes from pytest's JUnit XML (worst outcome when a node id repeats)."""
+    """Per-test outcomes (from the result stream, or from a JUnit XML report with `parse_junit`)."""
 
     tests: dict[str, CaseResult] = field(default_factory=dict)
     collection_errors: list[CaseResult] = field(default_factory=list)
@@ -206,6 +234,170 @@ def parse_junit(xml: bytes) -> Report:
         if prev is None or _SEVERITY[outcome] > _SEVERITY[prev.outcome]:
             tests[result.nodeid] = result
     return Report(tests, collection_errors)
+
+
+# --- the result stream ---------------------------------------------------------------------
+
+RECORD_KINDS: dict[str, tuple[type, ...]] = {
+    "start": (int,),
+    "runner_error": (str,),
+    "collect_error": (str, str),
+    "collected": (list,),
+    "report": (str, str, str, str),
+    "tamper": (str,),
+    "internal_error": (str,),
+    "end": (int,),
+}
+_PHASES = ("setup", "call", "teardown")
+_REPORT_OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
+_TRUNCATED = re.compile(r"\n\[agentrl: output truncated, \d+ bytes dropped\]\Z")
+
+
+def sign(key: bytes, body: str) -> str:
+    """The MAC of one record's body (what the runner writes before it), 32 hex digits."""
+    return hmac.new(key, body.encode("utf-8", "backslashreplace"), hashlib.sha256).hexdigest()[:32]
+
+
+@dataclass
+class Stream:
+    """What the runner's result stream says, after every check on it (see `read_stream`)."""
+
+    started: bool = False
+    tampered: list[str] = field(default_factory=list)
+    """Why the stream cannot be trusted; non-empty means reward 0."""
+    collected: list[str] | None = None
+    outcomes: dict[str, CaseResult] = field(default_factory=dict)
+    """Per test, the worst outcome of its phases (setup/teardown failures are errors)."""
+    collect_errors: list[CaseResult] = field(default_factory=list)
+    internal_errors: list[str] = field(default_factory=list)
+    runner_errors: list[str] = field(default_factory=list)
+    end: int | None = None
+    cut: bool = False
+    """The stream hit its size cap (`max_report_mb`)."""
+
+    def report(self) -> Report:
+        return Report(dict(self.outcomes), list(self.collect_errors))
+
+
+def covered(nodeid: str, listed: set[str]) -> bool:
+    """Whether a collected node id is one of the listed tests (a listed function id covers its
+    parametrized variants)."""
+    return nodeid in listed or nodeid.split("[", 1)[0] in listed
+
+
+def read_stream(text: str, key: bytes, *, expected: list[str] | None = None) -> Stream:
+    """Parse and check the runner's result stream (the rules are the module docstring's step 7).
+
+    `expected`: when the run was given exactly these node ids, every collected test must be
+    one of them. Pure: no sandbox, so the rules are unit-tested on hand-made streams.
+    """
+    out = Stream()
+    if _TRUNCATED.search(text):
+        out.cut = True
+        text = _TRUNCATED.sub("", text)
+        text = text[: text.rfind("\n") + 1]  # the line the cap cut in two is not a record
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif lines and not out.cut:
+        out.tampered.append("the last record is cut short (no newline): the process wrote part of a line")
+        lines.pop()
+    seen: set[tuple[str, str]] = set()
+    phases: dict[str, dict[str, tuple[str, str]]] = {}
+    listed = set(expected) if expected is not None else None
+
+    def bad(why: str) -> Stream:
+        out.tampered.append(why)
+        return out
+
+    for i, line in enumerate(lines):
+        mac, _, body = line.partition("\t")
+        if not hmac.compare_digest(mac.encode("ascii", "replace"), sign(key, body).encode()):
+            return bad(f"record {i} was not written by the runner (bad signature): {line[:120]!r}")
+        parts = body.split("\t")
+        if parts[0] != str(i):
+            return bad(f"record {i} is out of sequence (numbered {parts[0][:20]!r})")
+        kind = parts[1] if len(parts) > 1 else ""
+        types = RECORD_KINDS.get(kind)
+        try:
+            fields = [ast.literal_eval(p) for p in parts[2:]]
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return bad(f"record {i} ({kind}) has a field that is not a literal")
+        if (
+            types is None
+            or len(fields) != len(types)
+            or not all(isinstance(f, t) for f, t in zip(fields, types, strict=True))
+        ):
+            return bad(f"record {i} is malformed ({kind!r} with {len(fields)} field(s))")
+        if i == 0 and kind != "start":
+            return bad(f"the stream does not open with `start` but with {kind!r}")
+        if out.end is not None:
+            return bad(f"a {kind!r} record came after `end`: something wrote results after pytest finished")
+        if kind == "start":
+            if out.started:
+                return bad("a second `start` record")
+            out.started = True
+        elif kind == "tamper":
+            out.tampered.append(fields[0])
+        elif kind == "runner_error":
+            out.runner_errors.append(fields[0])
+        elif kind == "internal_error":
+            out.internal_errors.append(fields[0])
+        elif kind == "collect_error":
+            if out.collected is not None:
+                return bad("a collection error was reported after collection had finished")
+            out.collect_errors.append(CaseResult(fields[0], "error", fields[1]))
+        elif kind == "collected":
+            if out.collected is not None:
+                return bad("a second list of collected tests")
+            ids = fields[0]
+            if not all(isinstance(x, str) for x in ids) or len(set(ids)) != len(ids):
+                return bad("the collected tests are not a list of distinct node ids")
+            if listed is not None:
+                foreign = [x for x in ids if not covered(x, listed)]
+                if foreign:
+                    return bad(f"tests the task does not list were collected (made up?): {foreign[:3]}")
+            out.collected = ids
+        elif kind == "report":
+            nodeid, when, outcome, message = fields
+            if out.collected is None:
+                return bad(f"a result for {nodeid} came before the tests were collected")
+            if nodeid not in set(out.collected):
+                return bad(f"a result for a test that was never collected (made up): {nodeid}")
+            if when not in _PHASES or outcome not in _REPORT_OUTCOMES:
+                return bad(f"a result with an unknown phase or outcome: {when!r} {outcome!r}")
+            if (nodeid, when) in seen:
+                return bad(f"a second result for {nodeid} ({when}): the first one stands, so this is forged")
+            seen.add((nodeid, when))
+            phases.setdefault(nodeid, {})[when] = (outcome, message)
+        elif kind == "end":
+            out.end = fields[0]
+    for nodeid, by_phase in phases.items():
+        out.outcomes[nodeid] = _merge(nodeid, by_phase)
+    return out
+
+
+def _merge(nodeid: str, by_phase: dict[str, tuple[str, str]]) -> CaseResult:
+    """One test's outcome from its phases, as pytest's JUnit report counts it: a failed setup
+    or teardown is an error, a failed call a failure, xfailed is skipped, xpassed is passed."""
+    outcome: Outcome = "passed"
+    message = ""
+    for when in _PHASES:
+        if when not in by_phase:
+            continue
+        raw, msg = by_phase[when]
+        kind: Outcome = {
+            "passed": "passed",
+            "xpassed": "passed",
+            "skipped": "skipped",
+            "xfailed": "skipped",
+            "failed": "failed" if when == "call" else "error",
+        }[raw]  # type: ignore[assignment]
+        if _SEVERITY[kind] > _SEVERITY[outcome]:
+            outcome, message = kind, msg
+    if "call" not in by_phase and outcome == "passed":
+        outcome, message = "error", "the test never ran its call phase"
+    return CaseResult(nodeid, outcome, message)
 
 
 # --- the score -----------------------------------------------------------------------------
@@ -295,6 +487,185 @@ _EXIT_MEANING = {
 }
 
 
+# --- running the hidden tests in a sandbox -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstalledTests:
+    """Hidden tests copied under /verifier (with our ini), ready to run any number of times."""
+
+    run_dir: str
+    tests_dir: str
+    target: str
+    has_conftest: bool
+
+
+def install_tests(sandbox: Sandbox, hidden: Path, run_dir: str | None = None) -> InstalledTests:
+    """Copy the hidden tests (a host file or folder) and our ini into a fresh directory under
+    /verifier, privileged, readable by the verifier identity and writable by nobody else."""
+    run_dir = run_dir or f"{PROTECTED_DIR}/hidden-tests-{uuid.uuid4().hex[:12]}"
+    tests_dir = f"{run_dir}/tests"
+    with tempfile.TemporaryDirectory(prefix="agentrl-hidden-tests-") as stage:
+        Path(stage, "pytest.ini").write_text(INI)
+        staged = Path(stage, "tests")
+        if hidden.is_file():
+            staged.mkdir()
+            shutil.copy2(hidden, staged / hidden.name)
+        else:
+            shutil.copytree(hidden, staged, symlinks=True)
+        # Readable by the verifier identity (not root on docker); the modes travel with the copy.
+        for path in [Path(stage), *Path(stage).rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        sandbox.copy_in(stage, run_dir, privileged=True)
+    target = f"{tests_dir}/{hidden.name}" if hidden.is_file() else tests_dir
+    return InstalledTests(run_dir, tests_dir, target, hidden.is_dir() and any(hidden.rglob("conftest.py")))
+
+
+@dataclass(frozen=True)
+class HiddenTestsRun:
+    """One run of the hidden tests: the checked stream and the command's own result."""
+
+    stream: Stream
+    result: ExecResult
+    output: str
+    """The tail of pytest's own output (stderr), for the reasons in verdicts."""
+    ids: list[str] | None
+    """The node ids the run was limited to (None: the whole suite)."""
+
+    def report(self) -> Report | None:
+        """The per-test outcomes when the run finished cleanly and untampered, else None."""
+        s = self.stream
+        if self.result.timed_out or s.cut or s.tampered or s.end is None or s.end != self.result.exit_code:
+            return None
+        return s.report()
+
+
+def run_tests(
+    sandbox: Sandbox,
+    tests: InstalledTests,
+    *,
+    ids: list[str] | None = None,
+    timeout_s: float = 120.0,
+    pytest_args: list[str] | tuple[str, ...] = (),
+    python: str = SYSTEM_PYTHON,
+    max_report_mb: float = 16.0,
+    message_chars: int = 1000,
+) -> HiddenTestsRun:
+    """Run the installed hidden tests over the workspace as the verifier identity; see the module docstring.
+
+    `ids`: run exactly these node ids (relative to the tests' root); None runs the whole suite.
+    """
+    scratch = f"/tmp/agentrl-verify-{uuid.uuid4().hex}"
+    args = [
+        "-c", f"{tests.run_dir}/pytest.ini",
+        f"--rootdir={tests.tests_dir}",
+        f"--confcutdir={tests.tests_dir}",
+        *([] if tests.has_conftest else ["--noconftest"]),
+        "-p", "no:cacheprovider",
+        f"--basetemp={scratch}/basetemp",
+        "--color=no",
+        "--code-highlight=no",
+        "-q",
+        *pytest_args,
+        *([f"{tests.tests_dir}/{i}" for i in ids] if ids else [tests.target]),
+    ]  # fmt: skip
+    config = {
+        "scratch": scratch,
+        "tests_dir": tests.tests_dir,
+        "import_paths": [sandbox.workdir],
+        "args": args,
+        "message_chars": message_chars,
+        "env": {
+            "PATH": SYSTEM_PATH,
+            "HOME": f"{scratch}/home",
+            "TMPDIR": f"{scratch}/tmp",
+            "USER": "verifier",
+            "LOGNAME": "verifier",
+            "LANG": "C.UTF-8",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "AGENTRL_WORKSPACE": sandbox.workdir,
+        },
+    }
+    key = secrets.token_bytes(_KEY_BYTES)
+    program = f"CONFIG = {config!r}\n{RUNNER_SOURCE}".encode()
+    argv = [python, "-I", "-B", "-c", BOOTSTRAP.format(n=len(program))]
+    res = sandbox.exec(
+        argv,
+        stdin=program + key.hex().encode(),
+        timeout=timeout_s,
+        as_verifier=True,
+        output_limit=int(max_report_mb * 2**20),
+    )
+    stream = read_stream(res.stdout, key, expected=ids)
+    return HiddenTestsRun(stream, res, _tail(res.stderr), ids)
+
+
+def node_ids_to_run(fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str] | None:
+    """The listed tests as pytest arguments when every entry is a node id; None otherwise."""
+    listed = list(dict.fromkeys([*fail_to_pass, *pass_to_pass]))
+    return listed if listed and all("::" in e for e in listed) else None
+
+
+def judge(
+    run: HiddenTestsRun,
+    *,
+    mode: Literal["all", "fraction"] = "all",
+    fail_to_pass: list[str] | None = None,
+    pass_to_pass: list[str] | None = None,
+    timeout_s: float = 0.0,
+    max_report_mb: float = 0.0,
+) -> Verdict:
+    """The verdict of one run: every check of the module docstring's step 7, then the score."""
+    s, res = run.stream, run.result
+
+    def zero(reason: str) -> Verdict:
+        return Verdict(
+            0.0, False, _clip(f"{reason}; pytest's output: {run.output}" if run.output else reason)
+        )
+
+    if res.timed_out:
+        return zero(f"hidden tests timed out after {timeout_s:g}s and were killed")
+    if s.cut:
+        return zero(
+            f"the result stream is over max_report_mb={max_report_mb:g}: the code under test wrote or "
+            "raised something huge into it; it was cut there and not trusted"
+        )
+    if s.tampered:
+        return zero(
+            "the hidden-test run was tampered with: " + "; ".join(_first_line(t) for t in s.tampered[:4])
+        )
+    if not s.started:
+        return zero(f"the hidden-test runner never started ({_describe_exit(res.exit_code)})")
+    if s.runner_errors:
+        return zero(f"the hidden-test runner failed before pytest ran: {s.runner_errors[0]}")
+    if s.collect_errors:
+        errors = "; ".join(f"{e.nodeid}: {_tail(e.message, 600)}" for e in s.collect_errors[:3])
+        return Verdict(0.0, False, _clip(f"collection error in the hidden tests: {errors}"))
+    if s.internal_errors:
+        return zero(f"pytest hit an internal error: {_tail(s.internal_errors[0], 600)}")
+    if s.end is None:
+        return zero(
+            f"pytest never finished: the process ended ({_describe_exit(res.exit_code)}) before reporting "
+            "its end; os._exit, a crash or a kill in the code under test?"
+        )
+    if s.end != res.exit_code:
+        return zero(
+            f"the process's exit status {res.exit_code} contradicts pytest's exit status {s.end}: "
+            "the code under test exited on its own after pytest finished"
+        )
+    if s.end not in (0, 1):
+        return zero(_EXIT_MEANING.get(s.end, f"pytest died ({_describe_exit(s.end)})"))
+    report = s.report()
+    failing = report.count("failed") + report.count("error")
+    if (s.end == 0) != (failing == 0):
+        return zero(
+            f"the results ({failing} of {len(report.tests)} tests failed) contradict pytest's exit status {s.end}"
+        )
+    reward, passed, summary = score(report, mode=mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass)
+    return Verdict(reward, passed, _clip(summary))
+
+
 # --- the verifier --------------------------------------------------------------------------
 
 
@@ -315,7 +686,7 @@ class HiddenTestsVerifier:
     python: str = SYSTEM_PYTHON
     """The image's system interpreter, by absolute path (never looked up on PATH)."""
     max_report_mb: float = 16.0
-    """A larger JUnit report is not read (reward 0): the code under test can make it huge."""
+    """Cap on the result stream (and on pytest's output) read back from the run; past it, reward 0."""
     name: str = "hidden-tests"
     needs_sandbox: ClassVar[bool] = True
 
@@ -329,6 +700,8 @@ class HiddenTestsVerifier:
                 f"python must be an absolute path on the image's read-only root file system "
                 f"(e.g. {SYSTEM_PYTHON}), got {self.python!r}: a PATH lookup could find the agent's"
             )
+        if self.max_report_mb <= 0:
+            raise ValueError(f"max_report_mb must be positive, got {self.max_report_mb}")
         self.fail_to_pass = _as_list(self.fail_to_pass, "fail_to_pass")
         self.pass_to_pass = _as_list(self.pass_to_pass, "pass_to_pass")
 
@@ -371,100 +744,27 @@ class HiddenTestsVerifier:
 
         # 1. Nothing of the agent's may run from here on, before anything of ours exists.
         sandbox.kill_agent_processes()
-
-        # 2. A fresh directory only the verifier can write, holding the launcher and the tests.
-        run_dir = f"{PROTECTED_DIR}/hidden-tests-{uuid.uuid4().hex[:12]}"
-        tests_dir = f"{run_dir}/tests"
-        report_path = f"{run_dir}/{REPORT_NAME}"
-        target = f"{tests_dir}/{hidden.name}" if hidden.is_file() else tests_dir
-        has_conftest = hidden.is_dir() and any(hidden.rglob("conftest.py"))
-        args = [
-            "-c", f"{run_dir}/pytest.ini",
-            f"--rootdir={tests_dir}",
-            f"--confcutdir={tests_dir}",
-            *([] if has_conftest else ["--noconftest"]),
-            "-p", "no:cacheprovider",
-            f"--junitxml={report_path}",
-            f"--basetemp={run_dir}/basetemp",
-            "--color=no",
-            "--code-highlight=no",
-            "-q",
-            *self.pytest_args,
-            target,
-        ]  # fmt: skip
-        config = {
-            "run_dir": run_dir,
-            "import_paths": [sandbox.workdir],
-            "args": args,
-            "env": {
-                "PATH": SYSTEM_PATH,
-                "HOME": f"{run_dir}/home",
-                "TMPDIR": f"{run_dir}/tmp",
-                "LANG": "C.UTF-8",
-                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                "AGENTRL_WORKSPACE": sandbox.workdir,
-            },
-        }
-        with tempfile.TemporaryDirectory(prefix="agentrl-hidden-tests-") as stage:
-            # mkdtemp's 0700 travels with the copy: the run directory is closed to other users.
-            Path(stage, "runner.py").write_text(RUNNER)
-            Path(stage, "pytest.ini").write_text(INI)
-            Path(stage, "config.json").write_text(json.dumps(config))
-            # Staged with the launcher so that one copy (one transfer into the sandbox) does it all.
-            staged_tests = Path(stage, "tests")
-            if hidden.is_file():
-                staged_tests.mkdir()
-                shutil.copy2(hidden, staged_tests / hidden.name)
-            else:
-                shutil.copytree(hidden, staged_tests, symlinks=True)
-            sandbox.copy_in(stage, run_dir, privileged=True)
-
-        # 3. pytest, from /verifier, with the system interpreter in isolated mode.
-        argv = [self.python, "-I", "-B", f"{run_dir}/runner.py", f"{run_dir}/config.json"]
-        res = sandbox.exec(argv, timeout=self.timeout_s, privileged=True)
-        output = _tail(res.stdout + ("\n" + res.stderr if res.stderr.strip() else ""))
-
-        def zero(reason: str) -> Verdict:
-            return Verdict(0.0, False, _clip(f"{reason}; pytest's output: {output}" if output else reason))
-
-        if res.timed_out:
-            return zero(f"hidden tests timed out after {self.timeout_s:g}s and were killed")
-
-        # 4. The report pytest wrote under /verifier, and nothing else, decides.
-        # Its size first: the code under test can make it huge (an exception with a 1 GB message),
-        # and reading it whole would put that in the trainer's memory.
-        size = sandbox.exec(["/usr/bin/stat", "-c", "%s", report_path], timeout=60, privileged=True)
-        if not size.ok:
-            return zero(
-                f"no JUnit report: pytest ended ({_describe_exit(res.exit_code)}) before writing one; the "
-                "process was cut short (os._exit, a crash or a kill in the code under test?); "
-                f"command: {shlex.join(argv)}"
-            )
-        if int(size.stdout.strip() or 0) > self.max_report_mb * 2**20:
-            return zero(
-                f"the JUnit report is {int(size.stdout) / 2**20:.0f} MiB, over max_report_mb={self.max_report_mb:g}: "
-                "a test printed or raised something huge"
-            )
-        xml = sandbox.read_file(report_path)
-        try:
-            report = parse_junit(xml)
-        except ValueError as exc:
-            return zero(f"{exc} (pytest {_describe_exit(res.exit_code)})")
-        if report.collection_errors:
-            errors = "; ".join(f"{e.nodeid}: {_tail(e.message, 600)}" for e in report.collection_errors[:3])
-            return Verdict(0.0, False, _clip(f"collection error in the hidden tests: {errors}"))
-        if res.exit_code not in (0, 1):
-            return zero(_EXIT_MEANING.get(res.exit_code, f"pytest died ({_describe_exit(res.exit_code)})"))
-        failing = report.count("failed") + report.count("error")
-        if (res.exit_code == 0) != (failing == 0):
-            return zero(
-                f"the report ({failing} of {len(report.tests)} tests failed) contradicts pytest's exit status "
-                f"{res.exit_code}: it was tampered with"
-            )
-        reward, passed, summary = score(
-            report, mode=self.mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass
+        # 2. The tests, in a fresh directory only the privileged side can write.
+        tests = install_tests(sandbox, hidden)
+        # 3-6. pytest as the verifier identity, results streamed back here.
+        run = run_tests(
+            sandbox,
+            tests,
+            ids=node_ids_to_run(fail_to_pass, pass_to_pass),
+            timeout_s=self.timeout_s,
+            pytest_args=self.pytest_args,
+            python=self.python,
+            max_report_mb=self.max_report_mb,
         )
-        return Verdict(reward, passed, _clip(summary))
+        # 7. The stream's checks, then the score.
+        return judge(
+            run,
+            mode=self.mode,
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=pass_to_pass,
+            timeout_s=self.timeout_s,
+            max_report_mb=self.max_report_mb,
+        )
 
 
 def _describe_exit(code: int) -> str:

@@ -2,9 +2,12 @@
 
 Used for tasks that ask the agent to *change* something (a database row, a file) rather
 than to answer. The agent's processes are killed first so nothing it left running can alter
-the state while it is read, and the command runs privileged, with a clean environment
-(no rc files, no user site, a fixed PATH), so nothing the agent wrote in its workspace (a `.sqliterc`, a
-`sitecustomize.py`) is picked up.
+the state while it is read, and the command runs with a clean environment (no rc files, no
+user site, a fixed PATH), so nothing the agent wrote in its workspace (a `.sqliterc`, a
+`sitecustomize.py`) is picked up. It runs as the sandbox's verifier identity, not as root:
+it reads what the agent left, but a workspace file the agent turned into a symlink to
+something root-only (an answer key in the image) reads as a permission error, not as the
+secret (no confused deputy).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class StateVerifier:
             )
         sandbox.kill_agent_processes()
         res = sandbox.exec(
-            ["/bin/sh", "-c", task.check_command], timeout=self.timeout_s, env=CLEAN_ENV, privileged=True
+            ["/bin/sh", "-c", task.check_command], timeout=self.timeout_s, env=CLEAN_ENV, as_verifier=True
         )
         if res.timed_out:
             return Verdict(0.0, False, f"state check timed out after {self.timeout_s:g}s")

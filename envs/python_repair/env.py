@@ -10,8 +10,11 @@ the package's test suite in and requires every FAIL_TO_PASS and PASS_TO_PASS tes
 Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair`); an empty cache
 is filled on first use with a small set (`first_use_n`), which takes a minute or two.
 
-What the sandbox does not hide: on the docker backend the pristine source in the image is
-root-only; on bwrap (one user) the agent could read it at /opt/src/<package>.
+The pristine source in the image (/opt/src/<package>) is root-only: the agent and the
+verifier's test run cannot read it (docker: permissions; bwrap: masked), so neither `diff`
+nor a workspace symlink into it gets anywhere. Every staged file has the same mtime and the
+files are created in path order, so neither timestamps nor inode numbers point at the
+mutated module.
 """
 
 from __future__ import annotations
@@ -127,18 +130,18 @@ class PythonRepairEnv(ToolEnv):
             exec_timeout_s=exec_timeout_s,
             # No bytecode caches in the workspace: a .pyc written when the agent ran the buggy
             # module is trusted by mtime (1 s resolution) and size, so a same-size fix within that
-            # second would be tested as the old code. The verifier itself runs with -B.
+            # second would run as the old code in the agent's own runs. (The verifier never loads
+            # workspace bytecode at all.)
             sandbox_env={"PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("sandbox_env", {})},
             **kwargs,
         )
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
-        # The package comes from the image (root-only copy), then the task's mutant module over it.
+        # The package comes from the image (root-only copy) with the task's mutant module in
+        # place, staged so that no file's metadata says which one was mutated.
         sb = self._acquire_sandbox(task)
         try:
-            stage_source(sb, task.metadata["source_dir"])
-            for path, content in task.files.items():
-                sb.write_file(path, content)
+            stage_source(sb, task.metadata["source_dir"], task.files)
             for cmd in task.setup:
                 res = sb.exec(["/bin/sh", "-c", cmd], timeout=max(self.exec_timeout_s, 60.0))
                 if not res.ok:

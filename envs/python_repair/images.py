@@ -3,14 +3,17 @@
 The source directory is root-only (mode 0700). The agent (uid 1000) can never read it: were it
 readable, `diff -r /opt/src/toolz /workspace/toolz` would point at the planted bug. The
 environment copies it into the workspace at reset through a root-owned staging copy (see
-`env.stage_source`). The build context is written into the cache from the unpacked sdist, so
+`stage_source`). The build context is written into the cache from the unpacked sdist, so
 `build_dockerfile`'s recipe hash covers the source itself: the image is rebuilt only when the
 pinned sdist or this recipe changes.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from agentrl.envs.python_repair.packages import PACKAGES, PackageSpec, cache_root, unpacked
@@ -85,29 +88,87 @@ def image_present(spec: PackageSpec, client=None) -> bool:
     return True
 
 
-_STAGE = "/tmp/.agentrl-pristine"
+# Every staged file and directory gets this modification (and access) time: a time that differs
+# between files would point at the one the task rewrote (attack 9 of issue 14).
+STAGED_MTIME = 1_700_000_000
+
+# Root's half (it alone reads the 0700 pristine copy): copy it to a staging directory with the
+# task's files written over it, readable by the agent.
+_STAGE_PRIVILEGED = r"""
+import json, os, shutil, sys
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst, symlinks=True)
+for rel, content in json.loads(sys.stdin.read()).items():
+    target = os.path.normpath(os.path.join(dst, rel))
+    if not target.startswith(dst + "/"):
+        sys.exit("task file outside the package: " + rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w", encoding="utf-8") as f:
+        f.write(content)
+for root, dirs, files in os.walk(dst):
+    os.chmod(root, 0o755)
+    for name in files:
+        path = os.path.join(root, name)
+        if not os.path.islink(path):
+            os.chmod(path, 0o755 if os.stat(path).st_mode & 0o111 else 0o644)
+"""
+
+# The agent's half: create the workspace tree in sorted path order, each file given the one
+# mtime as it is made, so inode numbers and change times follow the paths, never which file the
+# task rewrote. On one CPU: tmpfs hands out inode numbers in per-CPU batches.
+_STAGE_AGENT = r"""
+import os, shutil, sys
+src, dst, stamp = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+except (AttributeError, OSError):
+    pass
+rels = []
+for root, dirs, files in os.walk(src):
+    for name in dirs + files:
+        rels.append(os.path.relpath(os.path.join(root, name), src))
+made = []
+for rel in sorted(rels):
+    s, d = os.path.join(src, rel), os.path.join(dst, rel)
+    if os.path.islink(s):
+        os.symlink(os.readlink(s), d)
+        continue
+    if os.path.isdir(s):
+        os.mkdir(d, 0o755)
+        made.append(d)
+    else:
+        shutil.copyfile(s, d)
+        os.chmod(d, os.stat(s).st_mode & 0o777)
+        os.utime(d, (stamp, stamp))
+for d in sorted(made, key=lambda p: p.count("/"), reverse=True) + [dst]:
+    os.utime(d, (stamp, stamp))
+"""
 
 
-def stage_source(sandbox, source_dir: str) -> None:
-    """Copy the image's root-only pristine source into the agent's workspace.
+def stage_source(sandbox, source_dir: str, files: Mapping[str, str] | None = None) -> None:
+    """Copy the image's root-only pristine source into the agent's workspace, with `files`
+    (workspace-relative path -> text; the task's mutant) written over it.
 
     Root (privileged, no capabilities) can read its 0700 copy but cannot write the agent's
-    workspace; the agent can write the workspace but cannot read the copy. So root copies it to
-    a readable place in /tmp, the agent copies that into /workspace, and root removes it. This
-    runs at reset, before the agent has any process in the sandbox.
+    workspace; the agent can write the workspace but cannot read the copy. So root stages the
+    package (task files included) in a fresh directory in /tmp, the agent copies that into
+    /workspace, and root removes it. This runs at reset, before the agent has any process in
+    the sandbox. No file metadata points at the task's files: they are staged with the rest,
+    created in path order, and every mtime is `STAGED_MTIME`.
     """
     from agentrl.sandbox.base import SandboxError
 
+    stage = f"/tmp/.agentrl-pristine-{uuid.uuid4().hex[:12]}"
     steps = [
-        (f"rm -rf {_STAGE} && cp -r {source_dir} {_STAGE} && chmod -R a+rX {_STAGE}", True),
-        (f"cp -r {_STAGE}/. {sandbox.workdir}/", False),
-        (f"rm -rf {_STAGE}", True),
+        (["python3", "-I", "-c", _STAGE_PRIVILEGED, source_dir, stage], True, json.dumps(dict(files or {}))),
+        (["python3", "-I", "-c", _STAGE_AGENT, stage, sandbox.workdir, str(STAGED_MTIME)], False, None),
+        (["rm", "-rf", stage], True, None),
     ]
-    for cmd, privileged in steps:
-        res = sandbox.exec(["/bin/sh", "-c", cmd], timeout=120, privileged=privileged)
+    for argv, privileged, stdin in steps:
+        res = sandbox.exec(argv, timeout=120, privileged=privileged, stdin=stdin)
         if not res.ok:
             raise SandboxError(
-                f"staging the package source {source_dir} into {sandbox.workdir} failed at {cmd!r} "
+                f"staging the package source {source_dir} into {sandbox.workdir} failed at {argv[:2] + argv[3:]} "
                 f"(exit {res.exit_code}): {res.stderr.strip()[-500:]}; is the image built from this "
                 "version of agentrl (`agentrl sandbox build`)?"
             )

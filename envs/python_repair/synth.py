@@ -13,8 +13,8 @@ Per package, in one sandbox of the package's image that is reused for every muta
    at most `max_fail_fraction` of them do (a bug that breaks most of the suite is an import
    error in disguise, not a bug report); every other baseline-passing test is PASS_TO_PASS.
 
-Tests run exactly as the `hidden-tests` verifier runs them (its launcher, ini file, arguments
-and JUnit parser), so the node ids recorded here are the ones it will look up.
+Tests run exactly as the `hidden-tests` verifier runs them (its runner, ini file, arguments
+and result stream), so the node ids recorded here are the ones it will look up.
 
 Everything is deterministic from the seed and cached as an append-only trial log per package
 (`<cache>/synth/<package>-<version>-seed<S>-v<N>.jsonl`): a later call with a larger `n`
@@ -30,7 +30,6 @@ import math
 import random
 import re
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -49,9 +48,9 @@ from agentrl.envs.python_repair.packages import (
     tests_dir,
     unpacked,
 )
-from agentrl.sandbox.base import DEFAULT_WORKDIR, PROTECTED_DIR, Limits, Sandbox, open_sandbox
+from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, open_sandbox
 from agentrl.task import Split, Task
-from agentrl.verifiers.hidden_tests import INI, RUNNER, SYSTEM_PATH, SYSTEM_PYTHON, Report, parse_junit
+from agentrl.verifiers.hidden_tests import Report, install_tests, run_tests
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
 SYNTH_VERSION = 2
@@ -152,63 +151,17 @@ class SuiteRunner:
         )
         try:
             stage_source(self.sandbox, spec.source_dir_in_image)
-            self._install_tests()
+            # The same installation, runner and arguments as the hidden-tests verifier: the
+            # node ids recorded here are the ones it will look up.
+            self.tests = install_tests(self.sandbox, tests_dir(spec), self.RUN_DIR)
         except BaseException:
             self.sandbox.close()
             raise
 
-    def _install_tests(self) -> None:
-        tests = f"{self.RUN_DIR}/tests"
-        self.report_path = f"{self.RUN_DIR}/junit.xml"
-        has_conftest = any(tests_dir(self.spec).rglob("conftest.py"))
-        # The same launcher, ini and arguments as the hidden-tests verifier: identical node ids.
-        args = [
-            "-c", f"{self.RUN_DIR}/pytest.ini",
-            f"--rootdir={tests}",
-            f"--confcutdir={tests}",
-            *([] if has_conftest else ["--noconftest"]),
-            "-p", "no:cacheprovider",
-            f"--junitxml={self.report_path}",
-            f"--basetemp={self.RUN_DIR}/basetemp",
-            "--color=no",
-            "--code-highlight=no",
-            "-q",
-            tests,
-        ]  # fmt: skip
-        config = {
-            "run_dir": self.RUN_DIR,
-            "import_paths": [DEFAULT_WORKDIR],
-            "args": args,
-            "env": {
-                "PATH": SYSTEM_PATH,
-                "HOME": f"{self.RUN_DIR}/home",
-                "TMPDIR": f"{self.RUN_DIR}/tmp",
-                "LANG": "C.UTF-8",
-                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                "AGENTRL_WORKSPACE": DEFAULT_WORKDIR,
-            },
-        }
-        with tempfile.TemporaryDirectory(prefix="agentrl-synth-") as stage:
-            Path(stage, "runner.py").write_text(RUNNER)
-            Path(stage, "pytest.ini").write_text(INI)
-            Path(stage, "config.json").write_text(json.dumps(config))
-            import shutil
-
-            shutil.copytree(tests_dir(self.spec), Path(stage, "tests"))
-            self.sandbox.copy_in(stage, self.RUN_DIR, privileged=True)
-        self.argv = [SYSTEM_PYTHON, "-I", "-B", f"{self.RUN_DIR}/runner.py", f"{self.RUN_DIR}/config.json"]
-
     def run(self, timeout_s: float) -> SuiteRun:
-        self.sandbox.exec(["rm", "-f", self.report_path], privileged=True)
-        res = self.sandbox.exec(self.argv, timeout=timeout_s, privileged=True)
-        output = (res.stdout + res.stderr)[-4000:]
-        report = None
-        if not res.timed_out:
-            try:
-                report = parse_junit(self.sandbox.read_file(self.report_path))
-            except (FileNotFoundError, ValueError):
-                report = None
-        return SuiteRun(report, res.duration_s, res.timed_out, res.exit_code, output)
+        run = run_tests(self.sandbox, self.tests, timeout_s=timeout_s)
+        res = run.result
+        return SuiteRun(run.report(), res.duration_s, res.timed_out, res.exit_code, run.output[-4000:])
 
     def write(self, module: str, text: str) -> None:
         self.sandbox.write_file(module, text)

@@ -314,3 +314,48 @@ def test_files_do_not_leak_into_the_next_sandbox(backend, sb):
         assert "secret" not in r.stdout, r
         with pytest.raises(FileNotFoundError):
             fresh.read_file("secret.txt")
+
+
+# --- the verifier identity and what the sandbox shows (issue 14: attacks 1 and 11) -------------
+
+
+def test_verifier_identity_reads_the_workspace_but_writes_neither_it_nor_verifier(sb):
+    sb.write_file("mod.py", "X = 1\n")
+    sb.write_file(f"{PROTECTED_DIR}/t/test_x.py", "def test_x(): pass\n", privileged=True)
+    r = sb.exec(
+        "cat mod.py; cat /verifier/t/test_x.py; touch /workspace/planted; touch /verifier/t/planted; "
+        "mkdir /tmp/v-scratch && echo scratch-ok",
+        as_verifier=True,
+    )
+    assert "X = 1" in r.stdout and "def test_x" in r.stdout and "scratch-ok" in r.stdout, r
+    assert r.stderr.count("touch: cannot touch") == 2, r
+    assert "planted" not in sb.exec("ls /workspace /verifier/t").stdout
+
+
+def test_root_only_image_paths_are_hidden_from_agent_and_verifier(sb):
+    # /root is 0700 in the image: docker hides it by permissions, bwrap by a mount over it.
+    for kwargs in ({}, {"as_verifier": True}):
+        r = sb.exec("ls -A /root | wc -l; cat /etc/shadow 2>&1 | head -c 80", **kwargs)
+        assert r.stdout.split("\n", 1)[0].strip() == "0" or "Permission denied" in r.stderr, (kwargs, r)
+        assert "root:" not in r.stdout, (kwargs, r)
+    privileged = sb.exec("head -c 5 /etc/shadow", privileged=True)
+    assert privileged.stdout == "root:", privileged
+
+
+def test_privileged_and_verifier_identity_are_exclusive(sb):
+    with pytest.raises(ValueError, match="two different identities"):
+        sb.exec("true", privileged=True, as_verifier=True)
+
+
+def test_no_host_paths_or_sandbox_options_visible_in_proc(backend, sb):
+    import os
+
+    from agentrl.sandbox.bwrap import rootfs_cache_dir
+
+    r = sb.exec(
+        "for f in /proc/[0-9]*/cmdline /proc/[0-9]*/environ; do tr '\\0' ' ' < $f 2>/dev/null; echo; done"
+    )
+    seen = r.stdout
+    host_only = [p for p in os.environ.get("PATH", "").split(":") if "/." in p or p.startswith("/root")]
+    for marker in ["--setenv", "--ro-bind", "--bind", str(rootfs_cache_dir()), "agentrl-bwrap-", *host_only]:
+        assert marker not in seen, (marker, seen[:2000])

@@ -289,7 +289,7 @@ def test_attack_sys_exit_zero_at_import(env, task):
 def test_attack_os_exit_zero_at_import_leaves_no_report(env, task):
     verdict, _ = play(env, task, write("mathlib.py", "import os\n\nos._exit(0)\n" + BUGGY))
     assert verdict.reward == 0.0
-    assert "no JUnit report: pytest ended (exit 0) before writing one" in verdict.details, verdict.details
+    assert "pytest never finished: the process ended (exit 0)" in verdict.details, verdict.details
 
 
 @pytest.mark.docker
@@ -444,29 +444,42 @@ def test_attack_fake_junit_report_printed_and_written(env, task):
 
 @pytest.mark.docker
 def test_attack_report_rewritten_at_exit_by_the_code_under_test(env, task):
-    # The code under test runs inside pytest's process and can write wherever pytest writes.
-    # A report forged after pytest finished contradicts pytest's exit status (1: failures).
+    # The code under test runs inside pytest's process. At exit it rewrites any report file it
+    # can find and writes all-pass results into every descriptor it has (the result stream is
+    # one of them), then leaves with status 0 so that the exit status agrees. Results are
+    # streamed and signed as the tests run: what comes after pytest's end is rejected.
     forger = f"""
-        import atexit, glob
+        import atexit, glob, os
 
 
         def _forge():
-            for path in glob.glob("/verifier/*/junit.xml"):
+            for path in glob.glob("/verifier/*/junit.xml") + glob.glob("/verifier/*/*.xml"):
                 with open(path, "w") as f:
                     f.write({FAKE_JUNIT!r})
+            for fd in range(1, 20):
+                for nodeid in {TEST_IDS!r}:
+                    try:
+                        os.write(fd, f"00\\t99\\treport\\t{{nodeid!r}}\\t'call'\\t'passed'\\t''\\n".encode())
+                    except OSError:
+                        pass
+            os._exit(0)
 
 
         atexit.register(_forge)
     """
     verdict, _ = play(env, task, write("mathlib.py", textwrap.dedent(forger) + BUGGY))
-    assert verdict.reward == 0.0 and "contradicts pytest's exit status 1" in verdict.details, verdict.details
+    assert verdict.reward == 0.0 and "tampered with" in verdict.details, verdict.details
 
 
 @pytest.mark.docker
-def test_attack_huge_report_is_not_read(task):
+def test_attack_huge_output_is_capped_not_read(task):
+    # A 3 MB exception message at import, and 3 MB written into every descriptor (the result
+    # stream included): the stream is cut at max_report_mb and not trusted; details stay short.
+    flood = "import os\nfor fd in range(1, 20):\n    try:\n        os.write(fd, b'x' * 3_000_000)\n    except OSError:\n        pass\n"
     with FixFunctionEnv(task, verifier=("hidden-tests", {"max_report_mb": 1})) as env:
-        verdict, _ = play(env, task, write("mathlib.py", "raise RuntimeError('x' * 3_000_000)\n"))
+        verdict, _ = play(env, task, write("mathlib.py", flood + "raise RuntimeError('x' * 3_000_000)\n"))
     assert verdict.reward == 0.0 and "over max_report_mb=1" in verdict.details, verdict.details
+    assert len(verdict.details) <= 3000
 
 
 # --- failures of the verifier itself: reward 0 with the reason, never an exception ---------

@@ -1,0 +1,93 @@
+"""python-repair-v0 under the attacks of issue 14 that target it (1-4, 9, 11), through env.step only,
+on docker and on bwrap.
+
+Each attack is the audit library's own (`agentrl.attacks`), played by `attack.play(env, task)`:
+reset, tool calls in the env's format, submit. Against the code before the fix each of them
+scored reward 1 (or, for 9 and 11, showed what it looked for): benchmarks/RESULTS.md has the
+before/after table. Here every one must score 0 (or show nothing), and the controls still hold:
+the oracle scores 1 and the untouched mutant 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.attacks import (
+    AtexitForgedReport,
+    AtexitForgedReportOsExit,
+    BugLocationMetadata,
+    PatchPytestReports,
+    PatchPytestRunner,
+    PlantedPyc,
+    PlantedUncheckedPyc,
+    PristineSymlink,
+    ProcCmdlineLeak,
+    RegisterAllpassPlugin,
+)
+from agentrl.verifier_check import check_verifier
+
+BACKENDS = [
+    pytest.param("docker", marks=pytest.mark.docker, id="docker"),
+    pytest.param("bwrap", marks=pytest.mark.docker, id="bwrap"),  # its rootfs is exported from the image
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def env(request, toolz_repair_task):
+    from agentrl.envs.python_repair.env import PythonRepairEnv
+
+    if request.param == "bwrap":
+        request.getfixturevalue("bwrap_path")
+    e = PythonRepairEnv(tasks=[toolz_repair_task], backend=request.param, max_turns=8)
+    yield e
+    e.close()
+
+
+def test_controls_oracle_scores_1_and_untouched_mutant_0(env, toolz_repair_task):
+    check = check_verifier(env, toolz_repair_task)
+    assert check.ok, check.reason
+    assert (check.reference.reward, check.untouched.reward) == (1.0, 0.0)
+
+
+def test_attack_1_workspace_symlink_to_the_pristine_source_scores_0(env, toolz_repair_task):
+    out = PristineSymlink().play(env, toolz_repair_task)
+    assert "/opt/src/toolz/toolz" in out.evidence, out.evidence  # the links were made
+    assert out.reward == 0.0 and not out.passed, out.verdict
+    # The test run follows the link and finds nothing it can import (docker: 0700 root; bwrap: masked).
+    assert "collection error" in out.verdict, out.verdict
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [PatchPytestReports, PatchPytestRunner, RegisterAllpassPlugin],
+    ids=["report-class", "runner-module", "plugin-via-frames"],
+)
+def test_attack_2_patching_pytest_from_the_package_scores_0(env, toolz_repair_task, attack):
+    out = attack().play(env, toolz_repair_task)
+    assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict
+
+
+@pytest.mark.parametrize(
+    "attack", [AtexitForgedReport, AtexitForgedReportOsExit], ids=["exit-1", "os-exit-0"]
+)
+def test_attack_3_results_forged_at_exit_score_0(env, toolz_repair_task, attack):
+    out = attack().play(env, toolz_repair_task)
+    assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict
+
+
+@pytest.mark.parametrize("attack", [PlantedPyc, PlantedUncheckedPyc], ids=["timestamp", "unchecked-hash"])
+def test_attack_4_payload_only_in_planted_bytecode_scores_0(env, toolz_repair_task, attack):
+    out = attack().play(env, toolz_repair_task)
+    assert "planted" in out.evidence and "sources untouched" in out.evidence, out.evidence
+    # The bytecode is never loaded: the tests run the (buggy) source, untampered.
+    assert out.reward == 0.0 and "tampered" not in out.verdict and "not passed" in out.verdict, out.verdict
+
+
+def test_attack_9_no_file_metadata_points_at_the_mutated_module(env, toolz_repair_task):
+    out = BugLocationMetadata().play(env, toolz_repair_task)
+    assert out.applicable and out.exploited is False, out.evidence
+
+
+def test_attack_11_no_host_paths_or_options_in_proc(env, toolz_repair_task):
+    out = ProcCmdlineLeak().play(env, toolz_repair_task)
+    assert out.exploited is False, out.evidence
