@@ -176,8 +176,10 @@ class _ExpectedReloadWarnings(logging.Filter):
     counts every tensor of a layer as loadable, buffers included. A layer whose only tensors are
     non-persistent buffers (RotaryEmbedding's `cos_sin_cache`, computed at construction and in no
     checkpoint) receives nothing from a weight push, so the reload warns "Failed to load weights" and
-    then puts the original buffer back, which is exactly right. On every push, for every such
-    layer, it reads like a failed sync; a layer with real parameters that fails still warns.
+    then puts the original buffer back, which is exactly right. The same holds for a tied output head
+    (`ParallelLMHead` sharing `embed_tokens.weight`): checkpoints carry no weight of its own, and
+    `agentrl_finish_weight_update` re-processes it from the shared one. On every push, for every
+    such layer, it reads like a failed sync; a layer with parameters of its own that fails still warns.
     """
 
     def __init__(self, layer_classes: set[str]):
@@ -195,11 +197,15 @@ class _ExpectedReloadWarnings(logging.Filter):
     @classmethod
     def install(cls, model: Any) -> None:
         names = set()
+        seen: set[int] = set()  # parameters of modules met earlier (the checkpoint loads those)
         for module in model.modules():
             params = [p for p in module._parameters.values() if p is not None]
             buffers = {n for n, b in module._buffers.items() if b is not None}
             if not params and buffers and buffers <= set(module._non_persistent_buffers_set):
                 names.add(type(module).__name__)
+            elif params and all(id(p) in seen for p in params):
+                names.add(type(module).__name__)  # a tied head: every parameter is an earlier layer's
+            seen.update(id(p) for p in params)
         logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
         for existing in logger.filters:
             if isinstance(existing, cls):
