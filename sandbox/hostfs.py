@@ -50,6 +50,8 @@ class HostView:
         # Longest target first: "/workspace" wins over "/".
         self.mounts = sorted(mounts, key=lambda m: len(m.target), reverse=True)
         self.workdir = workdir
+        # Checked before every call (`lost`): found once.
+        self._workspace = next((m.host for m in self.mounts if m.target == workdir), None)
 
     def _mount_of(self, parts: Sequence[str]) -> tuple[Mount, list[str]] | None:
         path = "/" + "/".join(parts)
@@ -213,9 +215,8 @@ class HostView:
 
     def lost(self) -> str | None:
         """Why the workspace is unreachable from the host (deleted from outside), or None."""
-        workspace = self._host_of([p for p in self.workdir.split("/") if p])
-        if workspace is None or not workspace.is_dir():
-            return f"lost its workspace {workspace} (deleted from outside)"
+        if self._workspace is None or not self._workspace.is_dir():
+            return f"lost its workspace {self._workspace} (deleted from outside)"
         return None
 
     def mkdir(self, path: str, *, privileged: bool) -> None:

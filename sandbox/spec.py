@@ -92,10 +92,15 @@ class FrozenMap(Mapping[str, str]):
         return FrozenMap, (self._items,)
 
 
+_EMPTY = FrozenMap()
+
+
 def check_string_map(value: Any, what: str) -> FrozenMap:
     """`value` (None: empty) as a `FrozenMap`, or a ValueError naming the entry that is not a str -> str."""
     if value is None:
-        return FrozenMap()
+        return _EMPTY
+    if isinstance(value, FrozenMap):
+        return value  # checked when it was made
     if not isinstance(value, Mapping):
         raise ValueError(f"{what} must be a mapping of strings to strings, got {type(value).__name__}")
     for key, item in value.items():
@@ -171,7 +176,7 @@ class SandboxSpec:
         How the keyword form `open_sandbox(backend, image=..., limits=...)` becomes a spec.
         """
         given = {k: v for k, v in fields.items() if v is not None}
-        unknown = sorted(set(given) - set(SPEC_FIELDS))
+        unknown = sorted(given.keys() - _SPEC_FIELD_SET)
         if unknown:
             raise TypeError(f"unknown sandbox setting(s) {unknown}; a SandboxSpec has {list(SPEC_FIELDS)}")
         if spec is None:
@@ -186,6 +191,7 @@ class SandboxSpec:
 
 
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(SandboxSpec))
+_SPEC_FIELD_SET = frozenset(SPEC_FIELDS)
 
 
 class SpecFields(TypedDict, total=False):
