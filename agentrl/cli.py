@@ -354,14 +354,24 @@ def sandbox_build(
 @sandbox_app.command("reap")
 def sandbox_reap(
     all_runs: bool = typer.Option(False, "--all", help="Remove every agentrl container, live runs included."),
+    hosts: list[str] = typer.Option(
+        [],
+        "--host",
+        help="Docker engine to reap (repeatable): unix:///..., tcp://host:2376, ssh://user@host. "
+        "Default: DOCKER_HOST, else the local socket.",
+    ),
+    run: str | None = typer.Option(
+        None, "--run", help="Remove every container of this run id (agentrl.run_id label), live or not."
+    ),
 ) -> None:
     """Remove sandbox containers whose run is gone (found by their agentrl labels)."""
     from agentrl.sandbox.reaper import reap
 
-    removed = reap(include_live=all_runs)
-    typer.echo(f"removed {len(removed)} container(s)")
-    for name in removed:
-        typer.echo(f"  {name}")
+    for host in hosts or [None]:
+        removed = reap(include_live=all_runs, host=host, run=run)
+        typer.echo(f"removed {len(removed)} container(s)" + (f" on {host}" if host else ""))
+        for name in removed:
+            typer.echo(f"  {name}")
 
 
 @sandbox_app.command("doctor")

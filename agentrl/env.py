@@ -216,6 +216,12 @@ class ToolEnv(gymnasium.Env[list, str]):
         kwargs = dict(
             image=task.image, limits=self.limits, workdir=DEFAULT_WORKDIR, env=self.sandbox_env, labels=labels
         )
+        if self.use_pool and self.backend == "docker":
+            from agentrl.sandbox.hosts import default_host_pool
+
+            # sandbox.docker_hosts / AGENTRL_DOCKER_HOSTS: placed on the least-loaded engine.
+            if (hosts := default_host_pool()) is not None:
+                return hosts.acquire(**kwargs)
         if self.use_pool:
             from agentrl.sandbox.pool import get_default_pool
 

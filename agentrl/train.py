@@ -538,6 +538,10 @@ def train(cfg: TrainConfig) -> Path:
         bar = tqdm(
             total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0
         )
+    if info.is_main and replay is None and cfg.sandbox.docker_hosts:
+        from agentrl.sandbox.hosts import configure
+
+        configure(cfg.sandbox.docker_hosts)  # the rollout's environments place on these engines
     if info.is_main and replay is None:
         from agentrl.policy import VLLMPolicy
 

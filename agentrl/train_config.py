@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentrl.curriculum import CurriculumConfig
 from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
@@ -50,6 +50,36 @@ class RolloutSettings(_Strict):
         True,
         description="Colocated, synchronous: the engine sleeps during each update (frees its weights and "
         "KV cache) and wakes for generation.",
+    )
+
+
+class SandboxSettings(_Strict):
+    docker_hosts: list[str | dict[str, Any]] = Field(
+        default_factory=list,
+        description="Docker engines the episodes' sandboxes run on, each with its own warm pool; each sandbox "
+        "goes to the engine with the fewest out. An entry is an address (unix:///var/run/docker.sock, "
+        "tcp://node2:2376, ssh://user@node3) or {url, cert_path, tls_verify} for TLS (cert_path: a folder "
+        "with ca.pem, cert.pem, key.pem). Empty: the one engine of DOCKER_HOST, else the local socket. "
+        "`agentrl sandbox reap --host URL` cleans one up after a crash.",
+    )
+
+    @field_validator("docker_hosts")
+    @classmethod
+    def _hosts_parse(cls, hosts: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        from agentrl.sandbox.hosts import DockerHost
+
+        urls = [DockerHost.parse(h).url for h in hosts]  # a bad entry: its one-line reason
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"an engine is named twice: {urls}")
+        return hosts
+
+
+class ClusterSettings(_Strict):
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster of the rollout engines: `auto` (the cluster this machine joined with "
+        "`ray start`), or an address like head:6379. None: everything on this machine, without Ray. "
+        "Needs the ray extra: pip install 'agentrl[ray]'.",
     )
 
 
@@ -176,6 +206,12 @@ class TrainConfig(_Strict):
     seed: int = Field(0, description="Seed of sampling, curriculum and initialisation.")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="Rollout engine settings.")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer settings.")
+    sandbox: SandboxSettings = Field(
+        default_factory=SandboxSettings, description="Where the episodes' sandboxes run."
+    )
+    cluster: ClusterSettings = Field(
+        default_factory=ClusterSettings, description="Beyond one machine: the Ray cluster of the rollout engines."
+    )
     loss: LossSettings = Field(default_factory=LossSettings, description="GRPO loss settings.")
     curriculum: CurriculumConfig = Field(
         default_factory=CurriculumConfig, description="Learnability-band curriculum and dynamic sampling."

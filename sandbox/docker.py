@@ -304,7 +304,11 @@ class DockerSandbox(SandboxBase):
         background_processes=True,
     )
 
-    def __init__(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> None:
+    def __init__(
+        self, spec: SandboxSpec | None = None, *, docker_host: str | None = None, **fields: Unpack[SpecFields]
+    ) -> None:
+        """docker_host: the engine to start it on (default DOCKER_HOST, else the local socket);
+        `agentrl.sandbox.hosts.HostPool` picks one of `sandbox.docker_hosts` per sandbox."""
         import docker.errors
 
         super().__init__(spec, **fields)
@@ -319,7 +323,8 @@ class DockerSandbox(SandboxBase):
             raise SandboxError(
                 "this process is shutting down (its sandboxes are being removed); no new sandbox starts"
             )
-        self._engine: Engine = engine_for()
+        self._engine: Engine = engine_for(docker_host)
+        self.docker_host = self._engine.address
         client = self._engine.client
         self._api = client.api
 
@@ -329,6 +334,7 @@ class DockerSandbox(SandboxBase):
         self.labels: dict[str, str] = {
             reaper.LABEL_RUN_ID: owner[reaper.LABEL_RUN_ID],
             LABEL_CREATED_AT: datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
+            reaper.LABEL_ENGINE: self._engine.address,
             **self.spec.labels,
             **{k: v for k, v in owner.items() if k != reaper.LABEL_RUN_ID},
         }

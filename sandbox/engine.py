@@ -105,8 +105,9 @@ class Engine:
 
         self.address = address
         self.timeout_s = timeout_s
-        # from_env, not DockerClient(base_url=...): it also reads DOCKER_TLS_VERIFY / DOCKER_CERT_PATH.
-        self._environment = {**os.environ, "DOCKER_HOST": address}
+        # from_env, not DockerClient(base_url=...): it also reads DOCKER_TLS_VERIFY / DOCKER_CERT_PATH,
+        # which a remote host's own TLS settings (`register_tls`) override for its address only.
+        self._environment = engine_environment(address)
         try:
             # Sized for many sandboxes exec'ing at once from rollout threads.
             self.client = docker.from_env(timeout=timeout_s, max_pool_size=32, environment=self._environment)
@@ -260,6 +261,24 @@ class Engine:
                 calls=self._calls,
                 fast_failures=self._fast_failures,
             )
+
+
+# Per-address TLS settings of remote engines (`agentrl.sandbox.hosts`): environment overrides
+# for docker.from_env, which turns them into the SDK's TLSConfig.
+_tls_env: dict[str, dict[str, str]] = {}
+
+
+def register_tls(address: str, cert_path: str | None, verify: bool = True) -> None:
+    """Talk TLS to the engine at `address`: client cert/key and CA from `cert_path` (the docker
+    CLI's layout: ca.pem, cert.pem, key.pem), the server's certificate checked when `verify`."""
+    env = {"DOCKER_CERT_PATH": cert_path or "", "DOCKER_TLS_VERIFY": "1" if verify else ""}
+    _tls_env[address] = env
+
+
+def engine_environment(address: str) -> dict[str, str]:
+    """The environment docker.from_env reads for `address`: this process's, the address as
+    DOCKER_HOST, and that address's registered TLS settings."""
+    return {**os.environ, "DOCKER_HOST": address, **_tls_env.get(address, {})}
 
 
 _engines: dict[tuple[int, str, float, int], Engine] = {}

@@ -291,7 +291,12 @@ class SandboxPool:
         With `wait`, blocks until `n` are warm (or `timeout_s` passes) and raises the first
         background failure. Returns how many are warm.
         """
-        key = PoolKey.make(backend, spec, **fields)
+        return self.prewarm_key(PoolKey.make(backend, spec, **fields), n, wait=wait, timeout_s=timeout_s)
+
+    def prewarm_key(
+        self, key: PoolKey, n: int | None = None, *, wait: bool = True, timeout_s: float | None = None
+    ) -> int:
+        """`prewarm` by a ready-made `PoolKey`."""
         target = self.size if n is None else n
         if target < 0:
             raise ValueError(f"n must be >= 0 warm sandboxes, got {target}")

@@ -45,6 +45,9 @@ LABEL_HOST = "agentrl.host"
 LABEL_CREATED_AT = "agentrl.created_at"
 LABEL_PID_START = "agentrl.pid_start"
 LABEL_BOOT_ID = "agentrl.boot_id"
+# The engine address the creating process used (DOCKER_HOST or a `sandbox.docker_hosts` entry):
+# with several engines, which one holds the container, as seen from its owner.
+LABEL_ENGINE = "agentrl.engine"
 
 # Run id per process. Read once from AGENTRL_RUN_ID when the launcher sets one for a whole job
 # (several worker processes then share it); otherwise one is made up per process.
@@ -190,17 +193,30 @@ def _client() -> Any:
         ) from exc
 
 
-def reap(include_live: bool = False, *, client: Any = None) -> list[str]:
+def reap(
+    include_live: bool = False, *, client: Any = None, host: str | None = None, run: str | None = None
+) -> list[str]:
     """Remove agentrl containers whose owning process is gone; returns their names.
 
+    host: the engine to reap (a `sandbox.docker_hosts` address such as tcp://node3:2376; default
+        DOCKER_HOST, else the local socket). A remote engine's containers are judged by the labels
+        of their owner, which is the process on *this* machine that created them: run the reap
+        where the driver ran, or name the run.
+    run: only this run's containers (the `agentrl.run_id` label), all of them, live or not: for a
+        run you know is over, from any machine (its owner may have run elsewhere).
     With `include_live=True` every agentrl container goes, live runs (this one included)
     and other hosts' too: for a machine you know is idle.
     """
+    if client is None and host is not None:
+        from agentrl.sandbox.engine import engine
+
+        client = engine(host).client
     client = client or _client()
-    found = client.api.containers(all=True, filters={"label": LABEL_RUN_ID})
+    label = LABEL_RUN_ID if run is None else f"{LABEL_RUN_ID}={run}"
+    found = client.api.containers(all=True, filters={"label": label})
     doomed: dict[str, str] = {}
     for c in found:
-        if include_live or owner_alive(c.get("Labels") or {}) is False:
+        if include_live or run is not None or owner_alive(c.get("Labels") or {}) is False:
             name = (c.get("Names") or [c["Id"][:12]])[0].lstrip("/")
             doomed[c["Id"]] = name
     removed = _remove_many(client, list(doomed))
@@ -362,7 +378,9 @@ def remove_own_containers(*, final: bool = True, wait_s: float = _EXIT_WAIT_S) -
 def _exit_client(address: str) -> Any:
     import docker
 
-    return docker.from_env(timeout=_EXIT_TIMEOUT_S, environment={**os.environ, "DOCKER_HOST": address})
+    from agentrl.sandbox.engine import engine_environment
+
+    return docker.from_env(timeout=_EXIT_TIMEOUT_S, environment=engine_environment(address))
 
 
 _atexit_pid: int | None = None

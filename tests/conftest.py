@@ -1,4 +1,4 @@
-"""Test-suite policy: only `gpu` tests may skip. A missing Docker engine or vLLM is a failure.
+"""Test-suite policy: only `gpu` tests may skip. A missing Docker engine, vLLM or Ray is a failure.
 
 `make test` sets both up; running bare pytest without them fails those tests loudly with the
 command that fixes it, because a skipped sandbox test proves nothing.
@@ -12,7 +12,10 @@ import shutil
 import pytest
 
 # A private Docker engine for tests that freeze one (session-wide: one dockerd for the whole run).
-from tests.fixtures_dockerd import private_engine  # noqa: F401
+from tests.fixtures_dockerd import private_engine, tcp_engine  # noqa: F401
+
+# A local two-node Ray cluster (session-wide), for tests marked `ray`.
+from tests.fixtures_ray import ray_cluster  # noqa: F401
 
 
 @functools.cache
@@ -37,6 +40,16 @@ def _vllm_problem() -> str | None:
 
 
 @functools.cache
+def _ray_problem() -> str | None:
+    try:
+        import ray  # noqa: F401
+
+        return None
+    except Exception as exc:
+        return f"ray is not importable ({exc}); run `make setup` (installs the ray==2.60.0 dev dependency)"
+
+
+@functools.cache
 def _has_cuda() -> bool:
     try:
         import torch
@@ -52,6 +65,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("docker") and (problem := _docker_problem()):
         pytest.fail(problem, pytrace=False)
     if item.get_closest_marker("vllm") and (problem := _vllm_problem()):
+        pytest.fail(problem, pytrace=False)
+    if item.get_closest_marker("ray") and (problem := _ray_problem()):
         pytest.fail(problem, pytrace=False)
 
 

@@ -125,3 +125,80 @@ def private_engine() -> Iterator[PrivateEngine]:
         log.close()
         # dockerd unmounts its overlays on a clean exit; anything left busy is left in /tmp.
         shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class TcpEngine:
+    """The private engine reached over TCP on 127.0.0.1 (a remote sandbox host, as seen from here)."""
+
+    address: str  # tcp://127.0.0.1:PORT
+    engine: PrivateEngine
+
+    def client(self, timeout: float = 30.0):
+        import docker
+
+        return docker.DockerClient(base_url=self.address, timeout=timeout)
+
+    def containers(self, label: str) -> list:
+        return self.client().containers.list(all=True, filters={"label": label})
+
+
+def _relay(listener, unix_path: str, stop) -> None:
+    """Accept TCP connections and pipe each, both ways, to the engine's unix socket.
+
+    The engine lives in its own network namespace (see the module docstring), so its own TCP
+    listener would not be reachable from the host's 127.0.0.1; this byte relay is what a TCP
+    port in front of it looks like (docker's hijacked exec streams pass through unchanged).
+    """
+    import socket
+    import threading
+
+    def pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    listener.settimeout(0.5)  # so `stop` is noticed: closing a socket does not wake accept()
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        upstream = socket.socket(socket.AF_UNIX)
+        try:
+            upstream.connect(unix_path)
+        except OSError:
+            conn.close()
+            continue
+        for a, b in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+
+@pytest.fixture(scope="session")
+def tcp_engine(private_engine: PrivateEngine) -> Iterator[TcpEngine]:
+    """The private engine listening on TCP 127.0.0.1 (session-wide; plain TCP, no TLS)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    stop = threading.Event()
+    unix_path = private_engine.address.removeprefix("unix://")
+    thread = threading.Thread(target=_relay, args=(listener, unix_path, stop), daemon=True)
+    thread.start()
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    if not _ping(address):
+        pytest.fail(f"the private engine does not answer on {address}")
+    try:
+        yield TcpEngine(address, private_engine)
+    finally:
+        stop.set()
+        listener.close()

@@ -1,0 +1,288 @@
+"""Several Docker engines as one sandbox supply: a warm pool per host, least-loaded placement.
+
+    hosts = HostPool(["unix:///var/run/docker.sock", "tcp://node2:2376",
+                      {"url": "tcp://node3:2376", "cert_path": "/etc/agentrl/tls/node3"}], size=4)
+    sb = hosts.acquire(image="agentrl/base:bookworm")   # on whichever engine holds fewest now
+    ...; sb.close()
+    hosts.close()
+
+What a user of one machine's `SandboxPool` gets, per engine: each host has its own `SandboxPool`
+(warm sandboxes, background refills, back-off), so a slow or dead engine only holds up its own
+refills. `acquire` places each sandbox on the host with the fewest sandboxes out (handed out and
+not closed, plus acquires in flight), ties going to the host used least so far; a host whose
+acquire fails is skipped for that call and the next one is tried, so one engine going down does
+not stop the run while another answers.
+
+Every container carries the reaper's owner labels (run id, the driver's host name, pid, boot id)
+plus `agentrl.engine`, the address it was created through. The driver's exit handlers remove
+each container through the engine that holds it; after a SIGKILL, the next `HostPool` made on
+the driver's machine reaps every host in the background, and `agentrl sandbox reap --host URL`
+(or `--run RUN_ID` from any machine) does it by hand.
+
+TLS: a host given as a mapping with `cert_path` (the docker CLI's layout: ca.pem, cert.pem,
+key.pem) is reached over TLS with the server's certificate checked (`tls_verify: false` skips the
+check); the docker SDK builds its TLSConfig from them. A bare `tcp://` address uses
+DOCKER_TLS_VERIFY / DOCKER_CERT_PATH from the environment, as the docker CLI does. `ssh://`
+addresses go through the SDK's ssh transport (needs paramiko or the ssh client).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Unpack
+
+from agentrl.sandbox.base import Sandbox, SandboxError, SandboxSpec, SpecFields
+from agentrl.sandbox.pool import PoolKey, SandboxPool, _env_int
+
+_SCHEMES = ("unix://", "tcp://", "ssh://", "npipe://", "http://", "https://")
+
+
+@dataclass(frozen=True)
+class DockerHost:
+    """One Docker engine: its address and, for TCP with TLS, where its certificates are."""
+
+    url: str
+    """Engine address: unix:///var/run/docker.sock, tcp://host:2376, ssh://user@host."""
+    cert_path: str | None = None
+    """Folder with ca.pem, cert.pem and key.pem: talk TLS to this engine (None: no TLS of its own)."""
+    tls_verify: bool = True
+    """With `cert_path`: check the engine's certificate against ca.pem."""
+
+    @classmethod
+    def parse(cls, entry: str | Mapping[str, Any] | DockerHost) -> DockerHost:
+        if isinstance(entry, DockerHost):
+            return entry
+        if isinstance(entry, Mapping):
+            unknown = sorted(set(entry) - {"url", "cert_path", "tls_verify"})
+            if unknown or "url" not in entry:
+                raise ValueError(
+                    f"docker host {dict(entry)!r}: expected a mapping with url (and optionally cert_path, "
+                    f"tls_verify){f'; unknown keys {unknown}' if unknown else ''}"
+                )
+            host = cls(str(entry["url"]), entry.get("cert_path"), bool(entry.get("tls_verify", True)))
+        elif isinstance(entry, str):
+            host = cls(entry.strip())
+        else:
+            raise ValueError(f"docker host {entry!r}: expected an address string like tcp://host:2376")
+        if not host.url.startswith(_SCHEMES):
+            raise ValueError(
+                f"docker host {host.url!r} has no scheme; write it as unix:///path/docker.sock, "
+                "tcp://host:2376 or ssh://user@host"
+            )
+        if host.cert_path is not None and not os.path.isdir(host.cert_path):
+            raise ValueError(
+                f"docker host {host.url}: cert_path {host.cert_path!r} is not a folder (it must hold "
+                "ca.pem, cert.pem and key.pem)"
+            )
+        return host
+
+
+@dataclass(frozen=True)
+class HostPoolKey(PoolKey):
+    """A `PoolKey` bound to one engine: its sandboxes start there."""
+
+    docker_host: str = ""
+
+    def open(self) -> Sandbox:
+        from agentrl.sandbox.docker import DockerSandbox
+
+        return DockerSandbox(self.spec, docker_host=self.docker_host)
+
+    def describe(self) -> str:
+        return f"{super().describe()} on {self.docker_host}"
+
+
+class HostPool:
+    """Docker sandboxes spread over several engines; thread-safe, like `SandboxPool`."""
+
+    def __init__(
+        self,
+        hosts: Iterable[str | Mapping[str, Any] | DockerHost],
+        *,
+        size: int = 4,
+        workers: int = 2,
+        reap_on_start: bool = True,
+    ) -> None:
+        """
+        hosts: the engines (at least one; duplicates are an error).
+        size, workers: each host's `SandboxPool` settings (warm sandboxes per configuration,
+            background starts at once).
+        reap_on_start: reap every host in the background now, for runs of this machine that
+            died by SIGKILL (the start-up reap of one engine, done for each).
+        """
+        from agentrl.sandbox.engine import register_tls
+
+        self.hosts = [DockerHost.parse(h) for h in hosts]
+        if not self.hosts:
+            raise ValueError(
+                "sandbox.docker_hosts is empty; name at least one engine, e.g. unix:///var/run/docker.sock"
+            )
+        urls = [h.url for h in self.hosts]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"sandbox.docker_hosts names an engine twice: {urls}")
+        for h in self.hosts:
+            if h.cert_path is not None:
+                register_tls(h.url, h.cert_path, h.tls_verify)
+        self._pools = {h.url: SandboxPool(size=size, workers=workers) for h in self.hosts}
+        self._lock = threading.Lock()
+        self._out: dict[str, weakref.WeakSet[Sandbox]] = {h.url: weakref.WeakSet() for h in self.hosts}
+        self._pending = dict.fromkeys(urls, 0)
+        self._placed = dict.fromkeys(urls, 0)
+        if reap_on_start:
+            from agentrl.sandbox.reaper import reap
+
+            for url in urls:
+
+                def run(url: str = url) -> None:
+                    with contextlib.suppress(Exception):  # best effort, like the one-engine start-up reap
+                        reap(host=url)
+
+                threading.Thread(target=run, name="agentrl-host-reaper", daemon=True).start()
+
+    # --- placement -------------------------------------------------------------------------
+
+    def load(self) -> dict[str, int]:
+        """Sandboxes out per host now: handed out and not closed, plus acquires in flight."""
+        with self._lock:
+            return {url: self._load_locked(url) for url in self._pools}
+
+    def placed(self) -> dict[str, int]:
+        """Sandboxes handed out per host since the pool was made."""
+        with self._lock:
+            return dict(self._placed)
+
+    def _load_locked(self, url: str) -> int:
+        return self._pending[url] + sum(1 for sb in list(self._out[url]) if not getattr(sb, "_closed", False))
+
+    def _order_locked(self) -> list[str]:
+        # Fewest out first; ties to the host used least so far, then config order.
+        index = {url: i for i, url in enumerate(self._pools)}
+        return sorted(self._pools, key=lambda u: (self._load_locked(u), self._placed[u], index[u]))
+
+    def acquire(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> Sandbox:
+        """A started docker sandbox on the least-loaded host; the caller closes it.
+
+        A host whose acquire raises is skipped and the next is tried; when all fail, the last
+        error is raised with every host's reason in its message.
+        """
+        spec = SandboxSpec.of(spec, **fields)
+        with self._lock:
+            order = self._order_locked()
+            first = order[0]
+            self._pending[first] += 1
+        errors: list[str] = []
+        last: BaseException | None = None
+        for i, url in enumerate(order):
+            if i > 0:
+                with self._lock:
+                    self._pending[url] += 1
+            try:
+                sandbox = self._pools[url].acquire_key(HostPoolKey("docker", spec, docker_host=url))
+            except SandboxError as exc:
+                errors.append(f"{url}: {exc}")
+                last = exc
+                continue
+            finally:
+                with self._lock:
+                    self._pending[url] -= 1
+            with self._lock:
+                self._out[url].add(sandbox)
+                self._placed[url] += 1
+            return sandbox
+        raise SandboxError(
+            f"no docker host could start a sandbox ({'; '.join(errors)}); check each with "
+            "`DOCKER_HOST=URL docker info`"
+        ) from last
+
+    def prewarm(
+        self,
+        n: int | None = None,
+        *,
+        wait: bool = True,
+        timeout_s: float | None = None,
+        spec: SandboxSpec | None = None,
+        **fields: Unpack[SpecFields],
+    ) -> dict[str, int]:
+        """Keep `n` warm sandboxes of this configuration on every host (all start at once);
+        returns how many are warm per host."""
+        spec = SandboxSpec.of(spec, **fields)
+        keys = {url: HostPoolKey("docker", spec, docker_host=url) for url in self._pools}
+        for url, pool in self._pools.items():
+            pool.prewarm_key(keys[url], n, wait=False)
+        return {
+            url: pool.prewarm_key(keys[url], n, wait=wait, timeout_s=timeout_s)
+            for url, pool in self._pools.items()
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Per host: its `SandboxPool.stats()`, sandboxes out now and placed so far."""
+        load, placed = self.load(), self.placed()
+        return {
+            url: {"out": load[url], "placed": placed[url], "pool": pool.stats()}
+            for url, pool in self._pools.items()
+        }
+
+    def close(self) -> None:
+        """Destroy every warm sandbox on every host (handed-out ones are their callers')."""
+        for pool in self._pools.values():
+            pool.close()
+
+    @property
+    def closed(self) -> bool:
+        return all(p.closed for p in self._pools.values())
+
+    def __enter__(self) -> HostPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- the process-wide host pool (what ToolEnv uses when hosts are configured) -----------------
+
+_default: HostPool | None = None
+_default_hosts: tuple[DockerHost, ...] | None = None
+_default_lock = threading.Lock()
+
+HOSTS_ENV = "AGENTRL_DOCKER_HOSTS"
+
+
+def configure(hosts: Iterable[str | Mapping[str, Any] | DockerHost] | None) -> None:
+    """Make `hosts` this process's docker sandbox supply (None or empty: the one default engine).
+
+    Also exported as AGENTRL_DOCKER_HOSTS (plain addresses, comma-separated) so worker processes
+    started from here place on the same hosts; TLS settings of mapping entries are per process.
+    """
+    global _default_hosts, _default
+    parsed = tuple(DockerHost.parse(h) for h in hosts or [])
+    with _default_lock:
+        if _default is not None and _default_hosts != parsed:
+            _default.close()
+            _default = None
+        _default_hosts = parsed or None
+    if parsed:
+        os.environ[HOSTS_ENV] = ",".join(h.url for h in parsed)
+    else:
+        os.environ.pop(HOSTS_ENV, None)
+
+
+def default_host_pool() -> HostPool | None:
+    """The process-wide `HostPool`, or None when no hosts are configured (one engine: the plain pool)."""
+    global _default, _default_hosts
+    with _default_lock:
+        if _default_hosts is None and os.environ.get(HOSTS_ENV):
+            _default_hosts = tuple(DockerHost.parse(u) for u in os.environ[HOSTS_ENV].split(",") if u.strip())
+        if not _default_hosts:
+            return None
+        if _default is None or _default.closed:
+            _default = HostPool(
+                _default_hosts,
+                size=_env_int("AGENTRL_POOL_SIZE", 4),
+                workers=_env_int("AGENTRL_POOL_WORKERS", 2),
+            )
+        return _default
