@@ -210,7 +210,8 @@ class TrainConfig(_Strict):
         default_factory=SandboxSettings, description="Where the episodes' sandboxes run."
     )
     cluster: ClusterSettings = Field(
-        default_factory=ClusterSettings, description="Beyond one machine: the Ray cluster of the rollout engines."
+        default_factory=ClusterSettings,
+        description="Beyond one machine: the Ray cluster of the rollout engines.",
     )
     loss: LossSettings = Field(default_factory=LossSettings, description="GRPO loss settings.")
     curriculum: CurriculumConfig = Field(
