@@ -15,6 +15,7 @@
 - An environment that raises (in `make`, `reset` or `step`) or a sandbox that dies ends only its own
   episode, with `finish_reason="env_error"` and the reason in `error`; an environment instance that
   raised or timed out is closed and never reused. Such episodes are kept and not `trainable`.
+  A rollout engine that dies mid-request (`agentrl.ray_policy`) ends its episodes `engine_error`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.cluster import episode_group
 from agentrl.masker import ChatMasker, MaskedSequence
 from agentrl.policy import Generation, Policy, SamplingConfig
 from agentrl.task import Task
@@ -353,9 +355,12 @@ async def _run_one(
     t0 = time.perf_counter()
     healthy = True
     try:
+        # The group travels with the episode's task (a context variable): a policy of several
+        # engines (agentrl.ray_policy) keeps a group's requests on one engine.
         async with asyncio.timeout(cfg.episode_timeout_s):
             ep.env = await pool.acquire()
-            await ep.run()
+            with episode_group(spec.group_id):
+                await ep.run()
     except TimeoutError:
         healthy = not ep.env_busy  # a step still running on its thread owns the env: never reuse it
         ep.finish_reason = "timeout"
@@ -375,7 +380,8 @@ async def _run_one(
         raise
     except Exception as exc:  # the environment (or the policy) failed: this episode only
         healthy = False
-        ep.finish_reason = "env_error"
+        # A policy error may name its own reason (a dead rollout engine: `engine_error`).
+        ep.finish_reason = getattr(exc, "finish_reason", "env_error")
         ep.error = f"{type(exc).__name__}: {exc}"
         log.warning("episode %s (task %s) ended by an error: %s", spec.index, ep.task_id, ep.error)
         episode = getattr(ep.env, "episode", None)

@@ -41,6 +41,7 @@ and `agentrl.packing`; the curriculum is `agentrl.curriculum`; distribution is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -343,6 +344,13 @@ class Generator:
         self.stats["rollout/env_errors"] = self.stats.get("rollout/env_errors", 0.0) + sum(
             1 for t in trajs if t.finish_reason == "env_error"
         )
+        self.stats["rollout/engine_errors"] = self.stats.get("rollout/engine_errors", 0.0) + sum(
+            1 for t in trajs if t.finish_reason == "engine_error"
+        )
+        if hasattr(self.policy, "engine_of"):  # several engines: how the groups spread over them
+            for t in {t.group_id: t for t in trajs}.values():
+                key = f"rollout/engine{self.policy.engine_of(t.group_id)}_groups"
+                self.stats[key] = self.stats.get(key, 0.0) + 1
         return group_by_id(trajs)
 
     def batch(self, curriculum: Curriculum) -> Batch:
@@ -553,7 +561,9 @@ def train(cfg: TrainConfig) -> Path:
         # its own process, spawned without torchrun's rendezvous variables.
         in_process = info.world_size == 1 and not torch.cuda.is_available()
         with _without_torchrun_env():
-            policy = VLLMPolicy(
+            policy = _ray_policy(cfg, start_dir) if cfg.cluster.ray_address is not None else None
+        with _without_torchrun_env():
+            policy = policy or VLLMPolicy(
                 start_dir,
                 seed=cfg.seed,
                 in_process=in_process,
@@ -568,6 +578,9 @@ def train(cfg: TrainConfig) -> Path:
         # record it, and async staleness is measured with it).
         policy._version = policy_version
         gen = Generator(cfg, policy, calls=rollout_calls, on_trajectory=_episode_counter(bar))
+    if cfg.cluster.ray_address is not None:
+        # The engines are Ray actors on their own GPUs: no sleep, weights through the object store.
+        placement = dataclasses.replace(placement, colocated=False, sleep=False, transport="rpc")
     sync = WeightSync(placement, gen.policy if gen else None, model, info, active=cfg.replay is None)
     if rng is not None:  # after the engine's start-up, which seeds the global RNGs
         set_rng_state(rng)
@@ -698,6 +711,8 @@ def train(cfg: TrainConfig) -> Path:
                 version = sync.after_update()  # wake weights, push them (a collective), wake the KV cache
                 if version is not None:
                     metrics["policy/version"] = float(version)
+                    if gen is not None and hasattr(gen.policy, "versions"):  # each engine's own report
+                        metrics["policy/engine_version_min"] = float(min(gen.policy.versions()))
                 metrics["time/weight_sync_s"] = time.perf_counter() - t0
                 metrics["time/step_s"] = time.perf_counter() - t_step
                 if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
@@ -912,6 +927,22 @@ def _evaluate_in_training(cfg: TrainConfig, policy: Any, step: int, out: Path) -
     with (out / "eval.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
     log(f"eval at step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "step"))
+
+
+def _ray_policy(cfg: TrainConfig, start_dir: str) -> Any:
+    """`rollout.engines` engines on the Ray cluster of `cluster.ray_address` (agentrl.ray_policy)."""
+    from agentrl.ray_policy import RayPolicy
+
+    return RayPolicy(
+        start_dir,
+        engines=cfg.rollout.engines,
+        address=cfg.cluster.ray_address,
+        resources=cfg.rollout.engine_resources,
+        seed=cfg.seed,
+        dtype="auto" if torch.cuda.is_available() else "float32",
+        max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
+        engine_kwargs={"use_tqdm_on_load": False},
+    )
 
 
 def train_placement(cfg: TrainConfig, nproc: int) -> Placement:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl.curriculum import CurriculumConfig
 from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
@@ -50,6 +50,18 @@ class RolloutSettings(_Strict):
         True,
         description="Colocated, synchronous: the engine sleeps during each update (frees its weights and "
         "KV cache) and wakes for generation.",
+    )
+    engines: int = Field(
+        1,
+        ge=1,
+        description="vLLM engines generating the rollouts. More than 1 needs cluster.ray_address: each engine "
+        "is a Ray actor (one GPU each where the cluster has GPUs), every one receives every weight push, and a "
+        "group's episodes all go to one engine (its prefix cache).",
+    )
+    engine_resources: dict[str, float] | list[dict[str, float]] | None = Field(
+        None,
+        description="Custom Ray resources each engine asks for, on top of its GPU (or CPU): one mapping for all "
+        "engines, or a list with one per engine (e.g. [{node_a: 1}, {node_b: 1}] pins engine i to a node).",
     )
 
 
@@ -256,6 +268,15 @@ class TrainConfig(_Strict):
         description="Stop after this many steps in a row without one informative group (every group all-pass "
         "or all-fail: nothing to learn from); 0: never stop. Each such step is reported.",
     )
+
+    @model_validator(mode="after")
+    def _engines_need_a_cluster(self) -> TrainConfig:
+        if self.rollout.engines > 1 and self.cluster.ray_address is None:
+            raise ValueError(
+                f"rollout.engines={self.rollout.engines} needs a Ray cluster: set cluster.ray_address "
+                "(auto, or HEAD:6379), or rollout.engines=1 for the one engine beside the trainer"
+            )
+        return self
 
 
 class ConfigError(UserError, ValueError):

@@ -17,7 +17,7 @@ from typing import Any
 
 # Episodes that ended for a reason outside the policy's control are kept for inspection but
 # excluded from the loss by default: their reward says nothing about the policy.
-UNTRAINABLE_FINISH_REASONS = frozenset({"env_error", "timeout"})
+UNTRAINABLE_FINISH_REASONS = frozenset({"env_error", "timeout", "engine_error"})
 
 
 @dataclass
