@@ -600,6 +600,15 @@ def train_cmd(
         help="Resume even though the config changed (the old config is kept beside it), or start over "
         "when resume is off and the run directory already holds a run.",
     ),
+    nnodes: int = typer.Option(
+        1, "--nnodes", min=1, help="Nodes training together (run this command on each; --nproc per node)."
+    ),
+    node_rank: int = typer.Option(
+        0, "--node-rank", min=0, help="This node's rank, 0..nnodes-1 (node 0 generates)."
+    ),
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node (with --nnodes > 1)."
+    ),
 ) -> None:
     """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config.
 
@@ -610,7 +619,13 @@ def train_cmd(
     from agentrl.train_config import load_config
 
     cfg = load_config(config, list(ctx.args))
-    typer.echo(str(launch(cfg, nproc=nproc, force=force)))
+    typer.echo(
+        str(
+            launch(
+                cfg, nproc=nproc, force=force, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint
+            )
+        )
+    )
 
 
 @app.command("eval")

@@ -71,8 +71,20 @@ def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
 
 
-def run_ranks(module: str, payload: str, nproc: int) -> None:
-    """Run `python -m module payload` as `nproc` ranks under torchrun (standalone rendezvous); blocks.
+def run_ranks(
+    module: str,
+    payload: str,
+    nproc: int,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+) -> None:
+    """Run `python -m module payload` as `nproc` ranks under torchrun; blocks.
+
+    One node (`nnodes=1`): a standalone rendezvous. Several: this machine is node `node_rank` of
+    `nnodes`, every node started with the same `rdzv_endpoint` (HOST:PORT of node 0, reachable
+    from all); the static rendezvous gives node 0 the global rank 0, which generates the rollouts.
 
     torchrun runs in its own session, so Ctrl-C in the terminal reaches only this process, which
     forwards it to the ranks (torchrun itself would kill them before they could save); a third
@@ -86,11 +98,30 @@ def run_ranks(module: str, payload: str, nproc: int) -> None:
 
     from agentrl.errors import UserError
 
+    if nnodes > 1:
+        if not rdzv_endpoint or ":" not in rdzv_endpoint:
+            raise UserError(
+                f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, the same on every node), "
+                f"got {rdzv_endpoint!r}"
+            )
+        if not 0 <= node_rank < nnodes:
+            raise UserError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
+        # Static: node ranks are the ones given (node 0 holds global rank 0), no rendezvous server.
+        rendezvous = [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--master-addr={rdzv_endpoint.rsplit(':', 1)[0]}",
+            f"--master-port={rdzv_endpoint.rsplit(':', 1)[1]}",
+        ]
+    else:
+        rendezvous = ["--standalone"]
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *rendezvous,
         f"--nproc-per-node={nproc}",
         "-m",
         module,

@@ -1011,12 +1011,28 @@ def _task_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return {**cfg.env_kwargs, "backend": "local", "use_pool": False}
 
 
-def launch(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> Path:
+def launch(
+    cfg: TrainConfig,
+    nproc: int = 1,
+    force: bool = False,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+) -> Path:
     """Train here (nproc=1) or under `torchrun` with `nproc` processes, after `preflight`.
+
+    Several nodes (`nnodes` > 1): `nproc` processes on this node, node `node_rank`, all nodes meeting
+    at `rdzv_endpoint`; node 0 checks and prepares the run directory (shared by all nodes), the
+    others only join.
 
     Returns out/final. Raises `TrainingInterrupted` (a KeyboardInterrupt) after Ctrl-C saved a
     checkpoint, `TrainingStopped` (a UserError) when nothing could be learned.
     """
+    if nnodes > 1 and node_rank != 0:
+        run_ranks("agentrl.train", cfg.model_dump_json(), nproc, nnodes=nnodes, node_rank=node_rank,
+                  rdzv_endpoint=rdzv_endpoint)  # fmt: skip
+        return Path(cfg.out) / "final"
     note = preflight(cfg, nproc, force)
     if "changed config" in note:
         log(note)
@@ -1024,6 +1040,10 @@ def launch(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> Path:
     finished = json.loads((newest / "trainer_state" / "state.json").read_text())["step"] if newest else 0
     if finished >= cfg.steps and (Path(cfg.out) / "final" / "config.json").exists():
         log(f"{cfg.out} already finished its {cfg.steps} steps ({newest}); raise steps= to train it further")
+        return Path(cfg.out) / "final"
+    if nnodes > 1:
+        run_ranks("agentrl.train", cfg.model_dump_json(), nproc, nnodes=nnodes, node_rank=node_rank,
+                  rdzv_endpoint=rdzv_endpoint)  # fmt: skip
         return Path(cfg.out) / "final"
     if nproc == 1:
         try:
