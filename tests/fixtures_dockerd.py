@@ -65,6 +65,13 @@ def _ping(address: str) -> bool:
 
 @pytest.fixture(scope="session")
 def private_engine() -> Iterator[PrivateEngine]:
+    with running_private_engine() as engine:
+        yield engine
+
+
+@contextlib.contextmanager
+def running_private_engine() -> Iterator[PrivateEngine]:
+    """Start the private engine (also for benchmarks/scale.py); removed with everything in it on exit."""
     from agentrl.sandbox.base import DEFAULT_IMAGE
 
     if os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("unshare") is None:
@@ -184,6 +191,13 @@ def _relay(listener, unix_path: str, stop) -> None:
 @pytest.fixture(scope="session")
 def tcp_engine(private_engine: PrivateEngine) -> Iterator[TcpEngine]:
     """The private engine listening on TCP 127.0.0.1 (session-wide; plain TCP, no TLS)."""
+    with tcp_front(private_engine) as engine:
+        yield engine
+
+
+@contextlib.contextmanager
+def tcp_front(private_engine: PrivateEngine) -> Iterator[TcpEngine]:
+    """A TCP port on 127.0.0.1 in front of `private_engine` while the block runs."""
     import socket
     import threading
 

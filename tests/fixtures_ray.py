@@ -67,6 +67,13 @@ def _ray_bin() -> str:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
+    with local_ray_cluster() as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def local_ray_cluster(cpus_per_node: int = 2) -> Iterator[RayCluster]:
+    """Start the two-node cluster (also for benchmarks/scale.py); stopped, by pid, on exit."""
     try:
         import ray
     except ImportError as exc:
