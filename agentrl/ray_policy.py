@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,7 +136,9 @@ class RayPolicy:
         self.gpus_per_engine = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
         base = {"GPU": 1.0, "CPU": 1.0} if self.gpus_per_engine else {"CPU": 1.0}
         self._bundles = [{**base, **{k: float(v) for k, v in extra.items()}} for extra in per_engine]
-        self._pg = placement_group(self._bundles, strategy="SPREAD", name=f"agentrl-engines-{os.getpid()}")
+        self._pg = placement_group(
+            self._bundles, strategy="SPREAD", name=f"agentrl-engines-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         try:
             ray.get(self._pg.ready(), timeout=start_timeout_s)
         except ray.exceptions.GetTimeoutError:
