@@ -106,7 +106,7 @@ def bench_engines(args: argparse.Namespace) -> dict[str, Any]:
 
     model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-bench-tiny-qwen2", seed=0))
     kw = dict(dtype="float32", max_model_len=1024, seed=0)
-    with local_ray_cluster(cpus_per_node=2) as cluster:
+    with local_ray_cluster(cpus_per_node=2, units=2) as cluster:  # 3 engines at once
         t0 = time.perf_counter()
         one = RayPolicy(model, engines=1, address=cluster.address, resources={"node_a": 1}, **kw)
         start_1 = time.perf_counter() - t0

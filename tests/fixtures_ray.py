@@ -72,8 +72,9 @@ def ray_cluster() -> Iterator[RayCluster]:
 
 
 @contextlib.contextmanager
-def local_ray_cluster(cpus_per_node: int = 2) -> Iterator[RayCluster]:
-    """Start the two-node cluster (also for benchmarks/scale.py); stopped, by pid, on exit."""
+def local_ray_cluster(cpus_per_node: int = 2, units: int = 1) -> Iterator[RayCluster]:
+    """Start the two-node cluster (also for benchmarks/scale.py); stopped, by pid, on exit.
+    `units`: how much of its custom resource each node has (engines that may pin to it at once)."""
     try:
         import ray
     except ImportError as exc:
@@ -97,7 +98,7 @@ def local_ray_cluster(cpus_per_node: int = 2) -> Iterator[RayCluster]:
         logs.append(log)
         procs.append(
             subprocess.Popen(
-                [_ray_bin(), "start", *args, *common, "--resources", f'{{"{name}": 1}}'],
+                [_ray_bin(), "start", *args, *common, "--resources", f'{{"{name}": {units}}}'],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
