@@ -6,6 +6,7 @@ every test here; the engine-kill test runs last, since it restarts an engine.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -158,3 +159,16 @@ def test_a_killed_engine_ends_only_its_episodes_and_comes_back_with_the_newest_w
         RolloutConfig(group_size=2, max_tokens_per_turn=8, seed=3, warn_on_drift=False),
     )
     assert all(t.finish_reason != "engine_error" for t in again)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_machine_each_engine_gets_a_gpu_of_its_own(tiny_model_dir):  # noqa: F811
+    """The real GPU path: a private one-machine Ray, engines asking for one GPU each."""
+    from agentrl.policy import SamplingConfig
+    from agentrl.ray_policy import RayPolicy
+
+    engines = min(2, torch.cuda.device_count())
+    with RayPolicy(tiny_model_dir, engines=engines, address=None, max_model_len=1024) as p:
+        assert p.gpus_per_engine == 1 and all(b["GPU"] == 1.0 for b in p._bundles)
+        gen = asyncio.run(p.generate([1, 2, 3], SamplingConfig(max_tokens=4, ignore_eos=True)))
+        assert len(gen.token_ids) == 4
