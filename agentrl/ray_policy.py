@@ -318,9 +318,14 @@ class RayPolicy:
             targets = [(s.index, s.actor, s.generation) for s in self._slots if s.alive]
             # A restart from here on loads this version.
             self._weights_ref, self._version = ref, version
-        for index, actor, generation in targets:
+        # All engines load at once (each pulls the one copy from the object store), then wait.
+        pending = [
+            (index, generation, actor.update_weights.remote(ref, version))
+            for index, actor, generation in targets
+        ]
+        for index, generation, done in pending:
             try:
-                ray.get(actor.update_weights.remote(ref, version), timeout=self.start_timeout_s)
+                ray.get(done, timeout=self.start_timeout_s)
             except _DEATHS as exc:
                 self._on_death(index, generation, exc)
         return version
