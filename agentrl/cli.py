@@ -609,6 +609,11 @@ def train_cmd(
     rdzv_endpoint: str | None = typer.Option(
         None, "--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node (with --nnodes > 1)."
     ),
+    ray: bool = typer.Option(
+        False,
+        "--ray",
+        help="Rollout engines on the Ray cluster this machine joined (cluster.ray_address=auto).",
+    ),
 ) -> None:
     """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config.
 
@@ -618,7 +623,10 @@ def train_cmd(
     from agentrl.train import launch
     from agentrl.train_config import load_config
 
-    cfg = load_config(config, list(ctx.args))
+    overrides = list(ctx.args)
+    if ray and not any(a.startswith("cluster.ray_address=") for a in overrides):
+        overrides.append("cluster.ray_address=auto")
+    cfg = load_config(config, overrides)
     typer.echo(
         str(
             launch(

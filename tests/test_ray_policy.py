@@ -114,6 +114,35 @@ def test_a_batch_from_both_engines_trains_and_the_push_reaches_every_engine(
     assert {t.policy_version for t in after} == {1}
 
 
+def test_agentrl_train_on_the_cluster_trains_on_groups_from_both_engines(
+    ray_cluster,
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+):
+    """`agentrl train --ray` end to end: two engines of its own on the cluster, one step."""
+    import json
+
+    out = tmp_path / "run"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"env: {COIN}\nmodel: {tiny_model_dir}\nout: {out}\nsteps: 1\n"
+        "rollout: {group_size: 4, max_tokens_per_turn: 12, max_total_tokens: 512, concurrency: 8, engines: 2}\n"
+        "curriculum: {batch_groups: 4, max_gen_factor: 2.0}\noptim: {lr: 1.0e-4, micro_batch_size: 4}\n"
+        f"cluster: {{ray_address: '{ray_cluster.address}'}}\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests.coin_env imports from here
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": root}
+    cli = os.path.join(os.path.dirname(sys.executable), "agentrl")
+    proc = subprocess.run(
+        [cli, "train", str(cfg)], capture_output=True, text=True, timeout=900, env=env, cwd=root
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["rollout/engine0_groups"] >= 1 and row["rollout/engine1_groups"] >= 1
+    assert row["policy/version"] == 1.0 and row["policy/engine_version_min"] == 1.0
+    assert row.get("rollout/engine_errors", 0.0) == 0.0
+
+
 def test_a_killed_engine_ends_only_its_episodes_and_comes_back_with_the_newest_weights(policy):
     cfg = RolloutConfig(
         group_size=2,
