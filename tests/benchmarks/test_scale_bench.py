@@ -24,6 +24,8 @@ def test_quick_run_reports_env_steps_for_one_and_two_hosts() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout)
     hosts = result["docker_hosts"]
-    assert set(hosts["env_steps_per_s"]) == {"1", "2"} and all(v > 0 for v in hosts["env_steps_per_s"].values())
+    assert set(hosts["env_steps_per_s"]) == {"1", "2"} and all(
+        v > 0 for v in hosts["env_steps_per_s"].values()
+    )
     assert sum(hosts["placed_on_two_hosts"]) >= 2 and min(hosts["placed_on_two_hosts"]) >= 1
     assert "date" in result and "machine" in result
