@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
     "Tool": "agentrl.tools",
     "ToolContext": "agentrl.tools",
     "ToolError": "agentrl.tools",
-    "check_env": "agentrl.checker",
+    "check_env": "agentrl.env_check",
     "check_verifier": "agentrl.verifier_check",
     "filter_tasks": "agentrl.verifier_check",
     "VerifierCheck": "agentrl.verifier_check",

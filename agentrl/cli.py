@@ -150,7 +150,7 @@ def env_check(
 ) -> None:
     """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
     from agentrl.agents import run_episode
-    from agentrl.checker import check_env
+    from agentrl.env_check import check_env
     from agentrl.errors import UserError
     from agentrl.registry import make
 
@@ -390,7 +390,7 @@ def model_init(
     """Build a tiny Qwen2-architecture model and its BPE tokenizer, loadable by transformers and vLLM."""
     if kind != "tiny":
         raise typer.BadParameter(f"unknown model kind {kind!r}; the only kind is 'tiny'", param_hint="KIND")
-    from agentrl.model_kit import init_tiny
+    from agentrl.kit.tiny_model import init_tiny
 
     typer.echo(init_tiny(out, seed=seed))
 
@@ -429,12 +429,12 @@ def model_warm_start(
 ) -> None:
     """Tiny model -> oracle demonstrations -> SFT -> held-out pass@1, cached by the recipe's hash. Prints JSON.
 
-    Unset options take the recipe defaults (agentrl.warm_start.WarmStartRecipe): the calc-v0 recipe
+    Unset options take the recipe defaults (agentrl.kit.warm_start.WarmStartRecipe): the calc-v0 recipe
     tuned to land in RL's learnability band.
     """
     import json
 
-    from agentrl.warm_start import WarmStartRecipe, warm_start
+    from agentrl.kit.warm_start import WarmStartRecipe, warm_start
 
     overrides: dict[str, object] = {}
     for item in model_override:
@@ -482,7 +482,7 @@ def sft(
     seed: int = typer.Option(0, help="Seed."),
 ) -> None:
     """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
-    from agentrl.sft import SFTConfig, launch
+    from agentrl.train.sft import SFTConfig, launch
 
     cfg = _validated(
         SFTConfig,
@@ -541,14 +541,14 @@ def demos(
 
     from transformers import AutoTokenizer
 
-    from agentrl.demos import generate_demos
+    from agentrl.kit.demonstrations import generate_demos
 
     if split not in ("train", "validation", "test"):
         raise typer.BadParameter(
             f"unknown split {split!r}; use train, validation or test", param_hint="--split"
         )
     if not model:
-        from agentrl.model_kit import init_tiny
+        from agentrl.kit.tiny_model import init_tiny
 
         model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-tiny", seed=0))
     else:
@@ -581,7 +581,7 @@ def demos(
 def train_cmd(
     ctx: typer.Context,
     config: str = typer.Argument(
-        ..., help="YAML or TOML config (see examples/); every field is in agentrl.train_config."
+        ..., help="YAML or TOML config (see examples/); every field is in agentrl.train.config."
     ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
     force: bool = typer.Option(
@@ -596,8 +596,8 @@ def train_cmd(
     Resumes from the run directory's newest checkpoint when there is one (same config, or --force).
     Ctrl-C saves a checkpoint and says how to continue.
     """
-    from agentrl.train import launch
-    from agentrl.train_config import load_config
+    from agentrl.train.config import load_config
+    from agentrl.train.trainer import launch
 
     cfg = load_config(config, list(ctx.args))
     typer.echo(str(launch(cfg, nproc=nproc, force=force)))
@@ -633,7 +633,7 @@ def eval_cmd(
 ) -> None:
     """Budget-controlled, resumable pass@k evaluation; writes episodes, summary.json, report.md and plots."""
     from agentrl.errors import check_model_dir
-    from agentrl.evaluate import EvalConfig, evaluate
+    from agentrl.eval.evaluate import EvalConfig, evaluate
 
     try:
         ks = [int(x) for x in k.split(",") if x.strip()]
@@ -700,9 +700,9 @@ def rollout_cmd(
     """Roll out N tasks x group-size episodes with a vLLM policy; write trajectories as JSONL."""
     from tqdm import tqdm
 
-    from agentrl.policy import VLLMPolicy, _has_cuda
-    from agentrl.rollout import RolloutConfig, collect_sync
-    from agentrl.trajectory import save_trajectories
+    from agentrl.rollout.loop import RolloutConfig, collect_sync
+    from agentrl.rollout.policy import VLLMPolicy, _has_cuda
+    from agentrl.rollout.trajectory import save_trajectories
 
     cfg = _validated(
         RolloutConfig,
@@ -780,8 +780,8 @@ def demo(
     eval_samples: int = typer.Option(None, help="Samples per held-out task."),
 ) -> None:
     """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
-    from agentrl.demo import run_demo
     from agentrl.errors import check_nproc
+    from agentrl.kit.demo import run_demo
 
     check_nproc(nproc)
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from agentrl import errors
 from agentrl.errors import UserError, check_model_dir, check_nproc, format_validation_error
-from agentrl.train_config import TrainConfig
+from agentrl.train.config import TrainConfig
 
 
 def validation_error(**data) -> ValidationError:

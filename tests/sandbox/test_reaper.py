@@ -194,9 +194,9 @@ ROLLOUT_DRIVER = """
 import sys
 from transformers import AutoTokenizer
 from agentrl.agents import tool_call
-from agentrl.demos import ScriptedPolicy
-from agentrl.masker import ChatMasker
-from agentrl.rollout import RolloutConfig, collect_sync
+from agentrl.kit.demonstrations import ScriptedPolicy
+from agentrl.rollout.masker import ChatMasker
+from agentrl.rollout.loop import RolloutConfig, collect_sync
 
 masker = ChatMasker(AutoTokenizer.from_pretrained(sys.argv[1]))
 

@@ -1,0 +1,276 @@
+"""`TrainConfig`: every knob of `agentrl train`, with its docstring, loaded from YAML/TOML with CLI overrides.
+
+    agentrl train examples/calc_grpo.yaml steps=30 optim.lr=3e-5 curriculum.batch_groups=4
+
+An override is `dotted.path=value`; the value is parsed as YAML (so `true`, `3e-5`, `[1, 2]`
+work). The file is never rewritten; the resolved config is saved next to the run's metrics.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
+from agentrl.train.curriculum import CurriculumConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutSettings(_Strict):
+    group_size: int = Field(8, ge=2, description="Episodes per task in a group (GRPO needs >= 2).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout policy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens_per_turn: int = Field(96, gt=0, description="Most tokens the policy may sample in one turn.")
+    max_total_tokens: int = Field(
+        2048, gt=0, description="Context budget of one trajectory (prompt included)."
+    )
+    episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of one episode.")
+    concurrency: int = Field(32, gt=0, description="Episodes in flight at once.")
+    devices: list[int] | None = Field(
+        None,
+        description="GPUs (indices among the visible ones) of the vLLM engine. None: colocated on the "
+        "trainer's first GPU. GPUs the trainer does not use: dedicated (weights over NCCL); "
+        "trainer GPUs: colocated (weights over CUDA IPC).",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of each engine GPU's memory vLLM may take (weights + KV cache). "
+        "None: 0.9 on dedicated GPUs, 0.4 colocated with the trainer.",
+    )
+    sleep: bool = Field(
+        True,
+        description="Colocated, synchronous: the engine sleeps during each update (frees its weights and "
+        "KV cache) and wakes for generation.",
+    )
+
+
+class OptimSettings(_Strict):
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (constant after warm-up).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warm-up over this many optimizer steps, then constant."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
+    micro_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="Most sequences per forward pass on one process (None: only the token budget bounds it).",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        8192,
+        gt=0,
+        description="Token budget of one forward pass on one process: padded, count x longest; packed, the "
+        "sum of lengths. Sequences are length-bucketed; a longer one runs alone. None: no budget.",
+    )
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Pack a micro-batch's sequences into one row for the varlen attention (no padding). "
+        "auto: on, except on a GPU without the varlen flash kernel (fp32, old torch): length-bucketed padding there.",
+    )
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each batch (PPO epochs; verl's ppo_epochs, TRL's num_iterations). "
+        "After the first update the ratio to the pre-update policy leaves 1 and the clip bounds the step.",
+    )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per pass: the batch is split into this many mini-batches of whole trajectories.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute decoder-layer activations in backward."
+    )
+    bf16: bool | None = Field(
+        None, description="bf16 params/compute with fp32 reduction; default: on with CUDA, off on CPU."
+    )
+
+
+class LossSettings(_Strict):
+    clip_low: float = Field(0.2, ge=0, description="PPO clip below: ratio >= 1 - clip_low.")
+    clip_high: float = Field(
+        0.28, ge=0, description="PPO clip above (DAPO clip-higher): ratio <= 1 + clip_high."
+    )
+    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        "token-mean", description="How per-token losses become one number (DAPO token-mean by default)."
+    )
+    ratio: Literal["token", "sequence"] = Field(
+        "token", description="Token-level ratio (GRPO) or sequence-level (GSPO)."
+    )
+    adv_scale: Literal["group", "none"] = Field(
+        "group", description="Divide advantages by the group's reward std, or not (Dr. GRPO)."
+    )
+    negative_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Scale on negative advantages: 1 is GRPO, 0 positive-sample reinforcement only "
+        "(Zhu et al. 2025); agentrl.train.grpo.weight_negatives.",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the k3 KL penalty to the starting model (0: no reference model)."
+    )
+    tis_cap: float | None = Field(
+        2.0,
+        description="Truncated importance-sampling cap between the rollout engine's and the trainer's log-probs (None: off).",
+    )
+
+
+class AsyncSettings(_Strict):
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: generate then train; async: generate the next batch while training."
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Async: trajectories more than this many policy versions old are handled by `stale`.",
+    )
+    stale: Literal["drop", "importance-weight"] = Field(
+        "drop", description="Async: drop too-stale trajectories, or keep them with the TIS correction."
+    )
+
+
+class EvalSettings(_Strict):
+    every: int = Field(
+        0, ge=0, description="Evaluate every N steps on the held-out split (0: only before and after)."
+    )
+    split: Literal["validation", "test"] = Field(
+        "validation", description="Held-out split for in-training evaluation."
+    )
+    tasks: int = Field(32, gt=0, description="Held-out tasks per evaluation.")
+    samples: int = Field(4, gt=0, description="Samples per task (pass@k for k up to this).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for evaluation.")
+
+
+class WandbSettings(_Strict):
+    project: str = Field("agentrl", description="W&B project the run is logged to.")
+    entity: str | None = Field(None, description="W&B entity (user or team); None: your default.")
+    name: str | None = Field(None, description="Run name shown in W&B; None: W&B picks one.")
+    mode: Literal["auto", "online", "offline"] = Field(
+        "auto",
+        description="online, offline (files under out/wandb; `wandb sync` uploads them later), or auto: "
+        "online when an API key is configured (WANDB_API_KEY or `wandb login`), else offline. "
+        "WANDB_MODE, when set, wins.",
+    )
+
+
+class TrainConfig(_Strict):
+    env: str = Field("agentrl/calc-v0", description="Environment id.")
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides passed to agentrl.make (e.g. backend)."
+    )
+    model: str = Field(description="Starting checkpoint (transformers directory), e.g. the SFT warm start.")
+    out: str = Field(
+        "runs/train", description="Run directory: metrics.jsonl, checkpoints/, final/, config.json."
+    )
+    steps: int = Field(20, ge=1, description="Optimizer steps (one batch of groups each).")
+    seed: int = Field(0, description="Seed of sampling, curriculum and initialisation.")
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="Rollout engine settings.")
+    optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer settings.")
+    loss: LossSettings = Field(default_factory=LossSettings, description="GRPO loss settings.")
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig, description="Learnability-band curriculum and dynamic sampling."
+    )
+    asynchronous: AsyncSettings = Field(
+        default_factory=AsyncSettings, description="Synchronous or asynchronous training."
+    )
+    eval: EvalSettings = Field(
+        default_factory=EvalSettings, description="Held-out evaluation during training."
+    )
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="Save out/checkpoint-N (Hugging Face layout, plus what resuming needs) every N steps; "
+        "0: only at the end and on Ctrl-C.",
+    )
+    keep_last: int = Field(
+        3,
+        ge=1,
+        description="Keep the newest N checkpoint-N directories (only the newest keeps the optimizer state).",
+    )
+    resume: bool = Field(
+        True,
+        description="Resume from the newest out/checkpoint-N when there is one (the config must match; "
+        "`agentrl train --force` accepts a changed one).",
+    )
+    replay: str | None = Field(
+        None, description="Train on this trajectory JSONL instead of generating (offline steps; tests)."
+    )
+    report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where metrics go: jsonl (out/metrics.jsonl, always written), tensorboard (out/tb), "
+        "wandb (see `wandb`); tensorboard and wandb need the tracking extra: pip install 'agentrl[tracking]'.",
+    )
+    wandb: WandbSettings = Field(
+        default_factory=WandbSettings, description="Weights & Biases settings, used when report_to has wandb."
+    )
+    stop_uninformative_after: int = Field(
+        3,
+        ge=0,
+        description="Stop after this many steps in a row without one informative group (every group all-pass "
+        "or all-fail: nothing to learn from); 0: never stop. Each such step is reported.",
+    )
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or override that cannot be read or does not validate (one line, with the fix)."""
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    try:
+        return key.strip().split("."), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({one_line(exc)})") from None
+
+
+def _read(p: Path) -> Any:
+    try:
+        return tomllib.loads(p.read_text()) if p.suffix == ".toml" else yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(
+            f"{p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {one_line(exc)}"
+        ) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, **fields: Any) -> TrainConfig:
+    """Config from a YAML or TOML file (or none), then keyword fields, then `a.b=c` overrides.
+
+    Every problem is a `ConfigError` in one line: a missing file, an unknown key (with the closest
+    known one), a value of the wrong type (with the value given).
+    """
+    data: dict[str, Any] = {}
+    where = "config"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            hint = did_you_mean(p.name, [x.name for x in p.parent.iterdir()]) if p.parent.is_dir() else ""
+            raise ConfigError(f"config file {p} does not exist.{hint}".rstrip("."))
+        data = _read(p) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of config fields")
+        where = f"config {p}"
+    data.update({k: v for k, v in fields.items() if v is not None})
+    for item in overrides or []:
+        keys, value = _parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = value
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, TrainConfig, what=where)) from None
