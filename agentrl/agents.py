@@ -21,13 +21,13 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agentrl.episode import Episode
+from agentrl.types import Agent, AgentEnv, Message
 
-
-class Agent(Protocol):
-    def act(self, observation: list[dict[str, Any]]) -> str: ...
+if TYPE_CHECKING:
+    from agentrl.verifiers import Verdict
 
 
 def tool_call(name: str, **arguments: Any) -> str:
@@ -35,7 +35,7 @@ def tool_call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def last_tool_output(observation: list[dict[str, Any]]) -> str:
+def last_tool_output(observation: list[Message]) -> str:
     for m in reversed(observation):
         if m["role"] == "tool":
             return m["content"]
@@ -44,21 +44,29 @@ def last_tool_output(observation: list[dict[str, Any]]) -> str:
 
 @dataclass
 class EpisodeResult:
+    """How `run_episode` ended: the last step's outcome and the episode's typed record."""
+
     reward: float
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+    """The last step's Gymnasium `info` (`agentrl.types.StepInfo` keys)."""
     episode: Episode
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.episode.verdict
 
 
 def run_episode(
-    env: Any, agent: Agent, *, seed: int | None = None, options: dict | None = None
+    env: AgentEnv, agent: Agent, *, seed: int | None = None, options: dict | None = None
 ) -> EpisodeResult:
     """Reset, then let `agent` act until the episode ends (the env's turn limit bounds it)."""
     obs, info = env.reset(seed=seed, options=options)
     while True:
         obs, reward, terminated, truncated, info = env.step(agent.act(obs))
         if terminated or truncated:
+            assert env.episode is not None
             return EpisodeResult(reward, terminated, truncated, info, env.episode)
 
 
@@ -76,7 +84,7 @@ class AnswerOracle:
         self.task = task
         self.calls = list(task.metadata.get("oracle_calls", []))
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         if self.calls:
             call = self.calls.pop(0)
             return tool_call(call["name"], **call.get("arguments", {}))
@@ -86,7 +94,7 @@ class AnswerOracle:
 class EmptyAgent:
     """Says nothing, every turn."""
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         return ""
 
 
@@ -105,7 +113,7 @@ class RandomAgent:
             return self.rng.randint(-(10**6), 10**6)
         return self.rng.choice([None, [], {}, 3.5, True])
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         r = self.rng.random()
         if r < 0.3:
             return "".join(chr(self.rng.randint(32, 0x24F)) for _ in range(self.rng.randint(0, 80)))

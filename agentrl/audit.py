@@ -253,7 +253,7 @@ class Play:
         if terminated or truncated:
             self.done = True
             self.reward = float(reward)
-            self.verdict = info.get("verdict")
+            self.verdict = self.env.episode.verdict
         return obs
 
     def calls(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -385,7 +385,7 @@ def run_audit(
 ) -> AuditReport:
     """Controls, then every applicable attack, on `tasks` (the first N tasks of the env, or these)."""
     chosen = list(attacks()) if only is None else [get(n) for n in only]
-    picked = [env._pick_task({"index": i}) for i in range(tasks)] if isinstance(tasks, int) else list(tasks)
+    picked = [env.tasks.get(i, env.split) for i in range(tasks)] if isinstance(tasks, int) else list(tasks)
     report = AuditReport(env_id or getattr(env, "env_id", type(env).__name__), getattr(env, "backend", None))
     t_start = time.perf_counter()
     for task in picked:

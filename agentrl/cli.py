@@ -137,7 +137,7 @@ def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentr
     typer.echo("tools:")
     for schema in env.toolbox.schemas:
         typer.echo("  " + json.dumps(schema["function"]))
-    task = env._pick_task({"index": 0})
+    task = env.tasks.get(0, env.split)
     typer.echo(f"sample task ({task.id}):\n  " + task.prompt.replace("\n", "\n  "))
     env.close()
 
@@ -153,6 +153,7 @@ def env_check(
     from agentrl.env_check import check_env
     from agentrl.errors import UserError
     from agentrl.registry import make
+    from agentrl.types import has_oracle
 
     env = make(env_id, backend=backend)
     try:
@@ -162,18 +163,18 @@ def env_check(
             typer.echo(f"[!!] {env_id}: {exc}")
             sys.exit(1)
         typer.echo(f"[ok] {env_id}: check_env passed")
-        if tasks > 0 and not callable(getattr(env, "oracle", None)):
+        if tasks > 0 and not has_oracle(env):
             raise UserError(
                 f"{env_id} has no oracle, so the oracle half of the check cannot run: give the env an "
                 "oracle(task) -> agent (a method, or ToolEnv(oracle=...); README: Oracles), or pass --tasks 0"
             )
         solved = 0
         for i in range(tasks):
-            task = env._pick_task({"index": i})
+            task = env.tasks.get(i, env.split)
             result = run_episode(env, env.oracle(task), options={"task": task})
             solved += result.reward >= 1.0
             if result.reward < 1.0:
-                typer.echo(f"[!!] oracle failed {task.id}: {result.info.get('verdict')}")
+                typer.echo(f"[!!] oracle failed {task.id}: {result.verdict}")
         typer.echo(f"[{'ok' if solved == tasks else '!!'}] oracle solved {solved}/{tasks} tasks")
     finally:
         env.close()
@@ -221,7 +222,7 @@ def verifier_check(
     dropped = 0
     try:
         for i in range(tasks):
-            task = env._pick_task({"index": i})
+            task = env.tasks.get(i, env.split)
             check = check_verifier(env, task)
             dropped += not check.ok
             reason = " ".join(check.reason.split())
@@ -724,16 +725,11 @@ def rollout_cmd(
     check_model_dir(model)
     if n < 1:
         raise typer.BadParameter(f"--n must be >= 1, got {n}", param_hint="--n")
-    from agentrl.task import Task
+    from agentrl.registry import task_source
 
     env_kwargs = {"backend": backend} if backend else {}
-    from agentrl.registry import make_for_split
-
-    probe = make_for_split(env, split, **env_kwargs)
-    try:
-        tasks: list[Task] = [probe._pick_task({"index": i, "split": split}) for i in range(n)]
-    finally:
-        probe.close()
+    source = task_source(env, split=split, **env_kwargs)
+    tasks = [source.get(i, split) for i in range(n)]
     from agentrl.runlog import quiet_libraries
 
     quiet_libraries(Path(f"{out}.engine.log"))  # vLLM's logs beside the trajectories, not over the bar

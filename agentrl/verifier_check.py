@@ -65,7 +65,7 @@ class FilteredTasks(NamedTuple):
 
 def _verdict(env: Any, agent: Any, task: Task) -> Verdict:
     result = run_episode(env, agent, options={"task": task})
-    verdict = result.info.get("verdict")
+    verdict = result.verdict
     if not isinstance(verdict, Verdict):
         raise RuntimeError(f"the episode ended ({result.episode.finish_reason}) without a verdict in info")
     return verdict

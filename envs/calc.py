@@ -12,7 +12,8 @@ from typing import Any
 
 from agentrl.agents import first_number, last_tool_output, tool_call
 from agentrl.env import ToolEnv
-from agentrl.task import Split, Task, split_rng_seed
+from agentrl.task import Task, split_rng_seed
+from agentrl.types import Split
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jun", "Kofi", "Lena"]
 
@@ -108,6 +109,7 @@ class CalcOracle:
 
 
 class CalcEnv(ToolEnv):
+    task_generator = CalcTaskGenerator
     instructions = (
         "You are a careful assistant that solves math problems. Compute with the python tool, "
         "then call submit with only the final number."
@@ -129,7 +131,7 @@ class CalcEnv(ToolEnv):
                 {"parts": [("numeric", 1.0)], "gates": ["tool-used"] if require_python else []},
             )
         super().__init__(
-            tasks=kwargs.pop("tasks", CalcTaskGenerator(seed)),
+            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
             tools=tools or ["python", "submit"],
             verifier=verifier,
             max_turns=max_turns,

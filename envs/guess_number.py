@@ -16,8 +16,9 @@ from typing import Any
 
 from agentrl.agents import last_tool_output, tool_call
 from agentrl.env import ToolEnv
-from agentrl.task import Split, Task, split_rng_seed
+from agentrl.task import Task, split_rng_seed
 from agentrl.tools import ToolContext, ToolOutcome, tool
+from agentrl.types import Split
 
 
 @dataclass
@@ -84,14 +85,14 @@ class GuessNumberEnv(ToolEnv):
     # One guess per turn: the feedback is the game. With parallel calls, 100 guesses in one
     # message would win in two turns whatever the strategy.
     default_max_tool_calls_per_step = 1
+    task_generator = GuessNumberTaskGenerator
 
     def __init__(
         self, *, seed: int = 0, max_turns: int | None = None, verifier: Any = "exact-match", **kwargs: Any
     ):
-        generator = kwargs.pop("tasks", GuessNumberTaskGenerator(seed))
         # Enough turns for a binary search over the largest range, plus two to spare.
         super().__init__(
-            tasks=generator,
+            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
             tools=[guess],
             verifier=verifier,
             max_turns=max_turns or math.ceil(math.log2(1000)) + 2,

@@ -14,7 +14,8 @@ from typing import Any
 
 from agentrl.agents import last_tool_output, tool_call
 from agentrl.env import ToolEnv
-from agentrl.task import Split, Task, split_rng_seed
+from agentrl.task import Task, split_rng_seed
+from agentrl.types import Split
 
 CITIES = ["Paris", "Lagos", "Lima", "Oslo", "Pune", "Quito", "Seoul", "Tunis"]
 FIRST = ["Ada", "Bo", "Cyd", "Dee", "Eve", "Finn", "Gus", "Hal", "Ida", "Jo", "Kai", "Lu", "Mo", "Ned", "Ola"]
@@ -164,6 +165,7 @@ class SqliteOracle:
 
 
 class SqliteEnv(ToolEnv):
+    task_generator = SqliteTaskGenerator
     instructions = (
         "You are a database assistant. Inspect and query the SQLite database with the tools "
         "(the sqlite3 command-line shell is installed), then call submit."
@@ -179,7 +181,7 @@ class SqliteEnv(ToolEnv):
         **kwargs: Any,
     ):
         super().__init__(
-            tasks=kwargs.pop("tasks", SqliteTaskGenerator(seed)),
+            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
             tools=tools or ["bash", "python", "submit"],
             verifier=verifier,
             max_turns=max_turns,

@@ -195,7 +195,7 @@ def _builtin(env_id: str, request: pytest.FixtureRequest) -> tuple[Any, list[Tas
         return PythonRepairEnv(tasks=[task], env_id=env_id), [task]
     env = agentrl.make(env_id)
     indices = [0, 1] if env_id == "agentrl/sqlite-v0" else [0]  # sqlite: an answer task, a state task
-    return env, [env._pick_task({"index": i}) for i in indices]
+    return env, [env.tasks.get(i, env.split) for i in indices]
 
 
 @pytest.mark.slow

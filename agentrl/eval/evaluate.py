@@ -298,23 +298,25 @@ def resolve_tasks(
     env_id: str, split: str, num_tasks: int, env_kwargs: dict[str, Any], max_turns: int | None
 ) -> tuple[list[Task], int]:
     """Tasks 0..num_tasks-1 of `split`, and the environment's turn limit (`max_turns` or its default)."""
-    from agentrl.registry import make_for_split
+    from agentrl.registry import make, spec, task_source
 
-    env = make_for_split(env_id, split, **_env_overrides(env_kwargs, max_turns))
-    try:
-        size = env.tasks.size(split)  # None: a generator, unbounded
-        if size is not None and size and num_tasks > size:
-            raise EvalError(
-                f"{env_id} has {size} {split} tasks (a fixed dataset); ask for at most that many (--tasks {size})"
-            )
-        tasks = [env._pick_task({"index": i, "split": split}) for i in range(num_tasks)]
-        resolved_turns = int(env.max_turns)
-    finally:
+    overrides = _env_overrides(env_kwargs, max_turns)
+    source = task_source(env_id, split=split, **overrides)
+    size = source.size(split)  # None: a generator, unbounded
+    if size is not None and size and num_tasks > size:
+        raise EvalError(
+            f"{env_id} has {size} {split} tasks (a fixed dataset); ask for at most that many (--tasks {size})"
+        )
+    tasks = [source.get(i, split) for i in range(num_tasks)]
+    resolved_turns = overrides.get("max_turns") or spec(env_id).max_turns
+    if resolved_turns is None:  # the environment class's own default: only an instance knows it
+        env = make(env_id, **overrides)
+        resolved_turns = env.max_turns
         env.close()
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise EvalError(f"{env_id} gave duplicate task ids on split {split!r}; pass@k needs distinct tasks")
-    return tasks, resolved_turns
+    return tasks, int(resolved_turns)
 
 
 def make_budget(cfg: EvalConfig) -> tuple[EvalBudget, list[Task]]:

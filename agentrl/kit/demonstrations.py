@@ -28,7 +28,7 @@ from agentrl.agents import Agent
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, SamplingConfig
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
-from agentrl.task import Split
+from agentrl.types import Split
 
 
 class ScriptedPolicy:
@@ -72,7 +72,7 @@ class ScriptedPolicy:
         return Generation(
             token_ids=ids,
             logprobs=[0.0] * len(ids),
-            finish_reason=finish,
+            stop_reason=finish,
             policy_version=self.version,
             policy_version_end=self.version,
         )
@@ -126,25 +126,22 @@ def generate_demos(
     `kinds` keeps only tasks whose `metadata["kind"]` is listed (indices are skipped until `n` are found).
     `tokenizer` is a Hugging Face tokenizer (the model's: the ids are that model's ids) or a `ChatMasker`.
     """
-    from agentrl.registry import make_for_split
+    from agentrl.registry import task_source
     from agentrl.rollout.loop import RolloutConfig, collect
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     masker = tokenizer if isinstance(tokenizer, ChatMasker) else ChatMasker(tokenizer)
     kwargs = {"backend": backend, **(env_kwargs or {})}
-    probe = make_for_split(env_id, split, **kwargs)
-    try:
-        tasks = []
-        index = start
-        # Bounded scan: a `kinds` filter that matches nothing must fail, not loop forever.
-        while len(tasks) < n and index < start + 100 * n:
-            task = probe._pick_task({"index": index, "split": split})
-            index += 1
-            if kinds is None or task.metadata.get("kind") in kinds:
-                tasks.append(task)
-    finally:
-        probe.close()
+    source = task_source(env_id, split=split, **kwargs)
+    tasks = []
+    index = start
+    # Bounded scan: a `kinds` filter that matches nothing must fail, not loop forever.
+    while len(tasks) < n and index < start + 100 * n:
+        task = source.get(index, split)
+        index += 1
+        if kinds is None or task.metadata.get("kind") in kinds:
+            tasks.append(task)
     if len(tasks) < n:
         raise ValueError(
             f"only {len(tasks)} of the first {index - start} {split} tasks of {env_id} have a kind in {kinds}; "

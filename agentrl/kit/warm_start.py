@@ -402,16 +402,13 @@ def measure(model_dir: str | Path, recipe: WarmStartRecipe) -> dict[str, Any]:
 def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
     from collections import Counter
 
-    from agentrl.registry import make
+    from agentrl.registry import task_source
     from agentrl.rollout.loop import RolloutConfig, collect_sync
     from agentrl.rollout.policy import VLLMPolicy
 
     t0 = time.perf_counter()
-    env = make(recipe.env, backend=recipe.backend, use_pool=False)
-    try:
-        tasks = [env._pick_task({"index": i, "split": recipe.eval_split}) for i in range(recipe.eval_tasks)]
-    finally:
-        env.close()
+    source = task_source(recipe.env, split=recipe.eval_split, backend=recipe.backend)
+    tasks = [source.get(i, recipe.eval_split) for i in range(recipe.eval_tasks)]
     cfg = RolloutConfig(
         group_size=recipe.eval_samples,
         temperature=recipe.eval_temperature,

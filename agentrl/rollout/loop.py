@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,10 @@ from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
 from agentrl.rollout.trajectory import Timings, Trajectory
 from agentrl.task import Task
+from agentrl.types import AgentEnv, FinishReason, Split
+
+if TYPE_CHECKING:
+    from agentrl.verifiers import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +83,8 @@ class RolloutConfig(BaseModel):
     )
 
 
-EnvFactory = Callable[[], Any]
-EpisodePolicyFactory = Callable[[Any, MaskedSequence], Policy]
+EnvFactory = Callable[[], AgentEnv]
+EpisodePolicyFactory = Callable[[AgentEnv, MaskedSequence], Policy]
 """(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode."""
 
 
@@ -218,13 +222,13 @@ class _Episode:
     ):
         self.spec, self.masker, self.policy, self.cfg = spec, masker, policy, cfg
         self.episode_policy = episode_policy
-        self.env: Any = None
+        self.env: AgentEnv | None = None
         self.seq: MaskedSequence | None = None
         self.task_id = spec.task.id if isinstance(spec.task, Task) else ""
-        self.split = spec.task.split if isinstance(spec.task, Task) else "train"
-        self.finish_reason: str | None = None
+        self.split: Split = spec.task.split if isinstance(spec.task, Task) else "train"
+        self.finish_reason: FinishReason | None = None
         self.error: str | None = None
-        self.verdict: Any = None
+        self.verdict: Verdict | None = None
         self.versions: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.env_busy = False  # an environment call is running on a thread right now
@@ -248,7 +252,7 @@ class _Episode:
             stop_token_ids=self.masker.stop_token_ids,
         )
 
-    async def end(self, reason: str, error: str | None = None) -> None:
+    async def end(self, reason: FinishReason, error: str | None = None) -> None:
         """End the episode from outside (token budget) and score it."""
         self.finish_reason, self.error = reason, error
         self.verdict = await self.env_call(self.env.end_episode, reason, error)
@@ -256,9 +260,8 @@ class _Episode:
     async def run(self) -> None:
         masker, cfg = self.masker, self.cfg
         options = {"task": self.spec.task} if isinstance(self.spec.task, Task) else {"index": self.spec.task}
-        obs, info = await self.env_call(self.env.reset, seed=self.spec.env_seed, options=options)
-        self.task_id = info.get("task_id", self.task_id)
-        self.split = info.get("split", self.split)
+        obs, _info = await self.env_call(self.env.reset, seed=self.spec.env_seed, options=options)
+        self.task_id, self.split = self.env.task.id, self.env.task.split
         self.seq = seq = masker.start(obs)
         if self.episode_policy is not None:
             self.policy = self.episode_policy(self.env, seq)
@@ -277,18 +280,21 @@ class _Episode:
             self.generate_s += time.perf_counter() - t0
             self.versions += [gen.policy_version, gen.policy_version_end]
             turn += 1
-            action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.finish_reason)
-            if gen.finish_reason == "length" and len(seq) >= cfg.max_total_tokens:
+            action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason)
+            if gen.stop_reason == "length" and len(seq) >= cfg.max_total_tokens:
                 # Cut by the context budget mid-turn: the text is incomplete, so it is not acted on.
                 await self.end(
                     "max_tokens", f"turn {turn} ran into the context budget of {cfg.max_total_tokens} tokens"
                 )
                 return
-            new_messages, _reward, terminated, truncated, info = await self.env_call(self.env.step, action)
+            new_messages, _reward, terminated, truncated, _info = await self.env_call(self.env.step, action)
             if terminated or truncated:
-                self.finish_reason = info.get("finish_reason") or ("submitted" if terminated else "max_turns")
-                self.error = info.get("error")
-                self.verdict = info.get("verdict")
+                episode = self.env.episode
+                self.finish_reason, self.error, self.verdict = (
+                    episode.finish_reason,
+                    episode.error,
+                    episode.verdict,
+                )
                 return
             ids = masker.observation_ids(seq, new_messages)
             if len(seq) + len(ids) > cfg.max_total_tokens:
@@ -305,10 +311,10 @@ class _Episode:
         drift = None
         if seq is not None and self.cfg.drift_check and len(seq) > seq.prompt_len:
             drift = self.masker.check_drift(seq, warn=self.cfg.warn_on_drift)
-        episode = getattr(self.env, "episode", None) if self.env is not None else None
+        episode = self.env.episode if self.env is not None else None
         verdict = self.verdict
-        verify_s = float(getattr(verdict, "duration_s", 0.0) or 0.0)
-        versions = self.versions or [getattr(self.policy, "version", 0)]
+        verify_s = verdict.duration_s if verdict is not None else 0.0
+        versions = self.versions or [self.policy.version]
         return Trajectory(
             task_id=self.task_id,
             group_id=self.spec.group_id,
@@ -316,19 +322,19 @@ class _Episode:
             loss_mask=list(seq.loss_mask) if seq else [],
             behavior_logprobs=list(seq.behavior_logprobs) if seq else [],
             prompt_len=seq.prompt_len if seq else 0,
-            reward=float(getattr(verdict, "reward", 0.0) or 0.0),
-            passed=bool(getattr(verdict, "passed", False)),
+            reward=float(verdict.reward) if verdict is not None else 0.0,
+            passed=bool(verdict.passed) if verdict is not None else False,
             finish_reason=self.finish_reason or "env_error",
             policy_version=min(versions),
             policy_version_max=max(versions),
-            env_id=getattr(self.env, "env_id", "") or "",
+            env_id=self.env.env_id if self.env is not None else "",
             split=self.split,
-            verdict_details=str(getattr(verdict, "details", "") or ""),
-            turns=getattr(episode, "turns", 0),
-            tool_calls=getattr(episode, "tool_calls", 0),
-            tool_errors=getattr(episode, "tool_errors", 0),
-            tool_timeouts=getattr(episode, "tool_timeouts", 0),
-            format_errors=getattr(episode, "format_errors", 0),
+            verdict_details=verdict.details if verdict is not None else "",
+            turns=episode.turns if episode is not None else 0,
+            tool_calls=episode.tool_calls if episode is not None else 0,
+            tool_errors=episode.tool_errors if episode is not None else 0,
+            tool_timeouts=episode.tool_timeouts if episode is not None else 0,
+            format_errors=episode.format_errors if episode is not None else 0,
             timings=Timings(
                 generate_s=self.generate_s,
                 env_s=max(0.0, self.env_s - verify_s),
@@ -336,7 +342,7 @@ class _Episode:
                 total_s=total_s,
             ),
             drift=drift,
-            messages=list(getattr(episode, "messages", None) or (seq.messages if seq else [])),
+            messages=list(episode.messages if episode is not None else seq.messages if seq else []),
             error=self.error,
         )
 
@@ -361,7 +367,7 @@ async def _run_one(
         ep.finish_reason = "timeout"
         ep.error = f"the episode ran past its {cfg.episode_timeout_s:g}s wall-clock limit"
         ep.verdict = None
-        episode = getattr(ep.env, "episode", None)
+        episode = ep.env.episode if ep.env is not None else None
         if ep.env is not None and episode is not None and not episode.done:
             # Score and release the sandbox, bounded: the env may be stuck in the very call that timed out.
             try:
@@ -378,7 +384,7 @@ async def _run_one(
         ep.finish_reason = "env_error"
         ep.error = f"{type(exc).__name__}: {exc}"
         log.warning("episode %s (task %s) ended by an error: %s", spec.index, ep.task_id, ep.error)
-        episode = getattr(ep.env, "episode", None)
+        episode = ep.env.episode if ep.env is not None else None
         if ep.env is not None and episode is not None and not episode.done:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(cfg.end_timeout_s):

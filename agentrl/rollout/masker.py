@@ -35,13 +35,16 @@ import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.rollout.trajectory import DriftReport
+from agentrl.types import Message
+
+if TYPE_CHECKING:
+    from agentrl.rollout.policy import StopReason
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, Any]
 
 # Rollout metrics: how many trajectories were checked, and how many drifted (by kind).
 DRIFT_METRICS: Counter[str] = Counter()
@@ -63,21 +66,21 @@ class MaskedSequence:
     """The conversation as the policy has seen it (what the drift check re-renders)."""
     ends_in_generation_prompt: bool = True
     """True after the prompt or an observation; False right after a sampled turn."""
-    last_finish_reason: str = "stop"
+    last_stop_reason: StopReason = "stop"
     notes: list[str] = field(default_factory=list)
     """Template problems met while appending (non-prefix renderings), for the drift report."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def append_sampled(self, token_ids: list[int], logprobs: list[float], finish_reason: str) -> None:
+    def append_sampled(self, token_ids: list[int], logprobs: list[float], stop_reason: StopReason) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} sampled ids but {len(logprobs)} log-probs")
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([1] * len(token_ids))
         self.behavior_logprobs.extend(logprobs)
         self.ends_in_generation_prompt = False
-        self.last_finish_reason = finish_reason
+        self.last_stop_reason = stop_reason
 
     def append_forced(self, token_ids: list[int]) -> None:
         """Ids the policy did not sample (glue, observations, generation prompt): mask 0."""
@@ -161,34 +164,34 @@ class ChatMasker:
             messages=[dict(m) for m in messages],
         )
 
-    def action_text(self, sampled_ids: list[int], finish_reason: str) -> str:
+    def action_text(self, sampled_ids: list[int], stop_reason: StopReason) -> str:
         """What the policy wrote this turn, for the environment: the sampled text minus the end-of-turn token."""
         ids = sampled_ids
-        if finish_reason == "stop" and ids and ids[-1] == self.end_of_turn_id:
+        if stop_reason == "stop" and ids and ids[-1] == self.end_of_turn_id:
             ids = ids[:-1]
         return self.decode(ids)
 
-    def close_glue(self, sampled_ids: list[int], finish_reason: str) -> str:
+    def close_glue(self, sampled_ids: list[int], stop_reason: StopReason) -> str:
         """Template text after the sampled ids that closes the turn and that the model did not sample."""
-        if finish_reason == "stop" and sampled_ids and sampled_ids[-1] == self.end_of_turn_id:
+        if stop_reason == "stop" and sampled_ids and sampled_ids[-1] == self.end_of_turn_id:
             return self.turn_close[len(self.decode([self.end_of_turn_id])) :]
         # A length stop, or a stop on some other token (a model EOS that is not the template's
         # end-of-turn): the template still closes the turn, and none of that was sampled.
         return self.turn_close
 
     def add_turn(
-        self, seq: MaskedSequence, sampled_ids: list[int], logprobs: list[float], finish_reason: str
+        self, seq: MaskedSequence, sampled_ids: list[int], logprobs: list[float], stop_reason: StopReason
     ) -> str:
         """Append one sampled turn (mask 1); return the action text for the environment."""
-        seq.append_sampled(sampled_ids, logprobs, finish_reason)
-        text = self.action_text(sampled_ids, finish_reason)
+        seq.append_sampled(sampled_ids, logprobs, stop_reason)
+        text = self.action_text(sampled_ids, stop_reason)
         seq.messages.append({"role": "assistant", "content": text})
         return text
 
     def observation_ids(self, seq: MaskedSequence, new_messages: list[Message]) -> list[int]:
         """Glue + observation delta + next generation prompt, tokenized once (not yet appended)."""
         sampled = _last_sampled_run(seq)
-        glue = self.close_glue(sampled, seq.last_finish_reason)
+        glue = self.close_glue(sampled, seq.last_stop_reason)
         # Render the new messages after a short fixed context ending in this turn's assistant message,
         # not after the whole conversation: the cost per turn stays constant as episodes grow. A template
         # whose rendering of the new messages depends on older history shows up in the drift check.
@@ -222,7 +225,7 @@ class ChatMasker:
         else:
             # The rendering closes the last assistant turn; the sequence stops at what was sampled.
             text = self.render(seq.messages, add_generation_prompt=False)
-            tail = self.close_glue(_last_sampled_run(seq), seq.last_finish_reason)
+            tail = self.close_glue(_last_sampled_run(seq), seq.last_stop_reason)
             ours = list(seq.token_ids) + self.encode(tail)
         rendered = self.encode(text)
         first = next((i for i, (a, b) in enumerate(zip(ours, rendered, strict=False)) if a != b), None)

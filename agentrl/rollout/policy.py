@@ -2,7 +2,7 @@
 
     policy = VLLMPolicy("/path/to/model")
     gen = await policy.generate(prompt_ids, SamplingConfig(max_tokens=64, stop_token_ids=[im_end]))
-    gen.token_ids, gen.logprobs, gen.finish_reason, gen.policy_version
+    gen.token_ids, gen.logprobs, gen.stop_reason, gen.policy_version
     policy.update_weights(trainer_model.state_dict())   # version += 1, prefix cache reset
 
 - `VLLMPolicy` is the rollout engine: vLLM's v1 engine with continuous batching, the same code on
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 # stderr unless the user chose otherwise (set before vLLM is imported: it reads this at import).
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
-FinishReason = Literal["stop", "length"]
+StopReason = Literal["stop", "length"]
+"""Why a generation stopped: `stop`, a stop token (or the model's EOS); `length`, `max_tokens` ran out."""
 
 
 class SamplingConfig(BaseModel):
@@ -78,7 +79,7 @@ class Generation:
     """Sampled ids, in order; a stop token, if one ended the generation, is the last id."""
     logprobs: list[float]
     """Log-probability of each sampled id under the sampling distribution (see the module docstring)."""
-    finish_reason: FinishReason
+    stop_reason: StopReason
     """`stop`: a stop token (or the model's EOS) ended it; `length`: `max_tokens` ran out."""
     policy_version: int
     """Weights version when the request started."""
@@ -223,6 +224,28 @@ def checkpoint_dtype(model: str | os.PathLike[str]) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = 1, in_process: bool = True) -> dict[str, str]:
+    """Environment variables for a vLLM CPU engine that behaves on a small shared machine.
+
+    `threads` OpenMP threads are pinned to the first cores this process may run on (vLLM's `auto`
+    binding takes every physical core, which starves everything else on a 2-core box). `in_process`
+    runs the engine core in the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): start-up drops
+    from about 20 s to about 3 s here, at the price of generation blocking the caller.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if threads < 1 or threads > len(cores):
+        raise ValueError(
+            f"threads={threads} must be between 1 and the {len(cores)} core(s) this process may use"
+        )
+    return {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores[:threads]),
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+    }
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -244,7 +267,7 @@ class VLLMPolicy:
 
     The engine lives on its own thread (an event loop for `AsyncLLM`, a step loop for `LLMEngine`),
     so `generate` may be awaited from any event loop and `update_weights` called from any thread.
-    On a machine without CUDA, the CPU settings of `agentrl.kit.tiny_model.vllm_cpu_env` are applied
+    On a machine without CUDA, the CPU settings of `vllm_cpu_env` are applied
     (variables the caller already set are kept).
     """
 
@@ -277,8 +300,6 @@ class VLLMPolicy:
                 "devices, sleep_mode and the ipc/nccl weight transfers need CUDA GPUs; on the CPU leave them unset"
             )
         if not on_gpu:
-            from agentrl.kit.tiny_model import vllm_cpu_env
-
             for key, value in vllm_cpu_env(threads=cpu_threads, in_process=in_process).items():
                 os.environ.setdefault(key, value)
         # Multiprocessing in the engine follows this variable, so it must agree with `in_process`.
@@ -797,7 +818,7 @@ class HFPolicy:
             past, logits = out.past_key_values, out.logits[0, -1]  # logits: [V]
             tokens: list[int] = []
             logprobs: list[float] = []
-            reason: FinishReason = "length"
+            reason: StopReason = "length"
             for _ in range(sampling.max_tokens):
                 # The distribution comes back to the CPU: the seeded generator is a CPU one, so a seed
                 # draws the same tokens on any device.

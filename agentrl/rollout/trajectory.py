@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.types import FinishReason, Message
+
 # Episodes that ended for a reason outside the policy's control are kept for inspection but
 # excluded from the loss by default: their reward says nothing about the policy.
-UNTRAINABLE_FINISH_REASONS = frozenset({"env_error", "timeout"})
+UNTRAINABLE_FINISH_REASONS: frozenset[FinishReason] = frozenset({"env_error", "timeout"})
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Trajectory:
     prompt_len: int
     reward: float
     passed: bool
-    finish_reason: str
+    finish_reason: FinishReason
     policy_version: int
     env_id: str = ""
     split: str = "train"
@@ -65,7 +67,7 @@ class Trajectory:
     policy_version_max: int | None = None
     timings: Timings = field(default_factory=Timings)
     drift: DriftReport | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     error: str | None = None
 
     def __post_init__(self) -> None:

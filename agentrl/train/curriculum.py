@@ -40,7 +40,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.task import Split, Task, TaskGenerator
+from agentrl.task import Task, TaskGenerator
+from agentrl.types import Split
 
 DrawKind = Literal["probe", "reprobe", "band"]
 Group = Sequence[Trajectory]

@@ -504,11 +504,9 @@ def train(cfg: TrainConfig) -> Path:
     curriculum: Curriculum | None = None
     pool = "generator"
     if info.is_main and cfg.replay is None:
-        import agentrl
+        from agentrl.registry import task_source
 
-        env = agentrl.make(cfg.env, **_task_env_kwargs(cfg))
-        curriculum = Curriculum.from_source(env.tasks, config=cfg.curriculum)
-        env.close()
+        curriculum = Curriculum.from_source(task_source(cfg.env, **cfg.env_kwargs), config=cfg.curriculum)
         if curriculum.pool_size is not None:
             pool = f"a pool of {curriculum.pool_size} train tasks"
     # updates: optimizer steps so far (the warm-up counts these, not training steps)
@@ -953,27 +951,20 @@ def preflight(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> str:
 
 
 def _check_tasks(cfg: TrainConfig) -> None:
-    import agentrl
+    """A generator returning garbage, an empty dataset: said here, once. The tasks are read with the
+    run's own overrides (`env_kwargs` may name another dataset: `tasks: data.jsonl`)."""
+    from agentrl.registry import task_source
 
-    env = agentrl.make(cfg.env, **_task_env_kwargs(cfg))
-    try:
-        env.tasks.get(0, "train")  # a generator returning garbage, an empty dataset: said here, once
-        size = env.tasks.size("train")
-        if size is not None and size < cfg.curriculum.batch_groups:
-            log(
-                f"note: {cfg.env} has {size} train tasks, fewer than curriculum.batch_groups "
-                f"({cfg.curriculum.batch_groups}): a batch holds at most {size} groups"
-            )
-        if cfg.eval.every:
-            env.tasks.get(0, cfg.eval.split)
-    finally:
-        env.close()
-
-
-def _task_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """The environment the tasks are read from: the run's own overrides (`env_kwargs` may name
-    another dataset: `tasks: data.jsonl`), with no sandbox started for it."""
-    return {**cfg.env_kwargs, "backend": "local", "use_pool": False}
+    train = task_source(cfg.env, **cfg.env_kwargs)
+    train.get(0, "train")
+    size = train.size("train")
+    if size is not None and size < cfg.curriculum.batch_groups:
+        log(
+            f"note: {cfg.env} has {size} train tasks, fewer than curriculum.batch_groups "
+            f"({cfg.curriculum.batch_groups}): a batch holds at most {size} groups"
+        )
+    if cfg.eval.every:
+        task_source(cfg.env, split=cfg.eval.split, **cfg.env_kwargs).get(0, cfg.eval.split)
 
 
 def launch(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> Path:

@@ -32,7 +32,9 @@ from agentrl.envs.python_repair.images import stage_source
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
 from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Split, Task
+from agentrl.task import Task
+from agentrl.tasksource import TaskSource, as_task_source
+from agentrl.types import Split
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +118,11 @@ class PythonRepairEnv(ToolEnv):
         exec_timeout_s: float = 60.0,
         **kwargs: Any,
     ):
-        if isinstance(packages, str):
-            packages = [p.strip() for p in packages.split(",") if p.strip()]
-        self.packages = list(packages)
-        if tasks is None:
-            tasks = load_tasks(self.packages, split=split, seed=seed, first_use_n=first_use_n)
+        self.packages = _package_list(packages)
         super().__init__(
-            tasks=list(tasks),
+            tasks=self.make_tasks(
+                packages=packages, seed=seed, split=split, tasks=tasks, first_use_n=first_use_n
+            ),
             tools=tools or TOOLS,
             verifier=verifier or ("hidden-tests", {"mode": "all", "timeout_s": 120.0}),
             max_turns=max_turns,
@@ -135,6 +135,23 @@ class PythonRepairEnv(ToolEnv):
             sandbox_env={"PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("sandbox_env", {})},
             **kwargs,
         )
+
+    @classmethod
+    def make_tasks(
+        cls,
+        *,
+        packages: Sequence[str] | str = DEFAULT_PACKAGES,
+        seed: int = 0,
+        split: Split = "train",
+        tasks: Sequence[Task] | None = None,
+        first_use_n: int = 4,
+        env_id: str | None = None,
+        **_: Any,
+    ) -> TaskSource:
+        """The cached tasks of `split` (synthesized on first use), or the `tasks` given."""
+        if tasks is None:
+            tasks = load_tasks(_package_list(packages), split=split, seed=seed, first_use_n=first_use_n)
+        return as_task_source(list(tasks), name=env_id or cls.__name__)
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
         # The package comes from the image (root-only copy) with the task's mutant module in
@@ -155,7 +172,15 @@ class PythonRepairEnv(ToolEnv):
         return PythonRepairOracle(task)
 
     def statistics(self) -> dict[str, Any]:
-        return task_statistics(list(self.task_source))  # type: ignore[arg-type]
+        sizes = self.tasks.split_sizes() or {}
+        return task_statistics([self.tasks.get(i, split) for split, n in sizes.items() for i in range(n)])
+
+
+def _package_list(packages: Sequence[str] | str) -> list[str]:
+    """`"toolz,parse"` or a list: the package names."""
+    if isinstance(packages, str):
+        return [p.strip() for p in packages.split(",") if p.strip()]
+    return list(packages)
 
 
 def task_statistics(tasks: Sequence[Task]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def test_mask_one_ids_are_exactly_the_oracles_messages_plus_end_of_turn(
     try:
         for t in demos:
             # The oracle replayed on the same task by the plain episode loop, no tokenizer involved.
-            task = env._pick_task({"index": int(t.task_id.rsplit("/", 1)[1]), "split": "train"})
+            task = env.tasks.get(int(t.task_id.rsplit("/", 1)[1]), "train")
             run_episode(env, env.oracle(task), options={"task": task})
             expected = [m["content"] for m in env.episode.messages if m["role"] == "assistant"]
             sampled = [ids for m, ids in runs(t) if m == 1]

@@ -121,7 +121,7 @@ def test_real_vllm_calc_trajectories_are_exact(
     cfg = RolloutConfig(
         group_size=2, max_tokens_per_turn=12, max_total_tokens=1536, concurrency=4, temperature=1.0, seed=7
     )
-    tasks = [CalcEnv().task_source.generate(i) for i in range(2)]
+    tasks = [CalcEnv().tasks.get(i) for i in range(2)]
     trajs = collect_sync("agentrl/calc-v0", tasks, rec, cfg, tokenizer=tokenizer)
     assert len(trajs) == 4
     assert [t.task_id for t in trajs] == [tasks[0].id] * 2 + [tasks[1].id] * 2
@@ -160,13 +160,13 @@ def test_real_vllm_calc_trajectories_are_exact(
         for k, (_, ids) in enumerate(forced[1:]):
             asst, obs = turns[k]
             assert asst["content"] == dec(
-                gens[k].token_ids[:-1] if gens[k].finish_reason == "stop" else gens[k].token_ids
+                gens[k].token_ids[:-1] if gens[k].stop_reason == "stop" else gens[k].token_ids
             )
             before = tokenizer.apply_chat_template([*convo, asst], tokenize=False)
             after = tokenizer.apply_chat_template(
                 [*convo, asst, *obs], tokenize=False, add_generation_prompt=True
             )
-            glue = "\n" if gens[k].finish_reason == "stop" else "<|im_end|>\n"
+            glue = "\n" if gens[k].stop_reason == "stop" else "<|im_end|>\n"
             assert after.startswith(before)
             assert dec(ids) == glue + after[len(before) :]
             convo += [asst, *obs]

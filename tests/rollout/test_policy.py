@@ -55,7 +55,7 @@ def test_greedy_matches_transformers(policy, tiny_model_dir: Path) -> None:
     gens = gather(policy, greedy)
     hf = HFPolicy(tiny_model_dir)
     for prompt, gen in zip(PROMPTS, gens, strict=True):
-        assert gen.finish_reason == "length" and len(gen.token_ids) == 10
+        assert gen.stop_reason == "length" and len(gen.token_ids) == 10
         assert gen.token_ids == hf.generate_sync(prompt, greedy).token_ids
         assert max_diff(hf.model, prompt, gen, 1.0) < TOL
 
@@ -90,7 +90,7 @@ def test_stop_token_is_kept_and_ends_the_turn(policy) -> None:
     gen = gather(policy, SamplingConfig(temperature=0.0, max_tokens=8, stop_token_ids=[first]), [PROMPTS[0]])[
         0
     ]
-    assert gen.finish_reason == "stop" and gen.token_ids == [first] and len(gen.logprobs) == 1
+    assert gen.stop_reason == "stop" and gen.token_ids == [first] and len(gen.logprobs) == 1
 
 
 @pytest.mark.vllm

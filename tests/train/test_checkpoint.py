@@ -135,11 +135,11 @@ def test_resume_off_with_a_run_there_is_refused_unless_forced(tmp_path):
 
 @pytest.mark.slow
 def test_checkpoints_are_huggingface_directories_and_only_the_last_ones_are_kept(tiny_model_dir, tmp_path):  # noqa: F811
-    from tests.train.test_trainer import grpo_batch, run
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.errors import check_model_dir
     from agentrl.rollout.trajectory import save_trajectories
+    from tests.train.test_trainer import grpo_batch, run
 
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     save_trajectories(tmp_path / "batch.jsonl", grpo_batch(vocab))

@@ -8,11 +8,11 @@ import inspect
 
 import pytest
 import torch
-from tests.train.test_packing import traj
 
 from agentrl.train import varlen
 from agentrl.train.batch import collate
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+from tests.train.test_packing import traj
 
 
 def packed_qkv(lengths: list[int], hq: int = 4, hkv: int = 2, d: int = 16, seed: int = 0):

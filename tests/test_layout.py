@@ -1,0 +1,91 @@
+"""The package's shape, checked from its source: which modules may import which, who may reach into
+an environment's private parts, where the shared types are defined."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = {
+    "agentrl": ROOT / "agentrl",
+    "agentrl.sandbox": ROOT / "sandbox",
+    "agentrl.verifiers": ROOT / "verifiers",
+    "agentrl.envs": ROOT / "envs",
+}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the distribution, by its import name."""
+    out = {}
+    for name, folder in PACKAGE_DIRS.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([name, *parts])] = path
+    return out
+
+
+def imported(path: Path) -> set[str]:
+    """The modules a file imports, at any depth (imports inside functions count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_nothing_in_the_core_imports_the_kit():
+    """The kit (tiny model, tokenizer, demonstrations, warm start, demo) sits on top of the core:
+    only the kit itself and the command line (whose `model`, `demos` and `demo` commands are the
+    kit's) may import it."""
+    offenders = {}
+    for name, path in modules().items():
+        if name.startswith("agentrl.kit") or name == "agentrl.cli":
+            continue
+        kit = sorted(m for m in imported(path) if m == "agentrl.kit" or m.startswith("agentrl.kit."))
+        if kit:
+            offenders[name] = kit
+    assert not offenders, f"core modules import the kit: {offenders}"
+
+
+def test_the_scan_finds_imports_inside_functions(tmp_path):
+    """The scan above misses nothing a lazy import hides: a function-level import is found."""
+    path = tmp_path / "lazy.py"
+    path.write_text(
+        "def f():\n    from agentrl.kit.tiny_model import init_tiny\n    import agentrl.kit.demo\n"
+    )
+    assert {"agentrl.kit.tiny_model", "agentrl.kit.demo"} <= imported(path)
+
+
+def test_nothing_outside_the_env_calls_its_private_task_accessor():
+    """Task i of a split is public: `agentrl.task_source(env_id)` without an env, `env.tasks` with one."""
+    users = []
+    for path in [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
+        if path == ROOT / "agentrl" / "env.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_pick_task":
+                users.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not users, f"private task accessor used outside the env: {users}"
+
+
+def test_the_shared_types_are_defined_once():
+    """`Message`, `FinishReason`, `Split`, `CallStatus` and the env contract live in agentrl.types only."""
+    shared = {"Message", "FinishReason", "Split", "CallStatus", "AgentEnv", "Agent", "StepInfo"}
+    definitions = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            defined = []
+            if isinstance(node, ast.ClassDef):
+                defined = [node.name]
+            elif isinstance(node, ast.Assign):
+                defined = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined = [node.target.id]
+            definitions += [(d, name) for d in defined if d in shared]
+    assert sorted(definitions) == sorted((d, "agentrl.types") for d in shared)
