@@ -16,6 +16,12 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+# The config models whose fields some options set: light modules (pydantic, no torch, no vLLM), read for
+# their defaults and descriptions so that each default is written once, in the model.
+from agentrl.eval.evaluate import EvalConfig
+from agentrl.rollout.config import RolloutConfig
+from agentrl.train.config import SFTConfig
+
 _debug = os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
 
 
@@ -64,6 +70,27 @@ def _error(message: str) -> None:
     from agentrl.errors import one_line
 
     typer.echo(f"error: {one_line(message)}", err=True)
+
+
+def _validated(model_cls: Any, what: str, **fields: Any) -> Any:
+    """`model_cls(**fields)` of the options given (None: not given, the model's default holds), an
+    invalid value said in one line with the option's name."""
+    from pydantic import ValidationError
+
+    from agentrl.errors import UserError, format_validation_error
+
+    try:
+        return model_cls(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, model_cls, what=what)) from None
+
+
+def _help(model_cls: Any, name: str, text: str = "") -> str:
+    """An option's help: `text` (else the field's description) and the field's default, from the model."""
+    field = model_cls.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    shown = ",".join(map(str, default)) if isinstance(default, list) else default
+    return f"{text or field.description} (default: {shown})"
 
 
 app = typer.Typer(
@@ -472,18 +499,18 @@ def sft(
     model: str = typer.Option(..., help="Checkpoint directory to start from."),
     data: str = typer.Option(..., help="Trajectory JSONL (e.g. from `agentrl demos`)."),
     out: str = typer.Option(..., help="Output checkpoint directory."),
-    epochs: float = typer.Option(3.0, help="Passes over the data."),
-    lr: float = typer.Option(1e-3, help="Peak learning rate."),
-    batch_size: int = typer.Option(32, help="Sequences per optimizer step, over all processes."),
-    micro_batch_size: int = typer.Option(8, help="Sequences per forward pass on one process."),
+    epochs: float | None = typer.Option(None, help=_help(SFTConfig, "epochs")),
+    lr: float | None = typer.Option(None, help=_help(SFTConfig, "lr")),
+    batch_size: int | None = typer.Option(None, help=_help(SFTConfig, "batch_size")),
+    micro_batch_size: int | None = typer.Option(None, help=_help(SFTConfig, "micro_batch_size")),
     all_trajectories: bool = typer.Option(
         False, "--all", help="Also train on trajectories that did not pass."
     ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
-    seed: int = typer.Option(0, help="Seed."),
+    seed: int | None = typer.Option(None, help=_help(SFTConfig, "seed")),
 ) -> None:
     """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
-    from agentrl.train.sft import SFTConfig, launch
+    from agentrl.train.sft import launch
 
     cfg = _validated(
         SFTConfig,
@@ -499,18 +526,6 @@ def sft(
         seed=seed,
     )
     typer.echo(str(launch(cfg, nproc=nproc)))
-
-
-def _validated(model_cls: Any, what: str, **fields: Any) -> Any:
-    """`model_cls(**fields)`, an invalid value said in one line with the option's name."""
-    from pydantic import ValidationError
-
-    from agentrl.errors import UserError, format_validation_error
-
-    try:
-        return model_cls(**fields)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, model_cls, what=what)) from None
 
 
 @app.command("demos")
@@ -533,7 +548,9 @@ def demos(
         "--backend",
         help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap.",
     ),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes in flight."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", min=1, help=_help(RolloutConfig, "concurrency")
+    ),
 ) -> None:
     """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
     import json
@@ -567,7 +584,7 @@ def demos(
         start=start,
         kinds=kind_list,
         backend=backend,
-        concurrency=concurrency,
+        rollout=_validated(RolloutConfig, "option", concurrency=concurrency),
     )
     typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
     if stats.passed < stats.episodes:
@@ -613,31 +630,35 @@ def eval_cmd(
     name: list[str] = typer.Option(
         [], "--name", help="A name per --model (directory under --out, legend label); default: from the path."
     ),
-    n: int = typer.Option(16, "--n", help="Samples (episodes) per task."),
-    k: str = typer.Option("1,2,4,8,16", "--k", help="Comma-separated k of pass@k; each k <= n."),
-    split: str = typer.Option("test", "--split", help="Task split."),
-    tasks: int = typer.Option(64, "--tasks", help="Tasks 0..N-1 of the split."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
-    max_turns: int = typer.Option(0, help="Turn limit per episode (0: the environment's own)."),
-    max_tokens_per_turn: int = typer.Option(256, help="Most tokens sampled in one turn."),
-    max_total_tokens: int = typer.Option(2048, help="Context budget of one episode, prompt included."),
-    episode_timeout_s: float = typer.Option(300.0, help="Wall-clock limit of one episode."),
-    concurrency: int = typer.Option(16, help="Episodes in flight at once."),
-    seed: int = typer.Option(0, help="Base seed of every episode's sampling and environment seed."),
+    n: int | None = typer.Option(None, "--n", help=_help(EvalConfig, "n")),
+    k: str | None = typer.Option(
+        None, "--k", help=_help(EvalConfig, "ks", "Comma-separated k of pass@k; each k <= n.")
+    ),
+    split: str | None = typer.Option(None, "--split", help=_help(EvalConfig, "split")),
+    tasks: int | None = typer.Option(None, "--tasks", help=_help(EvalConfig, "num_tasks")),
+    temperature: float | None = typer.Option(None, help=_help(RolloutConfig, "temperature")),
+    top_p: float | None = typer.Option(None, help=_help(RolloutConfig, "top_p")),
+    max_turns: int | None = typer.Option(None, help=_help(EvalConfig, "max_turns")),
+    max_tokens_per_turn: int | None = typer.Option(None, help=_help(RolloutConfig, "max_tokens_per_turn")),
+    max_total_tokens: int | None = typer.Option(None, help=_help(RolloutConfig, "max_total_tokens")),
+    episode_timeout_s: float | None = typer.Option(None, help=_help(RolloutConfig, "episode_timeout_s")),
+    concurrency: int | None = typer.Option(None, help=_help(RolloutConfig, "concurrency")),
+    seed: int | None = typer.Option(None, help=_help(EvalConfig, "seed")),
     backend: str = typer.Option(
         "", help="Sandbox backend override (docker, bwrap, local); part of the budget."
     ),
-    out: str = typer.Option("runs/eval", "--out", help="Run directory (resumable: rerun to continue)."),
+    out: str | None = typer.Option(
+        None, "--out", help=_help(EvalConfig, "out", "Run directory (resumable: rerun to continue).")
+    ),
     force: bool = typer.Option(False, "--force", help="Discard episodes recorded under a different budget."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Budget-controlled, resumable pass@k evaluation; writes episodes, summary.json, report.md and plots."""
     from agentrl.errors import check_model_dir
-    from agentrl.eval.evaluate import EvalConfig, evaluate
+    from agentrl.eval.evaluate import evaluate
 
     try:
-        ks = [int(x) for x in k.split(",") if x.strip()]
+        ks = [int(x) for x in k.split(",") if x.strip()] if k is not None else None
     except ValueError:
         raise typer.BadParameter(
             f"--k must be comma-separated integers, got {k!r}", param_hint="--k"
@@ -654,13 +675,17 @@ def eval_cmd(
         ks=ks,
         split=split,
         num_tasks=tasks,
-        temperature=temperature,
-        top_p=top_p,
-        max_turns=max_turns or None,
-        max_tokens_per_turn=max_tokens_per_turn,
-        max_total_tokens=max_total_tokens,
-        episode_timeout_s=episode_timeout_s,
-        concurrency=concurrency,
+        max_turns=max_turns,
+        rollout=_validated(
+            RolloutConfig,
+            "option",
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_total_tokens=max_total_tokens,
+            episode_timeout_s=episode_timeout_s,
+            concurrency=concurrency,
+        ),
         seed=seed,
         env_kwargs={"backend": backend} if backend else {},
         out=out,
@@ -673,7 +698,7 @@ def eval_cmd(
         raise typer.Exit(130) from None
     for s in summaries:
         typer.echo(f"{s.model}: " + ", ".join(f"{key} {v:.3f}" for key, v in s.pass_at_dict().items()))
-    typer.echo(f"report: {out}/report.md")
+    typer.echo(f"report: {cfg.out}/report.md")
 
 
 @app.command("rollout")
@@ -683,15 +708,15 @@ def rollout_cmd(
         ..., "--model", help="Checkpoint directory (Hugging Face layout) served by vLLM."
     ),
     n: int = typer.Option(8, "--n", help="Tasks: indices 0..N-1 of the environment's task generator."),
-    group_size: int = typer.Option(4, "--group-size", help="Episodes per task (one GRPO group)."),
+    group_size: int | None = typer.Option(None, "--group-size", help=_help(RolloutConfig, "group_size")),
     out: str = typer.Option(..., "--out", help="Trajectory JSONL file to write."),
     split: str = typer.Option("train", "--split", help="Task split."),
-    max_tokens_per_turn: int = typer.Option(256, help="Most tokens sampled in one turn."),
-    max_total_tokens: int = typer.Option(2048, help="Context budget of one episode, prompt included."),
-    episode_timeout_s: float = typer.Option(300.0, help="Wall-clock limit of one episode."),
-    concurrency: int = typer.Option(16, help="Episodes in flight at once."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    max_tokens_per_turn: int | None = typer.Option(None, help=_help(RolloutConfig, "max_tokens_per_turn")),
+    max_total_tokens: int | None = typer.Option(None, help=_help(RolloutConfig, "max_total_tokens")),
+    episode_timeout_s: float | None = typer.Option(None, help=_help(RolloutConfig, "episode_timeout_s")),
+    concurrency: int | None = typer.Option(None, help=_help(RolloutConfig, "concurrency")),
+    temperature: float | None = typer.Option(None, help=_help(RolloutConfig, "temperature")),
+    top_p: float | None = typer.Option(None, help=_help(RolloutConfig, "top_p")),
     seed: int = typer.Option(0, help="Base seed of the episodes' sampling and environment seeds."),
     backend: str = typer.Option("", help="Sandbox backend override (docker, bwrap, local)."),
     in_process: bool | None = typer.Option(
@@ -701,7 +726,7 @@ def rollout_cmd(
     """Roll out N tasks x group-size episodes with a vLLM policy; write trajectories as JSONL."""
     from tqdm import tqdm
 
-    from agentrl.rollout.loop import RolloutConfig, collect_sync
+    from agentrl.rollout.loop import collect_sync
     from agentrl.rollout.policy import VLLMPolicy, _has_cuda
     from agentrl.rollout.trajectory import save_trajectories
 
@@ -715,8 +740,6 @@ def rollout_cmd(
         concurrency=concurrency,
         temperature=temperature,
         top_p=top_p,
-        seed=seed,
-        warn_on_drift=False,  # counted in each trajectory's `drift`; warnings would bury the bar
     )
     from agentrl.errors import check_model_dir
     from agentrl.registry import spec
@@ -734,7 +757,7 @@ def rollout_cmd(
 
     quiet_libraries(Path(f"{out}.engine.log"))  # vLLM's logs beside the trajectories, not over the bar
     in_proc = (not _has_cuda()) if in_process is None else in_process
-    bar = tqdm(total=n * group_size, desc="rollout", unit="ep")
+    bar = tqdm(total=n * cfg.group_size, desc="rollout", unit="ep")
     rewards: list[float] = []
 
     def on_trajectory(t) -> None:
@@ -746,11 +769,11 @@ def rollout_cmd(
         model,
         in_process=in_proc,
         seed=seed,
-        max_model_len=max_total_tokens,
+        max_model_len=cfg.max_total_tokens,
         engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
     ) as policy:
         trajectories = collect_sync(
-            env, tasks, policy, cfg, env_kwargs=env_kwargs, on_trajectory=on_trajectory
+            env, tasks, policy, cfg, seed=seed, env_kwargs=env_kwargs, on_trajectory=on_trajectory
         )
     bar.close()
     save_trajectories(out, trajectories)

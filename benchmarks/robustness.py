@@ -109,7 +109,8 @@ from transformers import AutoTokenizer
 from agentrl.agents import tool_call
 from agentrl.kit.demonstrations import ScriptedPolicy
 from agentrl.rollout.masker import ChatMasker
-from agentrl.rollout.loop import RolloutConfig, collect_sync
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.loop import collect_sync
 
 masker = ChatMasker(AutoTokenizer.from_pretrained(sys.argv[1]))
 

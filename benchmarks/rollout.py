@@ -89,7 +89,8 @@ def main() -> None:
     import torch
 
     from agentrl.kit.tiny_model import init_tiny
-    from agentrl.rollout.loop import RolloutConfig, collect_sync
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
     from agentrl.rollout.policy import VLLMPolicy
 
     cuda = torch.cuda.is_available()

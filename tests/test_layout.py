@@ -89,3 +89,67 @@ def test_the_shared_types_are_defined_once():
                 defined = [node.target.id]
             definitions += [(d, name) for d in defined if d in shared]
     assert sorted(definitions) == sorted((d, "agentrl.types") for d in shared)
+
+
+# Fields that more than one config model declares with a default, on purpose: they are different
+# settings that share a name. Anything else declared twice is one setting with two defaults.
+SAME_NAME_DIFFERENT_SETTING = {
+    "seed": "each run's (or one request's) own random stream",
+    "split": "three splits: a task's own, `agentrl eval`'s, and the held-out one of in-training evaluation",
+    "mode": "two settings: synchronous or asynchronous training; W&B online or offline",
+    "out": "each command's own run directory",
+    "env": "`agentrl train`'s environment and the warm-start recipe's, each the demo's by default",
+    "env_kwargs": "each command's own overrides of agentrl.make",
+    "lr": "each recipe's own schedule: GRPO's, SFT's, and the warm start's measured one",
+    "warmup_steps": "each recipe's own schedule: GRPO's, SFT's, and the warm start's measured one",
+    "epochs": "PPO epochs over each GRPO batch; passes over the SFT data (and the warm start's measured number)",
+    "batch_size": "the warm-start recipe's measured SFT batch",
+    "micro_batch_size": "the warm-start recipe's measured SFT micro-batch",
+    "temperature": "SamplingConfig is one request's parameters, which the rollout fills from RolloutConfig",
+    "top_p": "SamplingConfig is one request's parameters, which the rollout fills from RolloutConfig",
+}
+
+
+def config_models() -> list[type]:
+    import importlib
+    import pkgutil
+
+    from pydantic import BaseModel
+
+    import agentrl
+
+    found = []
+    for info in pkgutil.walk_packages(agentrl.__path__, "agentrl."):
+        module = importlib.import_module(info.name)
+        found += [
+            obj
+            for obj in vars(module).values()
+            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == info.name
+        ]
+    return found
+
+
+def test_each_config_default_is_defined_once():
+    """A setting with a default is declared in one model: composed (`TrainConfig.rollout` is a
+    `RolloutConfig`) or inherited (`StepSettings`), never re-declared with a default of its own."""
+    from pydantic import BaseModel
+
+    declared: dict[str, list[str]] = {}
+    models = config_models()
+    assert {"RolloutConfig", "TrainConfig", "EvalConfig", "SFTConfig", "StepSettings"} <= {
+        m.__name__ for m in models
+    }
+    for model in models:
+        for name in model.__annotations__:
+            field = model.model_fields.get(name)
+            if field is None or field.is_required():
+                continue
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, BaseModel):  # a composed section: its defaults are its model's
+                continue
+            declared.setdefault(name, []).append(f"{model.__module__}.{model.__qualname__}={default!r}")
+    twice = {name: where for name, where in declared.items() if len(where) > 1}
+    unexplained = {name: where for name, where in twice.items() if name not in SAME_NAME_DIFFERENT_SETTING}
+    assert not unexplained, f"settings with a default in more than one model: {unexplained}"
+    stale = set(SAME_NAME_DIFFERENT_SETTING) - set(twice)
+    assert not stale, f"no longer declared twice, drop them from the list: {stale}"

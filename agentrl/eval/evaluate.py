@@ -54,6 +54,7 @@ from agentrl.eval.report import (
     summarize,
     write_summary_json,
 )
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.task import Task
 
@@ -85,20 +86,14 @@ class EvalConfig(BaseModel):
     )
     split: str = Field("test", description="Task split to evaluate on.")
     num_tasks: int = Field(64, ge=1, description="Tasks 0..num_tasks-1 of the split.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_turns: int | None = Field(
         None, ge=1, description="Turn limit per episode; None: the environment's registered limit."
     )
-    max_tokens_per_turn: int = Field(256, ge=1, description="Most tokens the policy may sample in one turn.")
-    max_total_tokens: int = Field(
-        2048,
-        ge=2,
-        description="Context budget of a whole episode (prompt included); beyond it: `max_tokens`.",
-    )
-    episode_timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of one episode.")
-    concurrency: int = Field(
-        16, ge=1, description="Episodes in flight at once; not part of the budget (seeds are per episode)."
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="Sampling and limits every model is held to (`RolloutConfig.BUDGET_FIELDS`), and the "
+        "episodes in flight (`concurrency`, not part of the budget: seeds are per episode). `group_size` is "
+        "not used: `n` samples per task, each its own one-episode rollout.",
     )
     seed: int = Field(0, ge=0, description="Base seed: fixes every episode's sampling and environment seed.")
     env_kwargs: dict[str, Any] = Field(
@@ -142,14 +137,15 @@ class EvalBudget(BaseModel):
     split: str = Field(description="Task split.")
     num_tasks: int = Field(description="Tasks 0..num_tasks-1 of the split.")
     n: int = Field(description="Samples per task.")
-    temperature: float = Field(description="Sampling temperature.")
-    top_p: float = Field(description="Nucleus sampling mass.")
     max_turns: int = Field(description="Turn limit per episode (resolved from the environment if unset).")
-    max_tokens_per_turn: int = Field(description="Most tokens sampled in one turn.")
-    max_total_tokens: int = Field(description="Context budget of one episode.")
-    episode_timeout_s: float = Field(description="Wall-clock limit of one episode.")
     seed: int = Field(description="Base seed of the per-episode seeds.")
     task_ids: list[str] = Field(description="The task list, in index order.")
+    rollout: RolloutConfig = Field(description="The rollout settings; its `BUDGET_FIELDS` are the budget's.")
+
+    def record(self) -> dict[str, Any]:
+        """The budget as compared and reported: every field, the rollout's budget fields among them
+        (`concurrency` and the rest of the rollout settings change no outcome)."""
+        return {**self.model_dump(mode="json", exclude={"rollout"}), **self.rollout.budget()}
 
 
 @dataclass(frozen=True)
@@ -327,14 +323,10 @@ def make_budget(cfg: EvalConfig) -> tuple[EvalBudget, list[Task]]:
         split=cfg.split,
         num_tasks=cfg.num_tasks,
         n=cfg.n,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
         max_turns=turns,
-        max_tokens_per_turn=cfg.max_tokens_per_turn,
-        max_total_tokens=cfg.max_total_tokens,
-        episode_timeout_s=cfg.episode_timeout_s,
         seed=cfg.seed,
         task_ids=[t.id for t in tasks],
+        rollout=cfg.rollout,
     )
     return budget, tasks
 
@@ -377,17 +369,17 @@ async def run_episodes(
     tasks: Sequence[Task],
     keys: Sequence[tuple[int, int]],
     *,
-    concurrency: int,
     on_episode: Callable[[EpisodeRecord], None],
 ) -> None:
-    """Run the episodes `keys` ((task index, sample) pairs) under `budget`, `concurrency` at a time.
+    """Run the episodes `keys` ((task index, sample) pairs) under `budget`, `budget.rollout.concurrency`
+    at a time.
 
     Each episode is its own one-episode rollout whose base seed is `episode_seed(...)`: what it
     samples depends on its key alone, not on which other episodes run beside it or before it.
     `on_episode` is called as each one ends, between two awaits, so it is never cut in half by a
     cancellation (SIGINT).
     """
-    from agentrl.rollout.loop import RolloutConfig, collect
+    from agentrl.rollout.loop import collect
     from agentrl.rollout.masker import ChatMasker
 
     tokenizer = getattr(policy, "tokenizer", None)
@@ -398,26 +390,21 @@ async def run_episodes(
         )
     masker = ChatMasker(tokenizer)
     env_kwargs = _env_overrides(budget.env_kwargs, budget.max_turns)
-    semaphore = asyncio.Semaphore(concurrency)
+    semaphore = asyncio.Semaphore(budget.rollout.concurrency)
+    # Each episode is a rollout of its own (one episode of one task), whatever the settings' group size.
+    one_episode = budget.rollout.model_copy(update={"group_size": 1, "concurrency": 1})
 
     async def one(task_index: int, sample: int) -> None:
         seed = episode_seed(budget.seed, task_index, sample)
-        rc = RolloutConfig(
-            group_size=1,
-            max_tokens_per_turn=budget.max_tokens_per_turn,
-            max_total_tokens=budget.max_total_tokens,
-            episode_timeout_s=budget.episode_timeout_s,
-            concurrency=1,
-            temperature=budget.temperature,
-            top_p=budget.top_p,
-            seed=seed,
-            # Drift is still measured and kept in each trajectory; a warning per episode would only
-            # bury the progress bar.
-            warn_on_drift=False,
-        )
         async with semaphore:
             (traj,) = await collect(
-                budget.env, [tasks[task_index]], policy, rc, masker=masker, env_kwargs=env_kwargs
+                budget.env,
+                [tasks[task_index]],
+                policy,
+                one_episode,
+                seed=seed,
+                masker=masker,
+                env_kwargs=env_kwargs,
             )
         on_episode(EpisodeRecord(task_index, sample, seed, traj))
 
@@ -436,7 +423,7 @@ def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], An
             model_dir,
             in_process=not _has_cuda(),
             seed=seed,
-            max_model_len=budget.max_total_tokens,
+            max_model_len=budget.rollout.max_total_tokens,
             engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
         )
 
@@ -446,7 +433,7 @@ def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], An
 def _prepare_run_dir(out: Path, budget: EvalBudget, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / CONFIG_FILE
-    wanted = budget.model_dump(mode="json")
+    wanted = budget.record()
     if cfg_path.exists():
         recorded = json.loads(cfg_path.read_text()).get("budget", {})
         diffs = _budget_diff(recorded, wanted)
@@ -513,9 +500,7 @@ def _run_model(
                 done[rec.key] = rec
                 progress.update(rec)
 
-            asyncio.run(
-                run_episodes(policy, budget, tasks, missing, concurrency=cfg.concurrency, on_episode=write)
-            )
+            asyncio.run(run_episodes(policy, budget, tasks, missing, on_episode=write))
     finally:
         progress.close()
         if hasattr(policy, "close"):  # free its memory before the next model's engine starts
@@ -550,10 +535,11 @@ def evaluate(
     factory = policy_factory or _default_policy_factory(budget, cfg.seed)
     names = cfg.names or model_names(cfg.models)
     all_keys = [(i, j) for i in range(budget.num_tasks) for j in range(budget.n)]
+    r = budget.rollout
     log(
         f"eval {budget.env} ({budget.split}): {budget.num_tasks} tasks x {budget.n} samples, "
-        f"temperature {budget.temperature}, top_p {budget.top_p}, {budget.max_turns} turns, "
-        f"{budget.max_tokens_per_turn} tokens/turn, {budget.max_total_tokens} tokens/episode -> {out}"
+        f"temperature {r.temperature}, top_p {r.top_p}, {budget.max_turns} turns, "
+        f"{r.max_tokens_per_turn} tokens/turn, {r.max_total_tokens} tokens/episode -> {out}"
     )
     per_model: list[tuple[str, list[Trajectory], float]] = []
     for name, path in zip(names, cfg.models, strict=True):
@@ -595,7 +581,7 @@ def write_report(
     out: Path, summaries: Sequence[ModelSummary], budget: EvalBudget, models: dict[str, str]
 ) -> dict[str, Path]:
     """summary.json, report.md and the plots for finished summaries."""
-    budget_json = budget.model_dump(mode="json", exclude={"task_ids"})
+    budget_json = {k: v for k, v in budget.record().items() if k != "task_ids"}
     paths = {
         "summary": write_summary_json(
             summaries,
@@ -635,8 +621,7 @@ def evaluate_policy(
     split: str,
     num_tasks: int,
     samples: int,
-    temperature: float,
-    rollout: Any,
+    rollout: RolloutConfig,
     env_kwargs: dict[str, Any] | None = None,
     model_name: str = "policy",
     seed: int = 0,
@@ -644,9 +629,9 @@ def evaluate_policy(
 ) -> ModelSummary:
     """Evaluate a live policy (the trainer's) in memory: pass@k for k = 1, 2, 4, ... samples.
 
-    Limits come from `rollout` (an `agentrl.train.config.RolloutSettings`: tokens per turn and per
-    episode, top-p, timeout, concurrency). The task list and per-episode seeds are fixed by `seed`
-    (not by the training step), so successive in-training evaluations are comparable.
+    Sampling and limits come from `rollout` (the trainer's, at the evaluation's temperature). The task
+    list and per-episode seeds are fixed by `seed` (not by the training step), so successive
+    in-training evaluations are comparable.
     """
     env_kwargs = dict(env_kwargs or {})
     tasks, turns = resolve_tasks(env_id, split, num_tasks, env_kwargs, max_turns)
@@ -656,14 +641,10 @@ def evaluate_policy(
         split=split,
         num_tasks=num_tasks,
         n=samples,
-        temperature=temperature,
-        top_p=rollout.top_p,
         max_turns=turns,
-        max_tokens_per_turn=rollout.max_tokens_per_turn,
-        max_total_tokens=rollout.max_total_tokens,
-        episode_timeout_s=rollout.episode_timeout_s,
         seed=seed,
         task_ids=[t.id for t in tasks],
+        rollout=rollout,
     )
     records: dict[tuple[int, int], EpisodeRecord] = {}
     keys = [(i, j) for i in range(num_tasks) for j in range(samples)]
@@ -672,7 +653,7 @@ def evaluate_policy(
     def keep(rec: EpisodeRecord) -> None:
         records[rec.key] = rec
 
-    coro = run_episodes(policy, budget, tasks, keys, concurrency=rollout.concurrency, on_episode=keep)
+    coro = run_episodes(policy, budget, tasks, keys, on_episode=keep)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

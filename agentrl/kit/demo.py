@@ -40,6 +40,7 @@ def run_demo(
     from agentrl.eval.evaluate import EvalConfig, evaluate
     from agentrl.eval.report import plot_training
     from agentrl.kit.warm_start import WarmStartRecipe, warm_start
+    from agentrl.rollout.config import RolloutConfig
     from agentrl.train.config import load_config
     from agentrl.train.trainer import launch
 
@@ -99,9 +100,10 @@ def run_demo(
         ks=[k for k in (1, 2, 4, 8, 16, 32) if k <= n],
         split="test",
         num_tasks=eval_tasks or (4 if quick else 32),
-        temperature=1.0,
-        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-        max_total_tokens=cfg.rollout.max_total_tokens,
+        # The training's token limits; the other settings (T=1, the episode timeout) are the defaults.
+        rollout=RolloutConfig(
+            max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_total_tokens=cfg.rollout.max_total_tokens
+        ),
         seed=0,
         out=str(out / "eval"),
         progress=False,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.agents import Agent
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, SamplingConfig
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
@@ -117,17 +118,18 @@ def generate_demos(
     start: int = 0,
     kinds: list[str] | None = None,
     backend: str = "local",
-    concurrency: int = 8,
-    max_total_tokens: int = 4096,
+    rollout: RolloutConfig | None = None,
     env_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[Trajectory], DemoStats]:
     """Play the oracle on `n` tasks of `split` (generator indices from `start`) and save the trajectories.
 
     `kinds` keeps only tasks whose `metadata["kind"]` is listed (indices are skipped until `n` are found).
     `tokenizer` is a Hugging Face tokenizer (the model's: the ids are that model's ids) or a `ChatMasker`.
+    `rollout` bounds the episodes (context budget, timeouts) and sets how many run at once; one
+    demonstration per task whatever its `group_size`, and its sampling settings do not apply to a script.
     """
     from agentrl.registry import task_source
-    from agentrl.rollout.loop import RolloutConfig, collect
+    from agentrl.rollout.loop import collect
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -147,14 +149,7 @@ def generate_demos(
             f"only {len(tasks)} of the first {index - start} {split} tasks of {env_id} have a kind in {kinds}; "
             "check the kinds against the tasks' metadata['kind']"
         )
-    cfg = RolloutConfig(
-        group_size=1,
-        concurrency=concurrency,
-        temperature=0.0,
-        seed=0,
-        max_total_tokens=max_total_tokens,
-        warn_on_drift=False,
-    )
+    cfg = (rollout or RolloutConfig()).model_copy(update={"group_size": 1})
     t0 = time.perf_counter()
     trajectories = asyncio.run(
         collect(
@@ -162,6 +157,7 @@ def generate_demos(
             tasks,
             _NoPolicy(),
             cfg,
+            seed=0,
             masker=masker,
             env_kwargs=kwargs,
             episode_policy=oracle_policy(masker),

@@ -307,7 +307,7 @@ def _stage(
     `keep_files` keeps the demonstrations and the SFT metrics in the checkpoint (the last stage's).
     """
     from agentrl.kit.demonstrations import generate_demos
-    from agentrl.train.sft import SFTConfig
+    from agentrl.train.config import SFTConfig
 
     demos_path = work / f"{name}-demos.jsonl"
     _, stats = generate_demos(
@@ -403,25 +403,23 @@ def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
     from collections import Counter
 
     from agentrl.registry import task_source
-    from agentrl.rollout.loop import RolloutConfig, collect_sync
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
     from agentrl.rollout.policy import VLLMPolicy
 
     t0 = time.perf_counter()
     source = task_source(recipe.env, split=recipe.eval_split, backend=recipe.backend)
     tasks = [source.get(i, recipe.eval_split) for i in range(recipe.eval_tasks)]
+    # A calc episode is two short calls: 128 tokens a turn is plenty, and keeps a derailed sample short.
     cfg = RolloutConfig(
-        group_size=recipe.eval_samples,
-        temperature=recipe.eval_temperature,
-        seed=recipe.eval_seed,
-        max_tokens_per_turn=128,
-        max_total_tokens=2048,
-        concurrency=32,
-        warn_on_drift=False,
+        group_size=recipe.eval_samples, temperature=recipe.eval_temperature, max_tokens_per_turn=128
     )
     with VLLMPolicy(
-        model_dir, in_process=True, dtype="float32", max_model_len=2048, seed=recipe.eval_seed
+        model_dir, in_process=True, dtype="float32", max_model_len=cfg.max_total_tokens, seed=recipe.eval_seed
     ) as policy:
-        trajectories = collect_sync(recipe.env, tasks, policy, cfg, env_kwargs={"backend": recipe.backend})
+        trajectories = collect_sync(
+            recipe.env, tasks, policy, cfg, seed=recipe.eval_seed, env_kwargs={"backend": recipe.backend}
+        )
     by_kind: Counter[str] = Counter()
     per_kind: Counter[str] = Counter()
     for i, t in enumerate(trajectories):

@@ -1,6 +1,6 @@
 """The rollout engine: many multi-turn episodes at once, each a loop of generate -> step -> append.
 
-    trajectories = collect_sync("agentrl/calc-v0", tasks, policy, RolloutConfig(group_size=4))
+    trajectories = collect_sync("agentrl/calc-v0", tasks, policy, RolloutConfig(group_size=4), seed=0)
 
 - `group_size` episodes per task (same task, different samples) share a `group_id`.
 - Up to `concurrency` episodes are in flight; their generations batch inside the policy's engine
@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
 from agentrl.rollout.trajectory import Timings, Trajectory
@@ -44,45 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class RolloutConfig(BaseModel):
-    """Limits and sampling of one `collect` call."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    group_size: int = Field(
-        4, ge=1, description="Episodes per task (same task, different samples): one GRPO group."
-    )
-    max_tokens_per_turn: int = Field(512, ge=1, description="Most tokens the policy may sample in one turn.")
-    max_total_tokens: int = Field(
-        4096,
-        ge=2,
-        description="Context budget of a whole trajectory (prompt included); beyond it the episode ends `max_tokens`.",
-    )
-    episode_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        description="Wall-clock limit of one episode (reset to verdict); beyond it the episode ends `timeout`.",
-    )
-    concurrency: int = Field(32, ge=1, description="Episodes in flight at once (each holds one environment).")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    seed: int | None = Field(
-        0,
-        description="Base seed: episode k of the call samples with seeds derived from (seed, k, turn); None is unseeded.",
-    )
-    end_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        description="How long ending a timed-out episode (its verifier, its sandbox release) may take.",
-    )
-    drift_check: bool = Field(
-        True, description="Re-render every finished conversation and report token drift."
-    )
-    warn_on_drift: bool = Field(
-        True, description="Also `warnings.warn` for each drifted trajectory (the metric counts regardless)."
-    )
-
-
 EnvFactory = Callable[[], AgentEnv]
 EpisodePolicyFactory = Callable[[AgentEnv, MaskedSequence], Policy]
 """(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode."""
@@ -93,6 +53,8 @@ class _EpisodeSpec:
     index: int
     task: Task | int
     group_id: str
+    seed: int | None
+    """The call's base seed: this episode samples with seeds derived from (seed, index, turn)."""
     env_seed: int | None
 
 
@@ -243,7 +205,8 @@ class _Episode:
             self.env_s += time.perf_counter() - t0
 
     def sampling(self, turn: int, max_tokens: int) -> SamplingConfig:
-        seed = None if self.cfg.seed is None else (self.cfg.seed * 1_000_003 + self.spec.index) * 1_009 + turn
+        base = self.spec.seed
+        seed = None if base is None else (base * 1_000_003 + self.spec.index) * 1_009 + turn
         return SamplingConfig(
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
@@ -401,6 +364,7 @@ async def collect(
     policy: Policy,
     config: RolloutConfig | None = None,
     *,
+    seed: int | None = 0,
     masker: ChatMasker | None = None,
     tokenizer: Any = None,
     env_kwargs: dict[str, Any] | None = None,
@@ -410,7 +374,9 @@ async def collect(
     """Roll out `group_size` episodes for each task; return the trajectories in task-then-sample order.
 
     `envs` is an environment id (built with `agentrl.make(id, **env_kwargs)`) or a zero-argument
-    factory; `tasks` are `Task`s or task indices of the environment's generator. The masker comes from
+    factory; `tasks` are `Task`s or task indices of the environment's generator. `seed` is the call's
+    random stream: episode k samples with seeds derived from (seed, k, turn) and its environment resets
+    with seed + its task's position (None: unseeded). The masker comes from
     `masker`, else from `tokenizer` (else `policy.tokenizer`) and its own chat template.
     `on_trajectory` is called as each episode finishes (progress bars, streaming to disk).
     `episode_policy`, if given, is called once per episode right after `reset` with the environment and
@@ -437,9 +403,9 @@ async def collect(
     specs = []
     for g, task in enumerate(tasks):
         key = task.id if isinstance(task, Task) else f"index-{task}"
-        env_seed = None if cfg.seed is None else cfg.seed + g
+        env_seed = None if seed is None else seed + g
         for _k in range(cfg.group_size):
-            specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", env_seed))
+            specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", seed, env_seed))
     semaphore = asyncio.Semaphore(cfg.concurrency)
 
     async def one(spec: _EpisodeSpec) -> Trajectory:

@@ -13,26 +13,30 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
+from agentrl.rollout.config import RolloutConfig
 from agentrl.train.curriculum import CurriculumConfig
+
+# The options a config chooses from, declared once: the components take them as they are.
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+"""How per-token losses become one number (`agentrl.train.grpo.aggregate`)."""
+RatioLevel = Literal["token", "sequence"]
+"""Token-level importance ratio (GRPO) or one per sequence (GSPO)."""
+AdvantageScale = Literal["group", "none"]
+"""Divide advantages by the group's reward std (GRPO), or not (Dr. GRPO)."""
+PackingMode = Literal["auto", "on", "off"]
+"""Packed micro-batches for the varlen attention (`agentrl.train.packing.resolve_packing`)."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RolloutSettings(_Strict):
-    group_size: int = Field(8, ge=2, description="Episodes per task in a group (GRPO needs >= 2).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout policy.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    max_tokens_per_turn: int = Field(96, gt=0, description="Most tokens the policy may sample in one turn.")
-    max_total_tokens: int = Field(
-        2048, gt=0, description="Context budget of one trajectory (prompt included)."
-    )
-    episode_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of one episode.")
-    concurrency: int = Field(32, gt=0, description="Episodes in flight at once.")
+class EngineSettings(_Strict):
+    """Where the trainer's vLLM engine runs on GPUs (`agentrl.train.placement`); nothing on a CPU machine."""
+
     devices: list[int] | None = Field(
         None,
         description="GPUs (indices among the visible ones) of the vLLM engine. None: colocated on the "
@@ -53,11 +57,9 @@ class RolloutSettings(_Strict):
     )
 
 
-class OptimSettings(_Strict):
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (constant after warm-up).")
-    warmup_steps: int = Field(
-        0, ge=0, description="Linear warm-up over this many optimizer steps, then constant."
-    )
+class StepSettings(_Strict):
+    """How one optimizer step runs, the same for GRPO (`optim:`) and SFT (`SFTConfig`)."""
+
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     micro_batch_size: int | None = Field(
@@ -71,10 +73,20 @@ class OptimSettings(_Strict):
         description="Token budget of one forward pass on one process: padded, count x longest; packed, the "
         "sum of lengths. Sequences are length-bucketed; a longer one runs alone. None: no budget.",
     )
-    packing: Literal["auto", "on", "off"] = Field(
+    packing: PackingMode = Field(
         "auto",
         description="Pack a micro-batch's sequences into one row for the varlen attention (no padding). "
         "auto: on, except on a GPU without the varlen flash kernel (fp32, old torch): length-bucketed padding there.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute decoder-layer activations in backward (less memory, the same numbers)."
+    )
+
+
+class OptimSettings(StepSettings):
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (constant after warm-up).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warm-up over this many optimizer steps, then constant."
     )
     epochs: int = Field(
         1,
@@ -87,9 +99,6 @@ class OptimSettings(_Strict):
         ge=1,
         description="Optimizer steps per pass: the batch is split into this many mini-batches of whole trajectories.",
     )
-    activation_checkpointing: bool = Field(
-        False, description="Recompute decoder-layer activations in backward."
-    )
     bf16: bool | None = Field(
         None, description="bf16 params/compute with fp32 reduction; default: on with CUDA, off on CPU."
     )
@@ -100,13 +109,11 @@ class LossSettings(_Strict):
     clip_high: float = Field(
         0.28, ge=0, description="PPO clip above (DAPO clip-higher): ratio <= 1 + clip_high."
     )
-    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+    agg: LossAggregation = Field(
         "token-mean", description="How per-token losses become one number (DAPO token-mean by default)."
     )
-    ratio: Literal["token", "sequence"] = Field(
-        "token", description="Token-level ratio (GRPO) or sequence-level (GSPO)."
-    )
-    adv_scale: Literal["group", "none"] = Field(
+    ratio: RatioLevel = Field("token", description="Token-level ratio (GRPO) or sequence-level (GSPO).")
+    adv_scale: AdvantageScale = Field(
         "group", description="Divide advantages by the group's reward std, or not (Dr. GRPO)."
     )
     negative_weight: float = Field(
@@ -148,7 +155,12 @@ class EvalSettings(_Strict):
     )
     tasks: int = Field(32, gt=0, description="Held-out tasks per evaluation.")
     samples: int = Field(4, gt=0, description="Samples per task (pass@k for k up to this).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature for evaluation.")
+    temperature: float | None = Field(
+        None,
+        ge=0,
+        description="Sampling temperature for evaluation (0: greedy). None: the rollout's; every other "
+        "limit is the rollout's too.",
+    )
 
 
 class WandbSettings(_Strict):
@@ -173,8 +185,18 @@ class TrainConfig(_Strict):
         "runs/train", description="Run directory: metrics.jsonl, checkpoints/, final/, config.json."
     )
     steps: int = Field(20, ge=1, description="Optimizer steps (one batch of groups each).")
-    seed: int = Field(0, description="Seed of sampling, curriculum and initialisation.")
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="Rollout engine settings.")
+    seed: int = Field(
+        0,
+        description="Seed of the rollouts' sampling and of initialisation (the curriculum draws with its own, "
+        "curriculum.seed).",
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="How episodes are rolled out: sampling, limits, group size.",
+    )
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="Where the vLLM engine runs on GPUs."
+    )
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer settings.")
     loss: LossSettings = Field(default_factory=LossSettings, description="GRPO loss settings.")
     curriculum: CurriculumConfig = Field(
@@ -219,6 +241,40 @@ class TrainConfig(_Strict):
         description="Stop after this many steps in a row without one informative group (every group all-pass "
         "or all-fail: nothing to learn from); 0: never stop. Each such step is reported.",
     )
+
+    @model_validator(mode="after")
+    def _trainable(self) -> TrainConfig:
+        if self.rollout.group_size < 2:
+            raise ValueError(
+                f"rollout.group_size={self.rollout.group_size}: GRPO compares the episodes of a group, so it "
+                "needs at least 2"
+            )
+        if self.rollout.temperature == 0:
+            raise ValueError(
+                "rollout.temperature=0 is greedy decoding: every episode of a group would be the same, and the "
+                "trainer's log-probs are taken at the sampling temperature; use a temperature > 0"
+            )
+        return self
+
+
+class SFTConfig(StepSettings):
+    """Everything `agentrl sft` needs; the step settings (`StepSettings`) are GRPO's `optim:` ones."""
+
+    model: str = Field(description="Checkpoint directory to start from (transformers format).")
+    data: str = Field(description="Trajectory JSONL to train on.")
+    out: str = Field(
+        description="Output directory: the fine-tuned checkpoint (transformers format) and metrics.jsonl."
+    )
+    epochs: float = Field(3.0, gt=0, description="Passes over the data (fractions allowed).")
+    lr: float = Field(1e-3, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps, then cosine decay to 10% of lr.")
+    batch_size: int = Field(32, gt=0, description="Sequences per optimizer step, over all processes.")
+    only_passed: bool = Field(
+        True, description="Train only on trajectories whose verifier passed (rejection sampling)."
+    )
+    max_seq_len: int = Field(4096, gt=0, description="Drop trajectories longer than this many tokens.")
+    seed: int = Field(0, description="Seed for shuffling and dropout.")
+    log_every: int = Field(10, gt=0, description="Log metrics every N optimizer steps.")
 
 
 class ConfigError(UserError, ValueError):

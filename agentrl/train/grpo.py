@@ -21,16 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from agentrl.train.batch import token_entropy
-
-AdvantageScale = Literal["group", "none"]
-LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-RatioLevel = Literal["token", "sequence"]
+from agentrl.train.config import AdvantageScale, LossAggregation, RatioLevel
 
 # exp() of a log-ratio beyond this is either clipped away or a numerical accident; clamping
 # the log-ratio (as verl does) keeps one wild token from producing inf.

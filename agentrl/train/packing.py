@@ -22,13 +22,16 @@ whatever the split.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.batch import Batch
+
+if TYPE_CHECKING:
+    from agentrl.train.config import PackingMode
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,7 @@ def packed_inputs(batch: Batch) -> tuple[dict[str, Any], Tensor]:
     return inputs, cu[:-1].long()
 
 
-def resolve_packing(setting: str, device: torch.device, bf16: bool) -> bool:
+def resolve_packing(setting: PackingMode, device: torch.device, bf16: bool) -> bool:
     """`packing: auto|on|off` for a trainer on `device` computing in bf16 (or not).
 
     auto packs, except on a GPU where the varlen flash kernel cannot run (fp32 compute, a torch

@@ -4,7 +4,7 @@
     plan_placement(gpus=2, nproc=1, devices=[1], ...)      # dedicated: trainer GPU 0, engine GPU 1
 
 Trainer rank r runs on visible GPU r (torchrun's local rank), so `--nproc N` takes GPUs 0..N-1.
-The vLLM engine runs on `rollout.devices`, GPU indices among the visible ones:
+The vLLM engine runs on `engine.devices`, GPU indices among the visible ones:
 
 - none given, or trainer GPUs: **colocated**. The engine shares the trainer's memory: it takes
   `gpu_memory_utilization` of it (0.4 by default) while generating and, in synchronous mode,
@@ -48,7 +48,7 @@ class Placement:
     trainer_gpus: tuple[int, ...]  # visible-GPU index of each trainer rank; () on CPU
     engine_gpus: tuple[int, ...]  # visible-GPU indices of the engine (its tensor-parallel ranks); () on CPU
     colocated: bool  # the engine shares trainer GPUs
-    sleep: bool  # the engine sleeps during each update (colocated, synchronous, `rollout.sleep`)
+    sleep: bool  # the engine sleeps during each update (colocated, synchronous, `engine.sleep`)
     transport: Transport  # rpc on CPU, ipc colocated, nccl dedicated
     gpu_memory_utilization: float | None  # the engine's share of each of its GPUs; None on CPU
 
@@ -71,8 +71,8 @@ def plan_placement(
     if gpus == 0:
         if devices:
             raise PlacementError(
-                f"rollout.devices={devices} names GPUs but none is visible ({cuda_visible_note()}); "
-                "remove rollout.devices to run the engine on the CPU"
+                f"engine.devices={devices} names GPUs but none is visible ({cuda_visible_note()}); "
+                "remove engine.devices to run the engine on the CPU"
             )
         return Placement((), (), False, False, "rpc", None)
     trainer = tuple(range(nproc))
@@ -80,20 +80,20 @@ def plan_placement(
         engine: tuple[int, ...] = (0,)
     else:
         if not devices:
-            raise PlacementError("rollout.devices is empty; give GPU indices, e.g. [1], or leave it unset")
+            raise PlacementError("engine.devices is empty; give GPU indices, e.g. [1], or leave it unset")
         bad = [d for d in devices if not 0 <= d < gpus]
         if bad:
             raise PlacementError(
-                f"rollout.devices={devices}: {bad} not among the {gpus} visible GPU(s) (indices 0..{gpus - 1}, "
+                f"engine.devices={devices}: {bad} not among the {gpus} visible GPU(s) (indices 0..{gpus - 1}, "
                 f"{cuda_visible_note()})"
             )
         if len(set(devices)) != len(devices):
-            raise PlacementError(f"rollout.devices={devices} repeats a GPU; list each once")
+            raise PlacementError(f"engine.devices={devices} repeats a GPU; list each once")
         engine = tuple(devices)
     shared = set(engine) & set(trainer)
     if shared and shared != set(engine):
         raise PlacementError(
-            f"rollout.devices={list(engine)} mixes trainer GPUs {sorted(shared)} (0..{nproc - 1} with --nproc "
+            f"engine.devices={list(engine)} mixes trainer GPUs {sorted(shared)} (0..{nproc - 1} with --nproc "
             f"{nproc}) and free ones; put the engine entirely on trainer GPUs (colocated) or entirely off them"
         )
     colocated = bool(shared)

@@ -19,55 +19,15 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from agentrl.rollout.trajectory import Trajectory, load_trajectories
 from agentrl.train.batch import collate
+from agentrl.train.config import SFTConfig
 from agentrl.train.logprobs import action_logprobs
 from agentrl.train.packing import plan_micro_batches, resolve_packing
-
-
-class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(description="Checkpoint directory to start from (transformers format).")
-    data: str = Field(description="Trajectory JSONL to train on.")
-    out: str = Field(
-        description="Output directory: the fine-tuned checkpoint (transformers format) and metrics.jsonl."
-    )
-    epochs: float = Field(3.0, gt=0, description="Passes over the data (fractions allowed).")
-    lr: float = Field(1e-3, gt=0, description="Peak AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps, then cosine decay to 10% of lr.")
-    batch_size: int = Field(32, gt=0, description="Sequences per optimizer step, over all processes.")
-    micro_batch_size: int | None = Field(
-        8, gt=0, description="Most sequences per forward pass on one process (None: only the token budget)."
-    )
-    max_tokens_per_micro_batch: int | None = Field(
-        8192,
-        gt=0,
-        description="Token budget of one forward pass on one process (padded: count x longest; packed: "
-        "the sum of lengths); sequences are length-bucketed. None: no budget.",
-    )
-    packing: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Pack sequences into one row for the varlen attention; auto: on, except on a GPU without "
-        "its flash kernel (fp32, old torch).",
-    )
-    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
-    only_passed: bool = Field(
-        True, description="Train only on trajectories whose verifier passed (rejection sampling)."
-    )
-    max_seq_len: int = Field(4096, gt=0, description="Drop trajectories longer than this many tokens.")
-    seed: int = Field(0, description="Seed for shuffling and dropout.")
-    activation_checkpointing: bool = Field(
-        False, description="Recompute layer activations in backward to save memory."
-    )
-    log_every: int = Field(10, gt=0, description="Log metrics every N optimizer steps.")
 
 
 def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
@@ -75,22 +35,6 @@ def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def rank_micro_batches(
-    global_batch: list[Trajectory],
-    rank: int,
-    world: int,
-    micro: int | None,
-    *,
-    max_tokens: int | None = None,
-    packed: bool = False,
-) -> list[list[Trajectory]]:
-    """This rank's micro-batches (at most `micro` sequences and `max_tokens` tokens each). Every rank
-    gets the same number (FSDP collectives must match); a rank with nothing left runs a two-token
-    filler with an all-zero loss mask (`agentrl.train.packing.plan_micro_batches`)."""
-    plan = plan_micro_batches(global_batch, world, max_tokens=max_tokens, max_sequences=micro, packed=packed)
-    return plan.for_rank(rank)
 
 
 def masked_nll_sum(
@@ -159,14 +103,13 @@ def train_sft(cfg: SFTConfig) -> Path:
             rng.shuffle(epoch)
             order += epoch
         global_batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        micro = rank_micro_batches(
+        micro = plan_micro_batches(
             global_batch,
-            info.rank,
             info.world_size,
-            cfg.micro_batch_size,
             max_tokens=cfg.max_tokens_per_micro_batch,
+            max_sequences=cfg.micro_batch_size,
             packed=packed,
-        )
+        ).for_rank(info.rank)
         local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
         scale, global_tokens = global_token_scale(local_tokens, info.device)
         for g in opt.param_groups:

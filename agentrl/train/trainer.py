@@ -310,29 +310,18 @@ class Generator:
     on_trajectory: Any = None
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
-        from agentrl.rollout.loop import RolloutConfig, collect_sync
+        from agentrl.rollout.loop import collect_sync
 
-        r = self.cfg.rollout
         # A new seed per call: the rollout derives episode k's sampling seed from (seed, k, turn),
         # so reusing one seed every step would replay the same random stream for every batch.
         self.calls += 1
-        rc = RolloutConfig(
-            group_size=r.group_size,
-            max_tokens_per_turn=r.max_tokens_per_turn,
-            max_total_tokens=r.max_total_tokens,
-            episode_timeout_s=r.episode_timeout_s,
-            concurrency=r.concurrency,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            seed=self.cfg.seed * 1_000_003 + self.calls,
-            warn_on_drift=False,  # counted per step (rollout/drifted), not one warning per trajectory
-        )
         t0 = time.perf_counter()
         trajs = collect_sync(
             self.cfg.env,
             [d.task for d in draws],
             self.policy,
-            rc,
+            self.cfg.rollout,
+            seed=self.cfg.seed * 1_000_003 + self.calls,
             env_kwargs=self.cfg.env_kwargs,
             on_trajectory=self.on_trajectory,
         )
@@ -887,14 +876,19 @@ def _apply_staleness(
 def _evaluate_in_training(cfg: TrainConfig, policy: Any, step: int, out: Path) -> None:
     from agentrl.eval.evaluate import evaluate_policy
 
+    # The training's rollout settings, at the evaluation's own temperature when it has one.
+    eval_rollout = (
+        cfg.rollout
+        if cfg.eval.temperature is None
+        else cfg.rollout.model_copy(update={"temperature": cfg.eval.temperature})
+    )
     summary = evaluate_policy(
         policy,
         cfg.env,
         split=cfg.eval.split,
         num_tasks=cfg.eval.tasks,
         samples=cfg.eval.samples,
-        temperature=cfg.eval.temperature,
-        rollout=cfg.rollout,
+        rollout=eval_rollout,
         env_kwargs=cfg.env_kwargs,
         model_name=f"step-{step}",
     )
@@ -913,10 +907,10 @@ def train_placement(cfg: TrainConfig, nproc: int) -> Placement:
     return plan_placement(
         gpus=visible_gpus(),
         nproc=nproc,
-        devices=cfg.rollout.devices,
+        devices=cfg.engine.devices,
         asynchronous=cfg.asynchronous.mode == "async",
-        sleep=cfg.rollout.sleep,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        sleep=cfg.engine.sleep,
+        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
     )
 
 

@@ -35,14 +35,14 @@ from agentrl.eval.evaluate import (
     read_episodes,
 )
 from agentrl.kit.tiny_model import init_tiny
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.policy import Generation, SamplingConfig, VLLMPolicy
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.train.config import RolloutSettings
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
 GUESS = "agentrl/guess-number-v0"
 # Small enough for this loaded CPU box: 2 turns of at most 8 tokens per episode.
-FAST = dict(max_turns=2, max_tokens_per_turn=8, max_total_tokens=1024)
+FAST_ROLLOUT = dict(max_tokens_per_turn=8, max_total_tokens=1024)
 
 
 def record(task_index: int, sample: int) -> EpisodeRecord:
@@ -184,12 +184,10 @@ def two_model_run(engine, tiny_model_dir, second_model, tmp_path_factory):  # no
         n=2,
         ks=[1, 2],
         num_tasks=2,
-        temperature=0.7,
-        top_p=0.9,
-        concurrency=4,
+        max_turns=2,
+        rollout=RolloutConfig(temperature=0.7, top_p=0.9, concurrency=4, **FAST_ROLLOUT),
         out=str(out),
         progress=False,
-        **FAST,
     )
     summaries = evaluate(cfg, policy_factory=factory)
     return cfg, out, summaries, requests
@@ -249,22 +247,23 @@ def test_rerun_with_everything_done_runs_nothing_and_a_changed_budget_is_refused
     assert (out / "before" / "episodes.jsonl").read_text() == lines
     assert [s.pass_at_dict() for s in again]  # the summary is rebuilt from disk
     with pytest.raises(EvalError, match=r"temperature: recorded 0.7, now 1.0.*new --out, or --force"):
-        evaluate(cfg.model_copy(update={"temperature": 1.0}), policy_factory=no_policy)
+        evaluate(
+            cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"temperature": 1.0})}),
+            policy_factory=no_policy,
+        )
     assert (out / "before" / "episodes.jsonl").read_text() == lines  # refused, and nothing lost
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_evaluate_policy_in_training(engine):
-    settings = RolloutSettings(max_tokens_per_turn=8, max_total_tokens=1024, concurrency=4)
     s = evaluate_policy(
         engine,
         GUESS,
         split="validation",
         num_tasks=2,
         samples=2,
-        temperature=1.0,
-        rollout=settings,
+        rollout=RolloutConfig(concurrency=4, **FAST_ROLLOUT),
         env_kwargs={"max_turns": 2},
         model_name="step-3",
     )

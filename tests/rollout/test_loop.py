@@ -22,7 +22,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.envs.calc import CalcEnv
-from agentrl.rollout.loop import RolloutConfig, collect, collect_sync
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.loop import collect, collect_sync
 from agentrl.rollout.masker import ChatMasker
 from agentrl.rollout.policy import Generation, SamplingConfig, VLLMPolicy, score_logprobs
 from agentrl.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
@@ -119,10 +120,10 @@ def test_real_vllm_calc_trajectories_are_exact(
 ) -> None:
     rec = RecordingPolicy(policy)
     cfg = RolloutConfig(
-        group_size=2, max_tokens_per_turn=12, max_total_tokens=1536, concurrency=4, temperature=1.0, seed=7
+        group_size=2, max_tokens_per_turn=12, max_total_tokens=1536, concurrency=4, temperature=1.0
     )
     tasks = [CalcEnv().tasks.get(i) for i in range(2)]
-    trajs = collect_sync("agentrl/calc-v0", tasks, rec, cfg, tokenizer=tokenizer)
+    trajs = collect_sync("agentrl/calc-v0", tasks, rec, cfg, seed=7, tokenizer=tokenizer)
     assert len(trajs) == 4
     assert [t.task_id for t in trajs] == [tasks[0].id] * 2 + [tasks[1].id] * 2
     assert trajs[0].group_id == trajs[1].group_id != trajs[2].group_id == trajs[3].group_id

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
-from agentrl.train.sft import SFTConfig, rank_micro_batches
+from agentrl.train.config import SFTConfig
+from agentrl.train.packing import plan_micro_batches
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
 
@@ -41,9 +42,10 @@ def synthetic_trajectories(n: int, vocab: int, seed: int = 0) -> list[Trajectory
     return out
 
 
-def test_rank_micro_batches_are_equal_in_number_and_cover_the_batch():
+def test_micro_batches_are_equal_in_number_and_cover_the_batch():
     trajs = synthetic_trajectories(5, 100)
-    per_rank = [rank_micro_batches(trajs, r, 2, 2) for r in range(2)]
+    plan = plan_micro_batches(trajs, 2, max_tokens=None, max_sequences=2)
+    per_rank = [plan.for_rank(r) for r in range(2)]
     assert [len(m) for m in per_rank] == [2, 2]
     real = [t.task_id for mbs in per_rank for mb in mbs for t in mb if any(t.loss_mask)]
     assert sorted(real) == sorted(t.task_id for t in trajs)
