@@ -34,7 +34,6 @@ it returns.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import threading
 import time
 import warnings
@@ -43,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentrl.task import Task
+from agentrl.types import AgentEnv
 from agentrl.verifiers import Verdict
 
 ENTRY_POINT_GROUP = "agentrl.attacks"
@@ -205,23 +205,9 @@ def get(name: str) -> Attack:
 # --- driving an episode ----------------------------------------------------------------------
 
 
-def render_calls(env: Any, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """Tool calls as the env's parser reads them (several in one message when given several)."""
-    parser = getattr(env, "parser", None)
-    render = getattr(parser, "render_calls", None)
-    if callable(render):
-        return render(list(calls))
-    name = getattr(parser, "name", "hermes")
-    if name == "hermes":
-        return "\n".join(
-            f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls
-        )
-    if name == "llama3-json":
-        return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
-    raise AuditError(
-        f"the audit cannot write tool calls for parser {name!r}: give the parser a "
-        "`render_calls(calls: list[(name, arguments)]) -> str` method"
-    )
+def render_calls(env: AgentEnv, calls: Sequence[tuple[str, Any]]) -> str:
+    """Tool calls in the env's format, as its parser reads them (several in one message when given several)."""
+    return env.parser.render_calls(list(calls))
 
 
 class Play:

@@ -85,6 +85,14 @@ def _validated(model_cls: Any, what: str, **fields: Any) -> Any:
         raise UserError(format_validation_error(exc, model_cls, what=what)) from None
 
 
+def _format_override(parser: str) -> dict[str, str]:
+    """`agentrl.make` overrides for a `--parser` option ("": the environment's own format)."""
+    return {"parser": parser} if parser else {}
+
+
+_PARSER_HELP = "Tool-call format the environment is made with (hermes, llama3-json); default: its own."
+
+
 def _help(model_cls: Any, name: str, text: str = "") -> str:
     """An option's help: `text` (else the field's description) and the field's default, from the model."""
     field = model_cls.model_fields[name]
@@ -174,6 +182,7 @@ def env_check(
     env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
     backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
     tasks: int = typer.Option(5, help="How many tasks the oracle must solve."),
+    parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
 ) -> None:
     """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
     from agentrl.agents import run_episode
@@ -182,7 +191,7 @@ def env_check(
     from agentrl.registry import make
     from agentrl.types import has_oracle
 
-    env = make(env_id, backend=backend)
+    env = make(env_id, backend=backend, **_format_override(parser))
     try:
         try:
             check_env(env)
@@ -237,6 +246,7 @@ def verifier_check(
     env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
     tasks: int = typer.Option(5, "--tasks", min=1, help="How many tasks to check (task indices 0..N-1)."),
     backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
+    parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
 ) -> None:
     """Check the env's verifier on N tasks: the reference must pass, the untouched start must fail.
 
@@ -245,7 +255,9 @@ def verifier_check(
     from agentrl.registry import make
     from agentrl.verifier_check import check_verifier
 
-    env = make(env_id, backend=backend)  # an unknown id: the registry's message says what exists
+    env = make(
+        env_id, backend=backend, **_format_override(parser)
+    )  # an unknown id: the message says what exists
     dropped = 0
     try:
         for i in range(tasks):
@@ -272,6 +284,7 @@ def verifier_audit(
     list_attacks: bool = typer.Option(
         False, "--list", help="List the attacks (built-in and plugins), then exit."
     ),
+    parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
 ) -> None:
     """Play the reward-hacking attack library against an env's verifier, through env.step only.
 
@@ -292,7 +305,7 @@ def verifier_audit(
         typer.echo("error: give an environment id (agentrl envs list shows them), or --list", err=True)
         raise typer.Exit(2)
     try:
-        env = make(env_id, backend=backend)
+        env = make(env_id, backend=backend, **_format_override(parser))
     except KeyError as exc:
         typer.echo(f"error: {exc.args[0]}", err=True)
         raise typer.Exit(2) from None

@@ -21,7 +21,8 @@ Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and a
 from __future__ import annotations
 
 import difflib
-import json
+import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any, ClassVar
 import gymnasium
 
 from agentrl.episode import Episode, ToolCallRecord
-from agentrl.parsers import ParsedAction, ParseError, ToolCall, get_parser
+from agentrl.parsers import ParsedAction, ParseError, ToolCall, ToolCallParser, get_parser
 from agentrl.sandbox.base import (
     DEFAULT_WORKDIR,
     EngineUnavailable,
@@ -52,18 +53,6 @@ log = logging.getLogger(__name__)
 
 class EnvError(RuntimeError):
     """The environment could not start an episode (sandbox would not start, task set-up failed)."""
-
-
-def tools_system_block(schemas: list[dict], format_hint: str) -> str:
-    """The Hermes/Qwen tool preamble: schemas inside <tools></tools>, one JSON object per line."""
-    lines = "\n".join(json.dumps(s, separators=(", ", ": ")) for s in schemas)
-    return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n"
-        f"<tools>\n{lines}\n</tools>\n\n"
-        "For each function call, return a JSON object with the function name and arguments like this:\n"
-        f"{format_hint}"
-    )
 
 
 # Default of `max_tool_calls_per_step`. verl's multi-turn rollout runs 1 call per turn
@@ -130,8 +119,9 @@ class ToolEnv(gymnasium.Env[list, str]):
             raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
         # Generators, lists, JSONL paths, datasets: one validated view (agentrl.tasksource).
         self.tasks: TaskSource = as_task_source(tasks, name=env_id or type(self).__name__)
+        self.parser = get_parser(parser)
         if oracle is not None:  # the reference solution: oracle(task) -> an agent (README: Oracles)
-            self.oracle = oracle
+            self.oracle = _in_format(oracle, self.parser)
         self.toolbox = ToolBox.of(list(tools))
         if isinstance(verifier, str):
             verifier = get(verifier)
@@ -143,7 +133,6 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.backend = backend
         self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
         self.use_pool = use_pool
-        self.parser = get_parser(parser)
         self.tools_in_prompt = tools_in_prompt
         self.exec_timeout_s = exec_timeout_s
         self.verifier_timeout_s = verifier_timeout_s
@@ -189,7 +178,7 @@ class ToolEnv(gymnasium.Env[list, str]):
     def system_prompt(self) -> str:
         if not self.tools_in_prompt:
             return self.instructions
-        return f"{self.instructions}\n\n{tools_system_block(self.toolbox.schemas, self.parser.format_hint)}"
+        return f"{self.instructions}\n\n{self.parser.system_block(self.toolbox.schemas)}"
 
     # --- task selection -----------------------------------------------------------------
     @classmethod
@@ -505,6 +494,15 @@ class ToolEnv(gymnasium.Env[list, str]):
     def close(self) -> None:
         self._release_sandbox()
         super().close()
+
+
+def _in_format(oracle: Callable[..., Any], parser: ToolCallParser) -> Callable[[Task], Any]:
+    """`oracle(task)` writing its calls in the env's format: a factory that takes `parser` gets it."""
+    try:
+        takes_parser = "parser" in inspect.signature(oracle).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        takes_parser = False
+    return functools.partial(oracle, parser=parser) if takes_parser else oracle
 
 
 def _name(call: ToolCall) -> str:

@@ -4,27 +4,36 @@ Checks, each with a message that says what broke:
 - observation and action spaces are declared Gymnasium spaces;
 - `reset(seed=s)` is deterministic: the same seed gives the same first observation;
 - observations are in the observation space; reward is 0 before the episode ends;
-- garbage actions (empty text, broken JSON, an unknown tool, wrong argument types, a huge
-  message) each give an error observation the model can read, never an exception;
+- garbage actions (empty text, broken JSON, an unknown tool, wrong argument types, a call cut
+  short, a huge message), written in the env's own tool-call format, each give an error
+  observation the model can read, never an exception;
 - stepping after the end raises a clear error; `close()` twice is safe; `reset()` after
   `close()` works.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import gymnasium
 
-GARBAGE_ACTIONS: dict[str, str] = {
-    "empty": "",
-    "broken json": '<tool_call>\n{"name": "submit", "arguments": {"answer": \n</tool_call>',
-    "unknown tool": '<tool_call>\n{"name": "definitely_not_a_tool", "arguments": {}}\n</tool_call>',
-    "not a tool call": "I think the answer is probably something.",
-    "unterminated": '<tool_call>\n{"name": "submit", "arguments": {"answer": "1"}}',
-    "arguments not an object": '<tool_call>\n{"name": "submit", "arguments": [1, 2]}\n</tool_call>',
-}
+from agentrl.parsers import ToolCallParser
+
+
+def garbage_actions(parser: ToolCallParser) -> dict[str, str]:
+    """Messages a model gets wrong, each written in `parser`'s format (a format whose rendering does not
+    contain the JSON we break leaves that case out)."""
+    submit = parser.render_calls([("submit", {"answer": "1"})])
+    actions = {
+        "empty": "",
+        "not a tool call": "I think the answer is probably something.",
+        "unknown tool": parser.render_calls([("definitely_not_a_tool", {})]),
+        "arguments not an object": parser.render_calls([("submit", [1, 2])]),
+        "cut short": submit[: len(submit) * 2 // 3],
+    }
+    if '{"answer": "1"}' in submit:
+        actions["broken json"] = submit.replace('{"answer": "1"}', '{"answer": ', 1)
+    return actions
 
 
 def _fail(msg: str) -> None:
@@ -37,7 +46,7 @@ def _wrong_types_action(env: Any) -> str | None:
         props = t.parameters.get("properties", {})
         if props:
             bad = {k: ([1, 2] if v.get("type") != "array" else {"x": 1}) for k, v in props.items()}
-            return f"<tool_call>\n{json.dumps({'name': t.name, 'arguments': bad})}\n</tool_call>"
+            return env.parser.render_calls([(t.name, bad)])
     return None
 
 
@@ -58,7 +67,7 @@ def check_env(env: Any, *, seed: int = 1234, skip_close_check: bool = False) -> 
     if not isinstance(info1, dict):
         _fail(f"reset must return (observation, info dict), info is {type(info1).__name__}")
 
-    actions = dict(GARBAGE_ACTIONS)
+    actions = garbage_actions(env.parser)
     actions["huge"] = "x" * (getattr(env, "max_action_chars", 65536) + 1)
     if (wrong := _wrong_types_action(env)) is not None:
         actions["wrong argument types"] = wrong

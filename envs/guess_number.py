@@ -14,11 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.agents import last_tool_output, tool_call
+from agentrl.agents import ScriptedOracle, last_tool_output
 from agentrl.env import ToolEnv
+from agentrl.parsers import HERMES, ToolCallParser
 from agentrl.task import Task, split_rng_seed
 from agentrl.tools import ToolContext, ToolOutcome, tool
-from agentrl.types import Split
+from agentrl.types import Message, Split
 
 
 @dataclass
@@ -64,12 +65,13 @@ class GuessNumberTaskGenerator:
         )
 
 
-class BinarySearchOracle:
-    def __init__(self, task: Task):
+class BinarySearchOracle(ScriptedOracle):
+    def __init__(self, task: Task, parser: ToolCallParser = HERMES):
+        super().__init__(task, parser)
         self.low, self.high = task.metadata["low"], task.metadata["high"]
         self.last: int | None = None
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         feedback = last_tool_output(observation)
         if self.last is not None:
             if re.match(r"\s*higher", feedback):
@@ -77,7 +79,7 @@ class BinarySearchOracle:
             elif re.match(r"\s*lower", feedback):
                 self.high = self.last - 1
         self.last = (self.low + self.high) // 2
-        return tool_call("guess", number=self.last)
+        return self.call("guess", number=self.last)
 
 
 class GuessNumberEnv(ToolEnv):
@@ -103,4 +105,4 @@ class GuessNumberEnv(ToolEnv):
         return GameState(secret=int(task.answer or 0), low=task.metadata["low"], high=task.metadata["high"])
 
     def oracle(self, task: Task) -> BinarySearchOracle:
-        return BinarySearchOracle(task)
+        return BinarySearchOracle(task, self.parser)

@@ -12,10 +12,10 @@ import shlex
 import sqlite3
 from typing import Any
 
-from agentrl.agents import last_tool_output, tool_call
+from agentrl.agents import ScriptedOracle, last_tool_output
 from agentrl.env import ToolEnv
 from agentrl.task import Task, split_rng_seed
-from agentrl.types import Split
+from agentrl.types import Message, Split
 
 CITIES = ["Paris", "Lagos", "Lima", "Oslo", "Pune", "Quito", "Seoul", "Tunis"]
 FIRST = ["Ada", "Bo", "Cyd", "Dee", "Eve", "Finn", "Gus", "Hal", "Ida", "Jo", "Kai", "Lu", "Mo", "Ned", "Ola"]
@@ -150,16 +150,13 @@ class SqliteTaskGenerator:
         )
 
 
-class SqliteOracle:
-    def __init__(self, task: Task):
-        self.task = task
-
-    def act(self, observation: list[dict[str, Any]]) -> str:
+class SqliteOracle(ScriptedOracle):
+    def act(self, observation: list[Message]) -> str:
         out = last_tool_output(observation)
         if not out:
             sql = self.task.metadata["solution_sql"]
-            return tool_call("bash", command=f"sqlite3 -batch {DB} {shlex.quote(sql)}")
-        return tool_call(
+            return self.call("bash", command=f"sqlite3 -batch {DB} {shlex.quote(sql)}")
+        return self.call(
             "submit", answer="done" if self.task.metadata["mutates"] else out.strip().splitlines()[0]
         )
 
@@ -189,4 +186,4 @@ class SqliteEnv(ToolEnv):
         )
 
     def oracle(self, task: Task) -> SqliteOracle:
-        return SqliteOracle(task)
+        return SqliteOracle(task, self.parser)

@@ -66,3 +66,10 @@ def test_an_episode_ended_from_outside_records_its_verdict():
     verdict = env.end_episode("max_tokens", "the context budget is used up")
     assert env.episode.verdict is verdict and env.episode.finish_reason == "max_tokens"
     assert not verdict.passed
+
+
+def test_an_oracle_factory_that_takes_a_parser_writes_in_the_envs_format():
+    env = pure_env(oracle=AnswerOracle, parser="llama3-json")
+    env.reset(seed=0)
+    assert env.oracle(TASK).act([]) == '{"name": "submit", "parameters": {"answer": "7"}}'
+    assert run_episode(env, env.oracle(TASK), options={"task": TASK}).verdict.passed

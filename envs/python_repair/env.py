@@ -26,15 +26,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.agents import tool_call
+from agentrl.agents import ScriptedOracle
 from agentrl.env import ToolEnv
 from agentrl.envs.python_repair.images import stage_source
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
 from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
+from agentrl.parsers import HERMES, ToolCallParser
 from agentrl.sandbox.base import Sandbox
 from agentrl.task import Task
 from agentrl.tasksource import TaskSource, as_task_source
-from agentrl.types import Split
+from agentrl.types import Message, Split
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +73,18 @@ def load_tasks(
     return tasks
 
 
-class PythonRepairOracle:
+class PythonRepairOracle(ScriptedOracle):
     """Applies the reverse mutation: swaps the mutated function back for the original, then submits."""
 
-    def __init__(self, task: Task):
-        self.task = task
+    def __init__(self, task: Task, parser: ToolCallParser = HERMES):
+        super().__init__(task, parser)
         self.turn = 0
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         meta = self.task.metadata
         self.turn += 1
         if self.turn == 1:
-            return tool_call(
+            return self.call(
                 "str_replace",
                 path=meta["module"],
                 old=meta["mutated_function"],
@@ -94,8 +95,8 @@ class PythonRepairOracle:
             # The function text was not unique (or the file changed): write the whole module back.
             module = self.task.files[meta["module"]]
             original = module.replace(meta["mutated_function"], meta["original_function"], 1)
-            return tool_call("write_file", path=meta["module"], content=original)
-        return tool_call("submit", answer=f"restored {meta['function']} in {meta['module']}")
+            return self.call("write_file", path=meta["module"], content=original)
+        return self.call("submit", answer=f"restored {meta['function']} in {meta['module']}")
 
 
 class PythonRepairEnv(ToolEnv):
@@ -169,7 +170,7 @@ class PythonRepairEnv(ToolEnv):
         return sb
 
     def oracle(self, task: Task) -> PythonRepairOracle:
-        return PythonRepairOracle(task)
+        return PythonRepairOracle(task, self.parser)
 
     def statistics(self) -> dict[str, Any]:
         sizes = self.tasks.split_sizes() or {}
