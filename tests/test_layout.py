@@ -153,3 +153,23 @@ def test_each_config_default_is_defined_once():
     assert not unexplained, f"settings with a default in more than one model: {unexplained}"
     stale = set(SAME_NAME_DIFFERENT_SETTING) - set(twice)
     assert not stale, f"no longer declared twice, drop them from the list: {stale}"
+
+
+def test_importing_the_core_loads_no_kit_module():
+    """What the scan promises, checked at run time: every core module imported in a fresh interpreter
+    (so module-level imports of imports count too) leaves no `agentrl.kit` module loaded."""
+    import subprocess
+    import sys
+
+    core = sorted(name for name in modules() if not (name.startswith("agentrl.kit") or name == "agentrl.cli"))
+    script = (
+        "import importlib, sys\n"
+        f"for name in {core!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'agentrl.kit' or m.startswith('agentrl.kit.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
