@@ -418,7 +418,7 @@ def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], An
     def factory(model_dir: str) -> Any:
         from agentrl.rollout.policy import VLLMPolicy, _has_cuda
 
-        # In-process engine on CPU: no engine-core process, ~10 s to start instead of ~1 min.
+        # In-process engine on CPU: no engine-core process to spawn, so it starts several times faster.
         return VLLMPolicy(
             model_dir,
             in_process=not _has_cuda(),

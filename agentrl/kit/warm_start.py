@@ -53,22 +53,12 @@ _EVAL_FIELDS = ("eval_tasks", "eval_samples", "eval_temperature", "eval_split", 
 
 
 class WarmStartRecipe(BaseModel):
-    """Everything a warm start depends on. The defaults are the best calc-v0 recipe measured so far.
+    """Everything a warm start depends on. The defaults are the best calc-v0 recipe measured so far
+    (the measurements, and the recipes that did worse: benchmarks/RESULTS.md, "Warm-start recipe").
 
-    Measured on the 2-core CPU box (idle), held-out pass@1 on 100 test tasks x 1 sample at
-    temperature 1, float32 vLLM:
-
-    - these defaults (hidden 128, 4 heads of 32, rope_theta 1e4; 1024 short demos x 12 epochs = 768
-      steps of 16 at lr 1e-3, then 256 demos x 4 epochs = 64 steps of 16 at lr 1e-3): short loss
-      7.87 -> 0.005, main 1.27 -> 0.012 per action token; built in 410 s (demos 89 s, SFT 319 s);
-      pass@1 0.61 (arithmetic 0.53, word problems 0.68), inside the 0.2-0.7 band;
-    - the same with lr 5e-3 and steps of 4 or 8 (the previous defaults): pass@1 0.00. The learning
-      rate is what matters: at 1e-3 (batch 16 or 32) and 2e-3 (batch 32) the copying transition
-      comes after ~8,000-10,000 sequences; at 3e-3 (batch 32) not within 800 steps, at 5e-3 (batch 8)
-      only after ~1,500 steps (12,000 sequences, and not at all with 2 heads and rope_theta 1e6);
-    - the main stage adapts fast: from a short-stage model, 25 / 50 / 75 / 125 steps of 16 give an
-      exact-action probability (teacher-forced, held out) of 0.02 / 0.18 / 0.35 / 0.64. `epochs`
-      (steps = demos x epochs / batch_size) is the knob that moves pass@1 inside the band.
+    The learning rate is what decides whether the copying transition comes at all; the main stage
+    adapts fast, and `epochs` (steps = demos x epochs / batch_size) is the knob that moves pass@1
+    inside the learnability band.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -365,9 +355,9 @@ def _stage(
 def _sft(cfg: Any, threads: int) -> None:
     """SFT in a subprocess: `launch` here would leave torch.distributed state behind in this process.
 
-    `threads` sets its OpenMP threads. On this shared 2-core box, one thread trained a step 2.5-3x
-    faster than two (measured under load average ~15: 5 s against 13-18 s for 8 sequences of 420
-    tokens): two threads spin-wait on each other whenever another process holds a core.
+    `threads` sets its OpenMP threads. On a shared 2-core box one thread trains faster than two
+    (benchmarks/RESULTS.md, "Warm-start recipe"): two threads spin-wait on each other whenever
+    another process holds a core.
     """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(
