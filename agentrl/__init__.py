@@ -56,6 +56,10 @@ _LAZY: dict[str, str] = {
 # Built-in ids into agentrl's registry and Gymnasium's (the registry module is light: no torch).
 importlib.import_module("agentrl.registry")
 
+# The module paths from before the stage packages (`agentrl.policy`, ...) still import, with a
+# DeprecationWarning naming the new path (docs/LAYOUT.md).
+importlib.import_module("agentrl._moved").install()
+
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:

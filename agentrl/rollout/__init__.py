@@ -5,3 +5,12 @@
 - `trajectory`: `Trajectory`, one finished episode as the trainer sees it;
 - `loop`: the rollout loop, `collect`: generate -> step -> append for every episode in flight.
 """
+
+from typing import Any as _Any
+
+
+def __getattr__(name: str) -> _Any:
+    # What `agentrl.rollout` held when it was one module, kept importable for a while (deprecated).
+    from agentrl._moved import forward_old_names
+
+    return forward_old_names(__name__, name)

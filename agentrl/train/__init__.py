@@ -12,3 +12,12 @@ The recipes read top to bottom: `trainer` (GRPO with the learnability curriculum
   and the weight push;
 - `checkpoint`, `tracking`, `peak_memory`: resumable checkpoints, metrics sinks, memory measurement.
 """
+
+from typing import Any as _Any
+
+
+def __getattr__(name: str) -> _Any:
+    # What `agentrl.train` held when it was one module, kept importable for a while (deprecated).
+    from agentrl._moved import forward_old_names
+
+    return forward_old_names(__name__, name)
