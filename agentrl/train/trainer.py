@@ -29,8 +29,9 @@ generated, or lets an update finish, saves a checkpoint and says how to continue
 a row without an informative group (all-fail: warm-start first; all-pass: harder tasks) stop the
 run with the reason (`stop_uninformative_after`).
 
-Asynchronous mode overlaps 1 with 3-4: a background thread generates the next batch with
-the weights it has while the trainer updates; trajectories more than `max_staleness` versions
+Step 1 is rank 0's `agentrl.train.producer.RolloutProducer`. Asynchronous mode overlaps 1 with 3-4:
+the producer's background thread generates the next batch with the weights it has while the trainer
+updates; trajectories more than `max_staleness` versions
 behind are dropped or kept with the truncated importance-sampling correction.
 
 Losses and advantages are the pure functions of `agentrl.train.grpo`; batching is `agentrl.train.batch`
@@ -43,13 +44,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ from agentrl.train.checkpoint import latest_resumable, prepare_run_dir, set_rng_
 from agentrl.train.checkpoint import load as load_checkpoint
 from agentrl.train.checkpoint import save as save_checkpoint
 from agentrl.train.config import TrainConfig
-from agentrl.train.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
+from agentrl.train.curriculum import Curriculum
 from agentrl.train.distributed import (
     DistInfo,
     all_reduce_mean,
@@ -82,6 +81,7 @@ from agentrl.train.grpo import group_advantages, policy_loss, weight_negatives
 from agentrl.train.logprobs import action_logprobs
 from agentrl.train.packing import plan_micro_batches, resolve_packing
 from agentrl.train.placement import Placement, plan_placement
+from agentrl.train.producer import RolloutProducer
 from agentrl.train.tracking import Tracker, check_available
 from agentrl.train.weight_sync import WeightSync
 
@@ -294,85 +294,6 @@ def _rows(rows: list[torch.Tensor | None], width: int, like: torch.Tensor) -> to
     return out
 
 
-# --- rollouts (rank 0) --------------------------------------------------------------------------
-
-
-@dataclass
-class Generator:
-    """Rank 0's side: the vLLM policy and the environments, turning task draws into groups."""
-
-    cfg: TrainConfig
-    policy: Any
-    stats: dict[str, float] = field(default_factory=dict)
-    calls: int = 0
-    """Rollout calls so far: each seeds its episodes differently. Checkpointed, so a resumed run
-    samples what the uninterrupted one would have."""
-    on_trajectory: Any = None
-
-    def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
-        from agentrl.rollout.loop import collect_sync
-
-        # A new seed per call: the rollout derives episode k's sampling seed from (seed, k, turn),
-        # so reusing one seed every step would replay the same random stream for every batch.
-        self.calls += 1
-        t0 = time.perf_counter()
-        trajs = collect_sync(
-            self.cfg.env,
-            [d.task for d in draws],
-            self.policy,
-            self.cfg.rollout,
-            seed=self.cfg.seed * 1_000_003 + self.calls,
-            env_kwargs=self.cfg.env_kwargs,
-            on_trajectory=self.on_trajectory,
-        )
-        self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
-        self.stats["rollout/drifted"] = self.stats.get("rollout/drifted", 0.0) + sum(
-            1 for t in trajs if t.drift is not None and t.drift.drifted
-        )
-        self.stats["rollout/env_errors"] = self.stats.get("rollout/env_errors", 0.0) + sum(
-            1 for t in trajs if t.finish_reason == "env_error"
-        )
-        return group_by_id(trajs)
-
-    def batch(self, curriculum: Curriculum) -> Batch:
-        """One dynamic-sampling batch, its metrics, and the state right after it.
-
-        Metrics and state are taken here, in the thread that changed the curriculum, so the
-        async producer and the trainer never touch the curriculum at the same time.
-        """
-        self.stats = {}
-        result = build_batch(curriculum, self.groups)
-        metrics = {**_batch_metrics(result, curriculum), **self.stats}
-        return Batch(result, metrics, curriculum.state_dict(), self.calls)
-
-
-@dataclass
-class Batch:
-    """A finished batch and what a checkpoint taken right after it must record."""
-
-    result: DynamicBatchResult
-    metrics: dict[str, float]
-    curriculum_state: dict[str, Any]
-    rollout_calls: int
-
-
-def _batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:
-    # Rewards over every generated group (dropped zero-variance ones too): what the policy scored.
-    trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
-    m: dict[str, float] = {
-        k: float(v) for k, v in curriculum.metrics(result).as_dict().items() if isinstance(v, int | float)
-    }
-    if trajs:
-        m["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
-        m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)
-        m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
-    m["batch/groups"] = float(len(result.groups))
-    m["batch/all_pass_groups"] = float(result.all_pass_groups)
-    m["batch/all_fail_groups"] = float(result.all_fail_groups)
-    m["batch/untrainable_trajectories"] = float(result.untrainable_trajectories)
-    return m
-
-
 def _no_update_reason(metrics: dict[str, float]) -> tuple[str, str]:
     """(kind, words) for a step without an informative group: all-fail, all-pass, env-error or mixed."""
     fail = int(metrics.get("batch/all_fail_groups", 0))
@@ -519,7 +440,7 @@ def train(cfg: TrainConfig) -> Path:
         tracker = Tracker(cfg, out, resumed_at=start)
 
     replay = load_trajectories(cfg.replay) if cfg.replay else None
-    gen: Generator | None = None
+    producer: RolloutProducer | None = None
     bar: Any = None
     if info.is_main:
         bar = tqdm(
@@ -550,8 +471,10 @@ def train(cfg: TrainConfig) -> Path:
         # The engine counts weight pushes from 0; a resumed run continues the count (trajectories
         # record it, and async staleness is measured with it).
         policy._version = policy_version
-        gen = Generator(cfg, policy, calls=rollout_calls, on_trajectory=_episode_counter(bar))
-    sync = WeightSync(placement, gen.policy if gen else None, model, info, active=cfg.replay is None)
+        producer = RolloutProducer(cfg, policy, calls=rollout_calls, on_trajectory=_episode_counter(bar))
+    sync = WeightSync(
+        placement, producer.policy if producer else None, model, info, active=cfg.replay is None
+    )
     if rng is not None:  # after the engine's start-up, which seeds the global RNGs
         set_rng_state(rng)
     if info.is_main:
@@ -564,32 +487,9 @@ def train(cfg: TrainConfig) -> Path:
         for note in tracker.notes if tracker is not None else []:
             log(note)
 
-    prefetch: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-    worker: threading.Thread | None = None
     # What a checkpoint records: the state after the last batch trained on (a batch in flight, or
     # one interrupted half-way, is generated again after a resume).
     curriculum_state = curriculum.state_dict() if curriculum is not None else None
-
-    # One batch ahead at most: the producer may start the next batch only once the trainer has
-    # taken the last one, so a trajectory is at most one policy version behind when it is trained
-    # on (episodes that straddle a weight push are younger still).
-    slot = threading.Semaphore(1)
-
-    def produce() -> None:
-        assert gen is not None and curriculum is not None
-        while not stop.is_set():
-            if not slot.acquire(timeout=0.5):
-                continue
-            if stop.is_set():
-                break
-            try:
-                prefetch.put(gen.batch(curriculum))
-            except Exception as exc:  # raised in the trainer's thread, which waits on the queue
-                if stop.is_set():
-                    return  # the run is ending (Ctrl-C, a stop): the engine closed under the batch
-                prefetch.put(exc)
-                return
 
     def checkpoint(step: int) -> Path:
         return save_checkpoint(
@@ -602,7 +502,7 @@ def train(cfg: TrainConfig) -> Path:
                 "curriculum": curriculum_state,
                 "rollout_calls": rollout_calls,
                 "uninformative_streak": streak,
-                "policy_version": gen.policy.version if gen is not None else policy_version,
+                "policy_version": producer.policy.version if producer is not None else policy_version,
             },
             cfg.model,
             cfg.keep_last,
@@ -626,26 +526,17 @@ def train(cfg: TrainConfig) -> Path:
                                 trajs = replay
                                 metrics["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
                             else:
-                                assert gen is not None
+                                assert producer is not None
                                 t0 = time.perf_counter()
                                 if bar is not None:
                                     bar.set_postfix_str("generating")
-                                if cfg.asynchronous.mode == "async":
-                                    if worker is None:
-                                        worker = threading.Thread(target=produce, daemon=True, name="rollout")
-                                        worker.start()
-                                    batch = prefetch.get()
-                                    if isinstance(batch, Exception):
-                                        raise batch
-                                    slot.release()  # the producer starts the next batch, with this update's weights
-                                else:
-                                    assert curriculum is not None
-                                    batch = gen.batch(curriculum)
+                                assert curriculum is not None
+                                batch = producer.next_batch(curriculum)
                                 metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
                                 metrics.update(batch.metrics)
                                 curriculum_state, rollout_calls = batch.curriculum_state, batch.rollout_calls
                                 trajs = _apply_staleness(
-                                    batch.result.trajectories, gen.policy.version, cfg, metrics
+                                    batch.result.trajectories, producer.policy.version, cfg, metrics
                                 )
                         payload = [trajs]
                     except KeyboardInterrupt:
@@ -693,8 +584,8 @@ def train(cfg: TrainConfig) -> Path:
                     log(_step_line(step + 1, cfg.steps, metrics, bool(trajs), step_times))
                     if bar is not None:
                         bar.update(1)
-                    if gen is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                        _evaluate_in_training(cfg, gen.policy, step + 1, out)
+                    if producer is not None and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                        _evaluate_in_training(cfg, producer.policy, step + 1, out)
                 # Nothing to learn from for several steps in a row: say why and stop, rather than
                 # run on with an unchanged policy (rank 0 decides; every rank leaves the loop).
                 limit = cfg.stop_uninformative_after
@@ -706,16 +597,17 @@ def train(cfg: TrainConfig) -> Path:
                     raise _StopUninformative(verdict[0], step + 1)
             step = cfg.steps
     except KeyboardInterrupt:
-        stop.set()
+        if producer is not None:
+            producer.stop()
         if sigint.requested >= 3:  # quit without saving: an update may be half done
-            _finish(info, gen, sync, tracker, bar, out, ok=False)
+            _finish(info, producer, sync, tracker, bar, out, ok=False)
             newest = latest_resumable(out)
             message = f"quit at step {step + 1}/{cfg.steps} without saving; " + (
                 f"a resume starts from {newest}" if newest else "no checkpoint was saved"
             )
         else:
             where = checkpoint(step) if saved_at != step else out / f"checkpoint-{step}"
-            _finish(info, gen, sync, tracker, bar, out)
+            _finish(info, producer, sync, tracker, bar, out)
             done = f"step{'s 1-' if step > 1 else ' '}{step} done" if step else "no step finished yet"
             message = (
                 f"interrupted at step {step + 1}/{cfg.steps}: saved {where} ({done}; the step in progress "
@@ -725,10 +617,11 @@ def train(cfg: TrainConfig) -> Path:
             log(message)
         raise TrainingInterrupted(message) from None
     except _StopUninformative as stopped:
-        stop.set()
+        if producer is not None:
+            producer.stop()
         if stopped.kind != "all-pass":
             where = checkpoint(stopped.step)
-            _finish(info, gen, sync, tracker, bar, out)
+            _finish(info, producer, sync, tracker, bar, out)
             raise TrainingStopped(
                 f"no informative group in the last {cfg.stop_uninformative_after} steps (step {stopped.step}/"
                 f"{cfg.steps}): {_STOP_ADVICE[stopped.kind].format(env=cfg.env)}. Saved {where}; stop_uninformative_after=0 "
@@ -738,18 +631,20 @@ def train(cfg: TrainConfig) -> Path:
             log(f"stopping early at step {stopped.step}: {_STOP_ADVICE['all-pass']}")
         step = stopped.step
     except BaseException:
-        stop.set()
-        _finish(info, gen, sync, tracker, bar, out, ok=False)
+        if producer is not None:
+            producer.stop()
+        _finish(info, producer, sync, tracker, bar, out, ok=False)
         raise
-    stop.set()
-    if worker is not None:
-        worker.join()  # the batch in flight finishes; its groups were generated but are not trained on
+    if producer is not None:
+        producer.stop(
+            wait=True
+        )  # the batch in flight finishes; its groups were generated but are not trained on
     if saved_at != step:
         checkpoint(step)
     sd = full_state_dict(model)
     if info.is_main:
         export_hf(sd, cfg.model, out / "final")
-    _finish(info, gen, sync, tracker, bar, out)
+    _finish(info, producer, sync, tracker, bar, out)
     if info.is_main:
         minutes, seconds = divmod(int(time.perf_counter() - t_run), 60)
         log(
@@ -766,7 +661,7 @@ class _StopUninformative(Exception):
 
 
 def _finish(
-    info: DistInfo, gen: Any, sync: WeightSync, tracker: Any, bar: Any, out: Path, ok: bool = True
+    info: DistInfo, producer: Any, sync: WeightSync, tracker: Any, bar: Any, out: Path, ok: bool = True
 ) -> None:
     """Close what the run opened, in an order that keeps the process group alive for its users."""
     if ok and dist.is_initialized():
@@ -781,9 +676,9 @@ def _finish(
         except Exception as exc:  # a plot must never cost the run
             log(f"could not write {out / 'training.png'}: {exc}")
     sync.close()
-    if gen is not None:
+    if producer is not None:
         # An in-process vLLM engine shuts down the default process group it joined: last.
-        gen.policy.close()
+        producer.policy.close()
 
 
 def _step_line(step: int, steps: int, metrics: dict[str, float], updated: bool, times: list[float]) -> str:
