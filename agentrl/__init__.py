@@ -17,6 +17,8 @@ _LAZY: dict[str, str] = {
     "register": "agentrl.registry",
     "load_plugins": "agentrl.registry",
     "make": "agentrl.registry",
+    "task_source": "agentrl.registry",
+    "get_task": "agentrl.registry",
     "spec": "agentrl.registry",
     "EnvSpec": "agentrl.registry",
     "registry": "agentrl.registry",
@@ -32,7 +34,7 @@ _LAZY: dict[str, str] = {
     "Tool": "agentrl.tools",
     "ToolContext": "agentrl.tools",
     "ToolError": "agentrl.tools",
-    "check_env": "agentrl.checker",
+    "check_env": "agentrl.env_check",
     "check_verifier": "agentrl.verifier_check",
     "filter_tasks": "agentrl.verifier_check",
     "VerifierCheck": "agentrl.verifier_check",
@@ -40,7 +42,11 @@ _LAZY: dict[str, str] = {
     "run_episode": "agentrl.agents",
     "tool_call": "agentrl.agents",
     "last_tool_output": "agentrl.agents",
-    "Agent": "agentrl.agents",
+    "Agent": "agentrl.types",
+    "AgentEnv": "agentrl.types",
+    "OracleEnv": "agentrl.types",
+    "Message": "agentrl.types",
+    "StepInfo": "agentrl.types",
     "AnswerOracle": "agentrl.agents",
     "open_sandbox": "agentrl.sandbox",
     "Limits": "agentrl.sandbox",
@@ -49,6 +55,10 @@ _LAZY: dict[str, str] = {
 
 # Built-in ids into agentrl's registry and Gymnasium's (the registry module is light: no torch).
 importlib.import_module("agentrl.registry")
+
+# The module paths from before the stage packages (`agentrl.policy`, ...) still import, with a
+# DeprecationWarning naming the new path (docs/LAYOUT.md).
+importlib.import_module("agentrl._moved").install()
 
 
 def __getattr__(name: str) -> Any:

@@ -34,7 +34,6 @@ it returns.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import threading
 import time
 import warnings
@@ -43,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentrl.task import Task
+from agentrl.types import AgentEnv
 from agentrl.verifiers import Verdict
 
 ENTRY_POINT_GROUP = "agentrl.attacks"
@@ -205,23 +205,9 @@ def get(name: str) -> Attack:
 # --- driving an episode ----------------------------------------------------------------------
 
 
-def render_calls(env: Any, calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """Tool calls as the env's parser reads them (several in one message when given several)."""
-    parser = getattr(env, "parser", None)
-    render = getattr(parser, "render_calls", None)
-    if callable(render):
-        return render(list(calls))
-    name = getattr(parser, "name", "hermes")
-    if name == "hermes":
-        return "\n".join(
-            f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls
-        )
-    if name == "llama3-json":
-        return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
-    raise AuditError(
-        f"the audit cannot write tool calls for parser {name!r}: give the parser a "
-        "`render_calls(calls: list[(name, arguments)]) -> str` method"
-    )
+def render_calls(env: AgentEnv, calls: Sequence[tuple[str, Any]]) -> str:
+    """Tool calls in the env's format, as its parser reads them (several in one message when given several)."""
+    return env.parser.render_calls(list(calls))
 
 
 class Play:
@@ -253,7 +239,7 @@ class Play:
         if terminated or truncated:
             self.done = True
             self.reward = float(reward)
-            self.verdict = info.get("verdict")
+            self.verdict = self.env.episode.verdict
         return obs
 
     def calls(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -385,7 +371,7 @@ def run_audit(
 ) -> AuditReport:
     """Controls, then every applicable attack, on `tasks` (the first N tasks of the env, or these)."""
     chosen = list(attacks()) if only is None else [get(n) for n in only]
-    picked = [env._pick_task({"index": i}) for i in range(tasks)] if isinstance(tasks, int) else list(tasks)
+    picked = [env.tasks.get(i, env.split) for i in range(tasks)] if isinstance(tasks, int) else list(tasks)
     report = AuditReport(env_id or getattr(env, "env_id", type(env).__name__), getattr(env, "backend", None))
     t_start = time.perf_counter()
     for task in picked:

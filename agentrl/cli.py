@@ -16,6 +16,12 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+# The config models whose fields some options set: light modules (pydantic, no torch, no vLLM), read for
+# their defaults and descriptions so that each default is written once, in the model.
+from agentrl.eval.evaluate import EvalConfig
+from agentrl.rollout.config import RolloutConfig
+from agentrl.train.config import SFTConfig
+
 _debug = os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
 
 
@@ -64,6 +70,35 @@ def _error(message: str) -> None:
     from agentrl.errors import one_line
 
     typer.echo(f"error: {one_line(message)}", err=True)
+
+
+def _validated(model_cls: Any, what: str, **fields: Any) -> Any:
+    """`model_cls(**fields)` of the options given (None: not given, the model's default holds), an
+    invalid value said in one line with the option's name."""
+    from pydantic import ValidationError
+
+    from agentrl.errors import UserError, format_validation_error
+
+    try:
+        return model_cls(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, model_cls, what=what)) from None
+
+
+def _format_override(parser: str) -> dict[str, str]:
+    """`agentrl.make` overrides for a `--parser` option ("": the environment's own format)."""
+    return {"parser": parser} if parser else {}
+
+
+_PARSER_HELP = "Tool-call format the environment is made with (hermes, llama3-json); default: its own."
+
+
+def _help(model_cls: Any, name: str, text: str = "") -> str:
+    """An option's help: `text` (else the field's description) and the field's default, from the model."""
+    field = model_cls.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    shown = ",".join(map(str, default)) if isinstance(default, list) else default
+    return f"{text or field.description} (default: {shown})"
 
 
 app = typer.Typer(
@@ -137,7 +172,7 @@ def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentr
     typer.echo("tools:")
     for schema in env.toolbox.schemas:
         typer.echo("  " + json.dumps(schema["function"]))
-    task = env._pick_task({"index": 0})
+    task = env.tasks.get(0, env.split)
     typer.echo(f"sample task ({task.id}):\n  " + task.prompt.replace("\n", "\n  "))
     env.close()
 
@@ -147,14 +182,16 @@ def env_check(
     env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
     backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
     tasks: int = typer.Option(5, help="How many tasks the oracle must solve."),
+    parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
 ) -> None:
     """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
     from agentrl.agents import run_episode
-    from agentrl.checker import check_env
+    from agentrl.env_check import check_env
     from agentrl.errors import UserError
     from agentrl.registry import make
+    from agentrl.types import has_oracle
 
-    env = make(env_id, backend=backend)
+    env = make(env_id, backend=backend, **_format_override(parser))
     try:
         try:
             check_env(env)
@@ -162,18 +199,18 @@ def env_check(
             typer.echo(f"[!!] {env_id}: {exc}")
             sys.exit(1)
         typer.echo(f"[ok] {env_id}: check_env passed")
-        if tasks > 0 and not callable(getattr(env, "oracle", None)):
+        if tasks > 0 and not has_oracle(env):
             raise UserError(
                 f"{env_id} has no oracle, so the oracle half of the check cannot run: give the env an "
                 "oracle(task) -> agent (a method, or ToolEnv(oracle=...); README: Oracles), or pass --tasks 0"
             )
         solved = 0
         for i in range(tasks):
-            task = env._pick_task({"index": i})
+            task = env.tasks.get(i, env.split)
             result = run_episode(env, env.oracle(task), options={"task": task})
             solved += result.reward >= 1.0
             if result.reward < 1.0:
-                typer.echo(f"[!!] oracle failed {task.id}: {result.info.get('verdict')}")
+                typer.echo(f"[!!] oracle failed {task.id}: {result.verdict}")
         typer.echo(f"[{'ok' if solved == tasks else '!!'}] oracle solved {solved}/{tasks} tasks")
     finally:
         env.close()
@@ -209,6 +246,7 @@ def verifier_check(
     env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
     tasks: int = typer.Option(5, "--tasks", min=1, help="How many tasks to check (task indices 0..N-1)."),
     backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
+    parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
 ) -> None:
     """Check the env's verifier on N tasks: the reference must pass, the untouched start must fail.
 
@@ -217,11 +255,13 @@ def verifier_check(
     from agentrl.registry import make
     from agentrl.verifier_check import check_verifier
 
-    env = make(env_id, backend=backend)  # an unknown id: the registry's message says what exists
+    env = make(
+        env_id, backend=backend, **_format_override(parser)
+    )  # an unknown id: the message says what exists
     dropped = 0
     try:
         for i in range(tasks):
-            task = env._pick_task({"index": i})
+            task = env.tasks.get(i, env.split)
             check = check_verifier(env, task)
             dropped += not check.ok
             reason = " ".join(check.reason.split())
@@ -244,6 +284,7 @@ def verifier_audit(
     list_attacks: bool = typer.Option(
         False, "--list", help="List the attacks (built-in and plugins), then exit."
     ),
+    parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
 ) -> None:
     """Play the reward-hacking attack library against an env's verifier, through env.step only.
 
@@ -264,7 +305,7 @@ def verifier_audit(
         typer.echo("error: give an environment id (agentrl envs list shows them), or --list", err=True)
         raise typer.Exit(2)
     try:
-        env = make(env_id, backend=backend)
+        env = make(env_id, backend=backend, **_format_override(parser))
     except KeyError as exc:
         typer.echo(f"error: {exc.args[0]}", err=True)
         raise typer.Exit(2) from None
@@ -400,7 +441,7 @@ def model_init(
     """Build a tiny Qwen2-architecture model and its BPE tokenizer, loadable by transformers and vLLM."""
     if kind != "tiny":
         raise typer.BadParameter(f"unknown model kind {kind!r}; the only kind is 'tiny'", param_hint="KIND")
-    from agentrl.model_kit import init_tiny
+    from agentrl.kit.tiny_model import init_tiny
 
     typer.echo(init_tiny(out, seed=seed))
 
@@ -439,12 +480,12 @@ def model_warm_start(
 ) -> None:
     """Tiny model -> oracle demonstrations -> SFT -> held-out pass@1, cached by the recipe's hash. Prints JSON.
 
-    Unset options take the recipe defaults (agentrl.warm_start.WarmStartRecipe): the calc-v0 recipe
+    Unset options take the recipe defaults (agentrl.kit.warm_start.WarmStartRecipe): the calc-v0 recipe
     tuned to land in RL's learnability band.
     """
     import json
 
-    from agentrl.warm_start import WarmStartRecipe, warm_start
+    from agentrl.kit.warm_start import WarmStartRecipe, warm_start
 
     overrides: dict[str, object] = {}
     for item in model_override:
@@ -481,18 +522,18 @@ def sft(
     model: str = typer.Option(..., help="Checkpoint directory to start from."),
     data: str = typer.Option(..., help="Trajectory JSONL (e.g. from `agentrl demos`)."),
     out: str = typer.Option(..., help="Output checkpoint directory."),
-    epochs: float = typer.Option(3.0, help="Passes over the data."),
-    lr: float = typer.Option(1e-3, help="Peak learning rate."),
-    batch_size: int = typer.Option(32, help="Sequences per optimizer step, over all processes."),
-    micro_batch_size: int = typer.Option(8, help="Sequences per forward pass on one process."),
+    epochs: float | None = typer.Option(None, help=_help(SFTConfig, "epochs")),
+    lr: float | None = typer.Option(None, help=_help(SFTConfig, "lr")),
+    batch_size: int | None = typer.Option(None, help=_help(SFTConfig, "batch_size")),
+    micro_batch_size: int | None = typer.Option(None, help=_help(SFTConfig, "micro_batch_size")),
     all_trajectories: bool = typer.Option(
         False, "--all", help="Also train on trajectories that did not pass."
     ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
-    seed: int = typer.Option(0, help="Seed."),
+    seed: int | None = typer.Option(None, help=_help(SFTConfig, "seed")),
 ) -> None:
     """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
-    from agentrl.sft import SFTConfig, launch
+    from agentrl.train.sft import launch
 
     cfg = _validated(
         SFTConfig,
@@ -508,18 +549,6 @@ def sft(
         seed=seed,
     )
     typer.echo(str(launch(cfg, nproc=nproc)))
-
-
-def _validated(model_cls: Any, what: str, **fields: Any) -> Any:
-    """`model_cls(**fields)`, an invalid value said in one line with the option's name."""
-    from pydantic import ValidationError
-
-    from agentrl.errors import UserError, format_validation_error
-
-    try:
-        return model_cls(**fields)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, model_cls, what=what)) from None
 
 
 @app.command("demos")
@@ -542,7 +571,9 @@ def demos(
         "--backend",
         help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap.",
     ),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes in flight."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", min=1, help=_help(RolloutConfig, "concurrency")
+    ),
 ) -> None:
     """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
     import json
@@ -551,14 +582,14 @@ def demos(
 
     from transformers import AutoTokenizer
 
-    from agentrl.demos import generate_demos
+    from agentrl.kit.demonstrations import generate_demos
 
     if split not in ("train", "validation", "test"):
         raise typer.BadParameter(
             f"unknown split {split!r}; use train, validation or test", param_hint="--split"
         )
     if not model:
-        from agentrl.model_kit import init_tiny
+        from agentrl.kit.tiny_model import init_tiny
 
         model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-tiny", seed=0))
     else:
@@ -576,7 +607,7 @@ def demos(
         start=start,
         kinds=kind_list,
         backend=backend,
-        concurrency=concurrency,
+        rollout=_validated(RolloutConfig, "option", concurrency=concurrency),
     )
     typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
     if stats.passed < stats.episodes:
@@ -591,7 +622,7 @@ def demos(
 def train_cmd(
     ctx: typer.Context,
     config: str = typer.Argument(
-        ..., help="YAML or TOML config (see examples/); every field is in agentrl.train_config."
+        ..., help="YAML or TOML config (see examples/); every field is in agentrl.train.config."
     ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
     force: bool = typer.Option(
@@ -620,8 +651,8 @@ def train_cmd(
     Resumes from the run directory's newest checkpoint when there is one (same config, or --force).
     Ctrl-C saves a checkpoint and says how to continue.
     """
-    from agentrl.train import launch
-    from agentrl.train_config import load_config
+    from agentrl.train.config import load_config
+    from agentrl.train.trainer import launch
 
     overrides = list(ctx.args)
     if ray and not any(a.startswith("cluster.ray_address=") for a in overrides):
@@ -645,31 +676,35 @@ def eval_cmd(
     name: list[str] = typer.Option(
         [], "--name", help="A name per --model (directory under --out, legend label); default: from the path."
     ),
-    n: int = typer.Option(16, "--n", help="Samples (episodes) per task."),
-    k: str = typer.Option("1,2,4,8,16", "--k", help="Comma-separated k of pass@k; each k <= n."),
-    split: str = typer.Option("test", "--split", help="Task split."),
-    tasks: int = typer.Option(64, "--tasks", help="Tasks 0..N-1 of the split."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
-    max_turns: int = typer.Option(0, help="Turn limit per episode (0: the environment's own)."),
-    max_tokens_per_turn: int = typer.Option(256, help="Most tokens sampled in one turn."),
-    max_total_tokens: int = typer.Option(2048, help="Context budget of one episode, prompt included."),
-    episode_timeout_s: float = typer.Option(300.0, help="Wall-clock limit of one episode."),
-    concurrency: int = typer.Option(16, help="Episodes in flight at once."),
-    seed: int = typer.Option(0, help="Base seed of every episode's sampling and environment seed."),
+    n: int | None = typer.Option(None, "--n", help=_help(EvalConfig, "n")),
+    k: str | None = typer.Option(
+        None, "--k", help=_help(EvalConfig, "ks", "Comma-separated k of pass@k; each k <= n.")
+    ),
+    split: str | None = typer.Option(None, "--split", help=_help(EvalConfig, "split")),
+    tasks: int | None = typer.Option(None, "--tasks", help=_help(EvalConfig, "num_tasks")),
+    temperature: float | None = typer.Option(None, help=_help(RolloutConfig, "temperature")),
+    top_p: float | None = typer.Option(None, help=_help(RolloutConfig, "top_p")),
+    max_turns: int | None = typer.Option(None, help=_help(EvalConfig, "max_turns")),
+    max_tokens_per_turn: int | None = typer.Option(None, help=_help(RolloutConfig, "max_tokens_per_turn")),
+    max_total_tokens: int | None = typer.Option(None, help=_help(RolloutConfig, "max_total_tokens")),
+    episode_timeout_s: float | None = typer.Option(None, help=_help(RolloutConfig, "episode_timeout_s")),
+    concurrency: int | None = typer.Option(None, help=_help(RolloutConfig, "concurrency")),
+    seed: int | None = typer.Option(None, help=_help(EvalConfig, "seed")),
     backend: str = typer.Option(
         "", help="Sandbox backend override (docker, bwrap, local); part of the budget."
     ),
-    out: str = typer.Option("runs/eval", "--out", help="Run directory (resumable: rerun to continue)."),
+    out: str | None = typer.Option(
+        None, "--out", help=_help(EvalConfig, "out", "Run directory (resumable: rerun to continue).")
+    ),
     force: bool = typer.Option(False, "--force", help="Discard episodes recorded under a different budget."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Budget-controlled, resumable pass@k evaluation; writes episodes, summary.json, report.md and plots."""
     from agentrl.errors import check_model_dir
-    from agentrl.evaluate import EvalConfig, evaluate
+    from agentrl.eval.evaluate import evaluate
 
     try:
-        ks = [int(x) for x in k.split(",") if x.strip()]
+        ks = [int(x) for x in k.split(",") if x.strip()] if k is not None else None
     except ValueError:
         raise typer.BadParameter(
             f"--k must be comma-separated integers, got {k!r}", param_hint="--k"
@@ -686,13 +721,17 @@ def eval_cmd(
         ks=ks,
         split=split,
         num_tasks=tasks,
-        temperature=temperature,
-        top_p=top_p,
-        max_turns=max_turns or None,
-        max_tokens_per_turn=max_tokens_per_turn,
-        max_total_tokens=max_total_tokens,
-        episode_timeout_s=episode_timeout_s,
-        concurrency=concurrency,
+        max_turns=max_turns,
+        rollout=_validated(
+            RolloutConfig,
+            "option",
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_total_tokens=max_total_tokens,
+            episode_timeout_s=episode_timeout_s,
+            concurrency=concurrency,
+        ),
         seed=seed,
         env_kwargs={"backend": backend} if backend else {},
         out=out,
@@ -705,7 +744,7 @@ def eval_cmd(
         raise typer.Exit(130) from None
     for s in summaries:
         typer.echo(f"{s.model}: " + ", ".join(f"{key} {v:.3f}" for key, v in s.pass_at_dict().items()))
-    typer.echo(f"report: {out}/report.md")
+    typer.echo(f"report: {cfg.out}/report.md")
 
 
 @app.command("rollout")
@@ -715,15 +754,15 @@ def rollout_cmd(
         ..., "--model", help="Checkpoint directory (Hugging Face layout) served by vLLM."
     ),
     n: int = typer.Option(8, "--n", help="Tasks: indices 0..N-1 of the environment's task generator."),
-    group_size: int = typer.Option(4, "--group-size", help="Episodes per task (one GRPO group)."),
+    group_size: int | None = typer.Option(None, "--group-size", help=_help(RolloutConfig, "group_size")),
     out: str = typer.Option(..., "--out", help="Trajectory JSONL file to write."),
     split: str = typer.Option("train", "--split", help="Task split."),
-    max_tokens_per_turn: int = typer.Option(256, help="Most tokens sampled in one turn."),
-    max_total_tokens: int = typer.Option(2048, help="Context budget of one episode, prompt included."),
-    episode_timeout_s: float = typer.Option(300.0, help="Wall-clock limit of one episode."),
-    concurrency: int = typer.Option(16, help="Episodes in flight at once."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    max_tokens_per_turn: int | None = typer.Option(None, help=_help(RolloutConfig, "max_tokens_per_turn")),
+    max_total_tokens: int | None = typer.Option(None, help=_help(RolloutConfig, "max_total_tokens")),
+    episode_timeout_s: float | None = typer.Option(None, help=_help(RolloutConfig, "episode_timeout_s")),
+    concurrency: int | None = typer.Option(None, help=_help(RolloutConfig, "concurrency")),
+    temperature: float | None = typer.Option(None, help=_help(RolloutConfig, "temperature")),
+    top_p: float | None = typer.Option(None, help=_help(RolloutConfig, "top_p")),
     seed: int = typer.Option(0, help="Base seed of the episodes' sampling and environment seeds."),
     backend: str = typer.Option("", help="Sandbox backend override (docker, bwrap, local)."),
     in_process: bool | None = typer.Option(
@@ -733,9 +772,9 @@ def rollout_cmd(
     """Roll out N tasks x group-size episodes with a vLLM policy; write trajectories as JSONL."""
     from tqdm import tqdm
 
-    from agentrl.policy import VLLMPolicy, _has_cuda
-    from agentrl.rollout import RolloutConfig, collect_sync
-    from agentrl.trajectory import save_trajectories
+    from agentrl.rollout.loop import collect_sync
+    from agentrl.rollout.policy import VLLMPolicy, _has_cuda
+    from agentrl.rollout.trajectory import save_trajectories
 
     cfg = _validated(
         RolloutConfig,
@@ -747,8 +786,6 @@ def rollout_cmd(
         concurrency=concurrency,
         temperature=temperature,
         top_p=top_p,
-        seed=seed,
-        warn_on_drift=False,  # counted in each trajectory's `drift`; warnings would bury the bar
     )
     from agentrl.errors import check_model_dir
     from agentrl.registry import spec
@@ -757,21 +794,16 @@ def rollout_cmd(
     check_model_dir(model)
     if n < 1:
         raise typer.BadParameter(f"--n must be >= 1, got {n}", param_hint="--n")
-    from agentrl.task import Task
+    from agentrl.registry import task_source
 
     env_kwargs = {"backend": backend} if backend else {}
-    from agentrl.registry import make_for_split
-
-    probe = make_for_split(env, split, **env_kwargs)
-    try:
-        tasks: list[Task] = [probe._pick_task({"index": i, "split": split}) for i in range(n)]
-    finally:
-        probe.close()
+    source = task_source(env, split=split, **env_kwargs)
+    tasks = [source.get(i, split) for i in range(n)]
     from agentrl.runlog import quiet_libraries
 
     quiet_libraries(Path(f"{out}.engine.log"))  # vLLM's logs beside the trajectories, not over the bar
     in_proc = (not _has_cuda()) if in_process is None else in_process
-    bar = tqdm(total=n * group_size, desc="rollout", unit="ep")
+    bar = tqdm(total=n * cfg.group_size, desc="rollout", unit="ep")
     rewards: list[float] = []
 
     def on_trajectory(t) -> None:
@@ -783,11 +815,11 @@ def rollout_cmd(
         model,
         in_process=in_proc,
         seed=seed,
-        max_model_len=max_total_tokens,
+        max_model_len=cfg.max_total_tokens,
         engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
     ) as policy:
         trajectories = collect_sync(
-            env, tasks, policy, cfg, env_kwargs=env_kwargs, on_trajectory=on_trajectory
+            env, tasks, policy, cfg, seed=seed, env_kwargs=env_kwargs, on_trajectory=on_trajectory
         )
     bar.close()
     save_trajectories(out, trajectories)
@@ -813,8 +845,8 @@ def demo(
     eval_samples: int = typer.Option(None, help="Samples per held-out task."),
 ) -> None:
     """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
-    from agentrl.demo import run_demo
     from agentrl.errors import check_nproc
+    from agentrl.kit.demo import run_demo
 
     check_nproc(nproc)
 

@@ -1,7 +1,7 @@
 """Beyond one machine: the pieces shared by the Ray rollout path, cheap to import (no Ray here).
 
 - `episode_group`: the rollout sets it around each episode (a context variable, so every episode's
-  asyncio task has its own); a policy that spreads requests over engines (`agentrl.ray_policy`)
+  asyncio task has its own); a policy that spreads requests over engines (`agentrl.rollout.ray_policy`)
   reads it to keep a group's episodes on one engine, where they share the prompt's prefix cache.
 - `connect(address)`: join a Ray cluster once per process (`cluster.ray_address`), with a
   one-line error when Ray is missing or the address does not answer.

@@ -21,7 +21,8 @@ Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and a
 from __future__ import annotations
 
 import difflib
-import json
+import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any, ClassVar
 import gymnasium
 
 from agentrl.episode import Episode, ToolCallRecord
-from agentrl.parsers import ParsedAction, ParseError, ToolCall, get_parser
+from agentrl.parsers import ParsedAction, ParseError, ToolCall, ToolCallParser, get_parser
 from agentrl.sandbox.base import (
     DEFAULT_WORKDIR,
     EngineUnavailable,
@@ -41,30 +42,17 @@ from agentrl.sandbox.base import (
     open_sandbox,
 )
 from agentrl.spaces import Messages, UnicodeText
-from agentrl.task import Split, Task, TaskGenerator
+from agentrl.task import Task, TaskGenerator
 from agentrl.tasksource import TaskSource, as_task_source, coerce_task
 from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, run_tool
+from agentrl.types import FinishReason, Message, Split, StepInfo
 from agentrl.verifiers import Verdict, Verifier, get, run_verifier
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, Any]
-
 
 class EnvError(RuntimeError):
     """The environment could not start an episode (sandbox would not start, task set-up failed)."""
-
-
-def tools_system_block(schemas: list[dict], format_hint: str) -> str:
-    """The Hermes/Qwen tool preamble: schemas inside <tools></tools>, one JSON object per line."""
-    lines = "\n".join(json.dumps(s, separators=(", ", ": ")) for s in schemas)
-    return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n"
-        f"<tools>\n{lines}\n</tools>\n\n"
-        "For each function call, return a JSON object with the function name and arguments like this:\n"
-        f"{format_hint}"
-    )
 
 
 # Default of `max_tool_calls_per_step`. verl's multi-turn rollout runs 1 call per turn
@@ -87,6 +75,8 @@ class ToolEnv(gymnasium.Env[list, str]):
     )
     #: `max_tool_calls_per_step` when the caller does not set it; a game may allow fewer.
     default_max_tool_calls_per_step: ClassVar[int] = DEFAULT_MAX_TOOL_CALLS_PER_STEP
+    #: The procedural task supply of a subclass, `task_generator(seed)`, used when no `tasks` are given.
+    task_generator: ClassVar[Callable[[int], TaskGenerator] | None] = None
 
     def __init__(
         self,
@@ -127,11 +117,11 @@ class ToolEnv(gymnasium.Env[list, str]):
             raise ValueError(f"step_timeout_s must be > 0 seconds, got {step_timeout_s}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
-        self.task_source = tasks
         # Generators, lists, JSONL paths, datasets: one validated view (agentrl.tasksource).
         self.tasks: TaskSource = as_task_source(tasks, name=env_id or type(self).__name__)
+        self.parser = get_parser(parser)
         if oracle is not None:  # the reference solution: oracle(task) -> an agent (README: Oracles)
-            self.oracle = oracle
+            self.oracle = _in_format(oracle, self.parser)
         self.toolbox = ToolBox.of(list(tools))
         if isinstance(verifier, str):
             verifier = get(verifier)
@@ -143,7 +133,6 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.backend = backend
         self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
         self.use_pool = use_pool
-        self.parser = get_parser(parser)
         self.tools_in_prompt = tools_in_prompt
         self.exec_timeout_s = exec_timeout_s
         self.verifier_timeout_s = verifier_timeout_s
@@ -189,9 +178,27 @@ class ToolEnv(gymnasium.Env[list, str]):
     def system_prompt(self) -> str:
         if not self.tools_in_prompt:
             return self.instructions
-        return f"{self.instructions}\n\n{tools_system_block(self.toolbox.schemas, self.parser.format_hint)}"
+        return f"{self.instructions}\n\n{self.parser.system_block(self.toolbox.schemas)}"
 
     # --- task selection -----------------------------------------------------------------
+    @classmethod
+    def make_tasks(
+        cls, *, tasks: Any = None, seed: int = 0, env_id: str | None = None, **_: Any
+    ) -> TaskSource | None:
+        """The tasks an environment built with these keyword arguments poses, without building it.
+
+        `agentrl.task_source(env_id)` calls it with the keyword arguments `make` would pass the
+        constructor (those it does not need are ignored). `tasks` wins; without them a subclass's
+        `task_generator(seed)` supplies them. A subclass that makes its tasks another way (a dataset
+        loaded per `split`) overrides this, and its constructor passes the result on as `tasks=`.
+        None: only an instance can tell (a subclass that picks its tasks in `__init__`).
+        """
+        if tasks is None:
+            if cls.task_generator is None:
+                return None
+            tasks = cls.task_generator(seed)
+        return as_task_source(tasks, name=env_id or cls.__name__)
+
     def _pick_task(self, options: dict | None) -> Task:
         options = options or {}
         if "task" in options:
@@ -276,7 +283,7 @@ class ToolEnv(gymnasium.Env[list, str]):
         }
         return obs, info
 
-    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict]:
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.episode is None or self._ctx is None or self.task is None:
             raise RuntimeError("call reset() before step()")
         if self.episode.done:
@@ -392,23 +399,20 @@ class ToolEnv(gymnasium.Env[list, str]):
             ep.finish_reason = "max_turns"
         ep.messages.extend(obs)
 
-        reward = 0.0
-        info: dict[str, Any] = {
-            "step_tool_calls": step_calls,
-            "step_tool_calls_not_run": len(not_run),
-            "step_tool_errors": step_errors,
-            "step_tool_timeouts": step_timeouts,
-        }
         terminated = ep.finish_reason == "submitted"
         truncated = ep.done and not terminated
-        if ep.done:
-            verdict = self._finish()
-            reward = verdict.reward
-            info["verdict"] = verdict
-            if ep.error:
-                info["error"] = ep.error
-        info.update(ep.stats())
-        return obs, reward, terminated, truncated, info
+        verdict = self._finish() if ep.done else None
+        info = StepInfo(
+            step_tool_calls=step_calls,
+            step_tool_calls_not_run=len(not_run),
+            step_tool_errors=step_errors,
+            step_tool_timeouts=step_timeouts,
+            **ep.stats(),
+            verdict=verdict,
+            error=ep.error if ep.done else None,
+        )
+        reward = verdict.reward if verdict is not None else 0.0
+        return obs, reward, terminated, truncated, info.as_dict()
 
     def _parse(self, action: str) -> ParsedAction:
         """The parser's reading of `action`, never an exception: a parser (ours or a plugin) that
@@ -463,16 +467,17 @@ class ToolEnv(gymnasium.Env[list, str]):
             verdict = run_verifier(
                 self.verifier, self.sandbox, self.task, self.episode, self.verifier_timeout_s
             )
+        self.episode.verdict = verdict
         self._release_sandbox()
         return verdict
 
-    def end_episode(self, reason: str, error: str | None = None) -> Verdict:
+    def end_episode(self, reason: FinishReason, error: str | None = None) -> Verdict:
         """End the episode from outside (the rollout engine's token or wall-time limits) and score it."""
         if self.episode is None:
             raise RuntimeError("call reset() first")
         if self.episode.done:
             raise RuntimeError(f"the episode is already over ({self.episode.finish_reason})")
-        self.episode.finish_reason = reason  # type: ignore[assignment]
+        self.episode.finish_reason = reason
         self.episode.error = error
         return self._finish()
 
@@ -495,6 +500,15 @@ class ToolEnv(gymnasium.Env[list, str]):
     def close(self) -> None:
         self._release_sandbox()
         super().close()
+
+
+def _in_format(oracle: Callable[..., Any], parser: ToolCallParser) -> Callable[[Task], Any]:
+    """`oracle(task)` writing its calls in the env's format: a factory that takes `parser` gets it."""
+    try:
+        takes_parser = "parser" in inspect.signature(oracle).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        takes_parser = False
+    return functools.partial(oracle, parser=parser) if takes_parser else oracle
 
 
 def _name(call: ToolCall) -> str:

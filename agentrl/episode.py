@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-FinishReason = Literal["submitted", "max_turns", "max_tokens", "timeout", "env_error"]
+from agentrl.types import CallStatus, FinishReason, Message
 
-CallStatus = Literal["ran", "invalid_arguments", "unknown_tool", "not_run"]
-"""What became of one tool call: `ran` (the tool was invoked with valid arguments, whatever it then
-returned), `invalid_arguments` (refused by the tool's schema: nothing happened), `unknown_tool`, or
-`not_run` (past the per-step call limit or time budget, or after `submit` in the same message)."""
+if TYPE_CHECKING:
+    from agentrl.verifiers import Verdict
 
 
 @dataclass(frozen=True)
@@ -30,10 +28,11 @@ class ToolCallRecord:
 
 @dataclass
 class Episode:
-    """Running record of one episode; the environment updates it every step."""
+    """Running record of one episode; the environment updates it every step. The typed record the
+    stages read (rollout, evaluation, the checks): never Gymnasium's `info` dict."""
 
     task_id: str
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     submission: str | None = None
     turns: int = 0
     tool_calls: int = 0
@@ -44,7 +43,11 @@ class Episode:
     calls: list[ToolCallRecord] = field(default_factory=list)
     """Every tool call of the episode in order, with what became of it (gates read this)."""
     finish_reason: FinishReason | None = None
+    """None while the episode runs."""
     error: str | None = None
+    """What went wrong, when the environment ended the episode (`env_error`)."""
+    verdict: Verdict | None = None
+    """The verifier's verdict, once the episode is over."""
 
     @property
     def done(self) -> bool:

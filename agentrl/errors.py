@@ -39,9 +39,15 @@ def one_line(text: str) -> str:
 
 # --- pydantic validation errors, as people read them ---------------------------------------------
 
-#: Keys that were renamed or replaced: an unknown key listed here gets this hint instead of a guess.
+#: Keys that were renamed or replaced: an unknown key listed here (by its dotted path, or by its last
+#: part anywhere) gets this hint instead of a guess.
 RENAMED_KEYS: dict[str, str] = {
     "tensorboard": "report_to: [jsonl, tensorboard] (tracking backends are listed in report_to)",
+    "rollout.devices": "engine.devices (where the vLLM engine runs has its own section, engine:)",
+    "rollout.gpu_memory_utilization": "engine.gpu_memory_utilization (where the vLLM engine runs has its own "
+    "section, engine:)",
+    "rollout.sleep": "engine.sleep (where the vLLM engine runs has its own section, engine:)",
+    "rollout.seed": "seed (each rollout's seed is derived from the run's seed and its step)",
 }
 
 
@@ -70,8 +76,9 @@ def format_validation_error(exc: Any, model: Any = None, what: str = "config") -
         kind = err.get("type", "")
         if kind == "extra_forbidden":
             name = str(loc[-1]) if loc else key
-            if name in RENAMED_KEYS:
-                problems.append(f"unknown key '{key}'; use {RENAMED_KEYS[name]}")
+            renamed = RENAMED_KEYS.get(key, RENAMED_KEYS.get(name))
+            if renamed is not None:
+                problems.append(f"unknown key '{key}'; use {renamed}")
                 continue
             owner = _model_at(model, loc) if model is not None else None
             hint = did_you_mean(name, owner.model_fields) if owner is not None else ""

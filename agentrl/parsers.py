@@ -1,9 +1,16 @@
-"""Tool-call parsers: the model's text in, the tool calls it asked for (and what was wrong) out.
+"""Tool-call formats: each owns its format in all three directions.
 
-`hermes` reads the Hermes/Qwen format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
-any number of them in one message (parallel calls). `llama3-json` reads Llama 3.1's JSON tool
-calls (`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several
-separated by `;`). Register others with `register_parser(name, cls)`.
+- `system_block(schemas)`: the part of the system prompt that advertises the tools and says how to
+  call them (what the model is told);
+- `render_calls(calls)` / `render_call(tool, **arguments)`: calls written in the format (what
+  oracles, demonstrations, the checks and the audit's attacks send);
+- `parse(text)`: the model's text in, the tool calls it asked for (and what was wrong) out.
+
+`hermes` is the Hermes/Qwen format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+any number of them in one message (parallel calls). `llama3-json` is Llama 3.1's JSON tool
+calling (`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several
+separated by `;`). An environment takes one by name (`ToolEnv(parser="llama3-json")`); register
+others with `register_parser(name, cls)` (subclass `ToolCallFormat`).
 
 A parser never raises on model output: every problem is a `ParseError` the environment turns
 into an observation the model can read. JSON from the model is decoded by `decode_json`, which
@@ -18,8 +25,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from agentrl.errors import UserError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -45,10 +55,50 @@ class ParsedAction:
 
 
 class ToolCallParser(Protocol):
+    """A tool-call format (see the module docstring): what `ToolEnv(parser=...)` names."""
+
     name: str
     format_hint: str
+    """One call, as error observations show the model how to write it."""
+
+    def system_block(self, schemas: list[dict[str, Any]]) -> str: ...
+
+    def render_calls(self, calls: Sequence[tuple[str, Any]]) -> str: ...
+
+    def render_call(self, tool: str, /, **arguments: Any) -> str: ...
 
     def parse(self, text: str) -> ParsedAction: ...
+
+
+class ToolCallFormat:
+    """Base of a tool-call format: a subclass gives `name`, `format_hint`, `render_calls`, `parse` and,
+    unless the Hermes/Qwen preamble suits it, `system_block`."""
+
+    name = ""
+    format_hint = ""
+
+    def system_block(self, schemas: list[dict[str, Any]]) -> str:
+        """The Hermes/Qwen tool preamble (schemas inside <tools></tools>, one JSON object per line),
+        ending with how one call looks in this format."""
+        lines = "\n".join(json.dumps(s, separators=(", ", ": ")) for s in schemas)
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{lines}\n</tools>\n\n"
+            "For each function call, return a JSON object with the function name and arguments like this:\n"
+            f"{self.format_hint}"
+        )
+
+    def render_calls(self, calls: Sequence[tuple[str, Any]]) -> str:
+        """`calls` ((tool name, arguments) pairs) as one message in this format."""
+        raise NotImplementedError(f"the tool-call format {self.name!r} cannot write calls")
+
+    def render_call(self, tool: str, /, **arguments: Any) -> str:
+        """One call, as a model trained on this format writes it."""
+        return self.render_calls([(tool, arguments)])
+
+    def parse(self, text: str) -> ParsedAction:
+        raise NotImplementedError
 
 
 # Far deeper than any tool's arguments, far below Python's recursion limit (1000), which the
@@ -191,10 +241,16 @@ def _short(raw: str, limit: int = 200) -> str:
     return raw if len(raw) <= limit else raw[:limit] + "..."
 
 
-class HermesParser:
+class HermesParser(ToolCallFormat):
     name = "hermes"
     format_hint = '<tool_call>\n{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>'
     _block = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
+
+    def render_calls(self, calls: Sequence[tuple[str, Any]]) -> str:
+        return "\n".join(
+            f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+            for name, arguments in calls
+        )
 
     def parse(self, text: str) -> ParsedAction:
         calls: list[ToolCall] = []
@@ -217,9 +273,22 @@ class HermesParser:
         return ParsedAction(calls, errors, content)
 
 
-class Llama3JsonParser:
+class Llama3JsonParser(ToolCallFormat):
     name = "llama3-json"
     format_hint = '{"name": "<tool name>", "parameters": {<arguments as JSON>}}'
+
+    def system_block(self, schemas: list[dict[str, Any]]) -> str:
+        """Llama 3.1's JSON tool-calling instructions (its chat template's wording), then each schema."""
+        listed = "\n\n".join(json.dumps(s, indent=4) for s in schemas)
+        return (
+            "# Tools\n\nYou have access to the following functions. To call a function, please respond with "
+            'JSON for a function call. Respond in the format {"name": function name, "parameters": '
+            "dictionary of argument name and its value}. Do not use variables. Several calls go one after "
+            f"another, separated by `;`.\n\n{listed}"
+        )
+
+    def render_calls(self, calls: Sequence[tuple[str, Any]]) -> str:
+        return "; ".join(json.dumps({"name": name, "parameters": arguments}) for name, arguments in calls)
 
     def parse(self, text: str) -> ParsedAction:
         body = text.split("<|python_tag|>", 1)[1] if "<|python_tag|>" in text else text
@@ -256,7 +325,28 @@ def register_parser(name: str, cls: type) -> None:
     PARSERS[name] = cls
 
 
+class UnknownParserError(UserError, ValueError):
+    """No tool-call format is registered under this name."""
+
+
 def get_parser(name: str) -> ToolCallParser:
     if name not in PARSERS:
-        raise ValueError(f"unknown tool-call parser {name!r}; registered: {sorted(PARSERS)}")
-    return PARSERS[name]()
+        raise UnknownParserError(
+            f"unknown tool-call parser {name!r}.{did_you_mean(name, PARSERS)} Registered: {', '.join(sorted(PARSERS))}"
+        )
+    parser = PARSERS[name]()
+    missing = [
+        m
+        for m in ("system_block", "render_calls", "render_call", "parse")
+        if not callable(getattr(parser, m, None))
+    ]
+    if missing:
+        raise TypeError(
+            f"tool-call parser {name!r} has no {', '.join(missing)}: a format advertises its tools, writes calls "
+            "and parses them; subclass agentrl.parsers.ToolCallFormat"
+        )
+    return parser
+
+
+HERMES = HermesParser()
+"""The default format (`ToolEnv(parser="hermes")`): what scripted agents write when given none."""

@@ -23,9 +23,14 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import UserError
+
+if TYPE_CHECKING:
+    from agentrl.task import Task
+    from agentrl.tasksource import TaskSource
+    from agentrl.types import AgentEnv, Split
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 _ID_RE = re.compile(r"^(?:(?P<namespace>[\w.-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
@@ -57,7 +62,7 @@ class EnvSpec:
     def version(self) -> int | None:
         return parse_env_id(self.id)[2]
 
-    def make(self, **overrides: Any) -> Any:
+    def make(self, **overrides: Any) -> AgentEnv:
         return make(self.id, **overrides)
 
 
@@ -217,9 +222,8 @@ def _load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., An
         ) from None
 
 
-def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
-    """Build a registered environment; `overrides` replace the spec's kwargs (max_turns, verifier included)."""
-    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)  # spec() handles "module:id"
+def _constructor_kwargs(s: EnvSpec, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments `make` passes the entry point: the spec's, then the caller's overrides."""
     kwargs = dict(s.kwargs)
     if s.max_turns is not None:
         kwargs.setdefault("max_turns", s.max_turns)
@@ -229,6 +233,13 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
         kwargs.setdefault("max_tool_calls_per_step", s.max_tool_calls_per_step)
     kwargs.update(overrides)
     kwargs.setdefault("env_id", s.id)
+    return kwargs
+
+
+def make(env_id: str | EnvSpec, **overrides: Any) -> AgentEnv:
+    """Build a registered environment; `overrides` replace the spec's kwargs (max_turns, verifier included)."""
+    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)  # spec() handles "module:id"
+    kwargs = _constructor_kwargs(s, overrides)
     cls = _load_entry_point(s.entry_point)
     env = cls(**kwargs)
     spec_fields = ("max_turns", "verifier", "max_tool_calls_per_step", "env_id")
@@ -244,16 +255,41 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> Any:
     return env
 
 
-def make_for_split(env_id: str | EnvSpec, split: str, **overrides: Any) -> Any:
-    """`make` for reading the tasks of `split`: the environment is built with that split as its own
-    (`ToolEnv(split=...)`), so one that loads a single split's tasks (python-repair) loads this one.
-    An environment whose constructor takes no `split` is built without it."""
+def task_source(env_id: str | EnvSpec, *, split: Split = "train", **overrides: Any) -> TaskSource:
+    """The tasks `make(env_id, split=split, **overrides)` would pose, without building the environment.
+
+        source = agentrl.task_source("agentrl/calc-v0", split="test")
+        source.get(7, "test"), source.size("test")      # task 7 of the test split; None: unbounded
+
+    No sandbox, verifier or tool is made: the environment class answers with its `make_tasks`
+    classmethod (every `ToolEnv` has one). `split` matters to environments that load one split at a
+    time (python-repair). A class that cannot answer without an instance (no `make_tasks`, or one
+    that returns None) is built once, with `backend="local", use_pool=False` so that no container
+    starts, asked for its `tasks` and closed.
+    """
+    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)
+    kwargs = _constructor_kwargs(s, {"split": split, **overrides})
+    cls = _load_entry_point(s.entry_point)
+    make_tasks = getattr(cls, "make_tasks", None)
+    source = make_tasks(**kwargs) if callable(make_tasks) else None
+    if source is not None:
+        return source
+    kwargs.update(backend="local", use_pool=False)
     try:
-        return make(env_id, **{"split": split, **overrides})
-    except TypeError as exc:
+        env = cls(**kwargs)
+    except TypeError as exc:  # a constructor without `split`: it has one task supply for every split
         if "split" not in str(exc):
             raise
-        return make(env_id, **overrides)
+        env = cls(**{k: v for k, v in kwargs.items() if k != "split"})
+    try:
+        return env.tasks
+    finally:
+        env.close()
+
+
+def get_task(env_id: str | EnvSpec, index: int, *, split: Split = "train", **overrides: Any) -> Task:
+    """Task `index` of `split` of a registered environment, without building it (see `task_source`)."""
+    return task_source(env_id, split=split, **overrides).get(index, split)
 
 
 def _register_builtins() -> None:

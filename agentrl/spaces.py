@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-ROLES = ("system", "user", "assistant", "tool")
+from agentrl.types import ROLES
 
 
 class UnicodeText(gymnasium.Space[str]):

@@ -12,14 +12,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.sandbox.base import DEFAULT_IMAGE
-
-Split = Literal["train", "validation", "test"]
-SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+from agentrl.types import Split
 
 
 class Task(BaseModel):

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import UserError, did_you_mean, format_validation_error
-from agentrl.task import SPLITS, Split, Task
+from agentrl.task import Task
+from agentrl.types import SPLITS, Split
 
 _TASK_FIELDS = frozenset(Task.model_fields)
 

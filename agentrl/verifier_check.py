@@ -23,21 +23,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from agentrl.agents import run_episode, tool_call
+from agentrl.agents import run_episode
+from agentrl.parsers import HERMES, ToolCallParser
 from agentrl.task import Task
+from agentrl.types import Message, has_oracle
 from agentrl.verifiers import Verdict
 
 log = logging.getLogger(__name__)
 
 
 class NullAgent:
-    """Changes nothing: submits an empty answer if it can, else stays silent every turn."""
+    """Changes nothing: submits an empty answer (in the env's format) if it can, else stays silent."""
 
-    def __init__(self, can_submit: bool):
+    def __init__(self, can_submit: bool, parser: ToolCallParser = HERMES):
         self.can_submit = can_submit
+        self.parser = parser
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
-        return tool_call("submit", answer="") if self.can_submit else ""
+    def act(self, observation: list[Message]) -> str:
+        return self.parser.render_call("submit", answer="") if self.can_submit else ""
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class FilteredTasks(NamedTuple):
 
 def _verdict(env: Any, agent: Any, task: Task) -> Verdict:
     result = run_episode(env, agent, options={"task": task})
-    verdict = result.info.get("verdict")
+    verdict = result.verdict
     if not isinstance(verdict, Verdict):
         raise RuntimeError(f"the episode ended ({result.episode.finish_reason}) without a verdict in info")
     return verdict
@@ -73,8 +76,7 @@ def _verdict(env: Any, agent: Any, task: Task) -> Verdict:
 
 def check_verifier(env: Any, task: Task) -> VerifierCheck:
     """Run the reference solution and the untouched state on `task`; see the module docstring."""
-    oracle = getattr(env, "oracle", None)
-    if not callable(oracle):
+    if not has_oracle(env):
         return VerifierCheck(
             task.id,
             False,
@@ -82,7 +84,7 @@ def check_verifier(env: Any, task: Task) -> VerifierCheck:
             "verifier with; add one that returns an agent solving the task",
         )
     try:
-        reference = _verdict(env, oracle(task), task)
+        reference = _verdict(env, env.oracle(task), task)
     except Exception as exc:  # a task whose set-up breaks is as unusable as a wrong verifier
         return VerifierCheck(task.id, False, f"the reference episode failed: {type(exc).__name__}: {exc}")
     if not reference.passed:
@@ -93,7 +95,7 @@ def check_verifier(env: Any, task: Task) -> VerifierCheck:
             reference,
         )
     try:
-        untouched = _verdict(env, NullAgent("submit" in env.toolbox.tools), task)
+        untouched = _verdict(env, NullAgent("submit" in env.toolbox.tools, env.parser), task)
     except Exception as exc:
         return VerifierCheck(
             task.id, False, f"the untouched-state episode failed: {type(exc).__name__}: {exc}", reference

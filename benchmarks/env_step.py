@@ -70,7 +70,7 @@ def run_level(env_id: str, n_envs: int, episodes_per_env: int, backend: str) -> 
         steps = 0
         try:
             for e in range(episodes_per_env):
-                task = env._pick_task({"index": k * 10_000 + e})
+                task = env.tasks.get(k * 10_000 + e, env.split)
                 agent = env.oracle(task)
                 t0 = time.perf_counter()
                 obs, _ = env.reset(options={"task": task})

@@ -107,9 +107,10 @@ DRIVER = """
 import sys
 from transformers import AutoTokenizer
 from agentrl.agents import tool_call
-from agentrl.demos import ScriptedPolicy
-from agentrl.masker import ChatMasker
-from agentrl.rollout import RolloutConfig, collect_sync
+from agentrl.kit.demonstrations import ScriptedPolicy
+from agentrl.rollout.masker import ChatMasker
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.loop import collect_sync
 
 masker = ChatMasker(AutoTokenizer.from_pretrained(sys.argv[1]))
 
@@ -180,7 +181,7 @@ def main() -> None:
         "step_limits": bench_step_limits(),
     }
     if not args.skip_signals:
-        from agentrl.model_kit import init_tiny
+        from agentrl.kit.tiny_model import init_tiny
 
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = init_tiny(Path(tmp) / "tiny", seed=0)

@@ -23,7 +23,7 @@ Measured here (2 shared cores, load average 12-17, tiny model, defaults, 3 repea
 for the same 1.7k tokens). Before the CPU engine used 32-token KV blocks (vLLM's CPU default is 128, and
 prefix caching reuses whole blocks only), every turn recomputed up to 127 context tokens: ratio 0.63.
 
-Without `--model`, the tiny Qwen2 model of `agentrl.model_kit` is built in a cache directory.
+Without `--model`, the tiny Qwen2 model of `agentrl.kit.tiny_model` is built in a cache directory.
 The engine runs in process on CPU machines and as AsyncLLM (its own process) with a GPU; `--engine`
 overrides.
 """
@@ -43,7 +43,7 @@ from typing import Any
 
 
 def _plain(policy: Any, trajectories: list[Any], concurrency: int) -> tuple[float, float, int]:
-    from agentrl.policy import SamplingConfig
+    from agentrl.rollout.policy import SamplingConfig
 
     sem = asyncio.Semaphore(concurrency)
 
@@ -88,9 +88,10 @@ def main() -> None:
 
     import torch
 
-    from agentrl.model_kit import init_tiny
-    from agentrl.policy import VLLMPolicy
-    from agentrl.rollout import RolloutConfig, collect_sync
+    from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
+    from agentrl.rollout.policy import VLLMPolicy
 
     cuda = torch.cuda.is_available()
     model = args.model or str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-bench-tiny-qwen2", seed=0))

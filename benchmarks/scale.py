@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def generate_tokens_per_s(policy: Any, requests: int, max_tokens: int) -> float:
-    from agentrl.policy import SamplingConfig
+    from agentrl.rollout.policy import SamplingConfig
 
     sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
     prompts = [[1 + (i * 7 + j) % 500 for j in range(32)] for i in range(requests)]
@@ -100,8 +100,8 @@ def main() -> None:
 
 
 def bench_engines(args: argparse.Namespace) -> dict[str, Any]:
-    from agentrl.model_kit import init_tiny
-    from agentrl.ray_policy import RayPolicy
+    from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.ray_policy import RayPolicy
     from tests.fixtures_ray import local_ray_cluster
 
     model = str(init_tiny(Path(tempfile.gettempdir()) / "agentrl-bench-tiny-qwen2", seed=0))

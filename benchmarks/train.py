@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl.model_kit import init_tiny
-from agentrl.train import launch
-from agentrl.train_config import TrainConfig
+from agentrl.kit.tiny_model import init_tiny
+from agentrl.train.config import TrainConfig
+from agentrl.train.trainer import launch
 
 
 def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> dict:

@@ -10,13 +10,13 @@ The batch is synthesized like an agentic GRPO batch: 64 trajectories (8 groups x
 tokens, a prompt, then alternating sampled spans (loss mask 1) and tool observations (mask 0),
 rewards that vary within each group. Measured, in this run, on that same batch:
 
-- `ours`: `agentrl.train.grpo_step` at the default settings (token-budget micro-batches, packed
+- `ours`: `agentrl.train.trainer.grpo_step` at the default settings (token-budget micro-batches, packed
   through the varlen attention where its kernel runs, lean log-probs);
 - `ours_packing_off` / `ours_packing_on`: the same with the packing mode the defaults did not
   choose on this device (length-bucketed padding, or packed rows);
 - `plain`: a plain PyTorch loop: the transformers model under autocast, padded micro-batches of a
   fixed count in batch order, `model(ids, attention_mask).logits`, an fp32 log-softmax, the same
-  GRPO loss (`agentrl.grpo.policy_loss`), AdamW;
+  GRPO loss (`agentrl.train.grpo.policy_loss`), AdamW;
 - `ours_activation_checkpointing`: `ours` with `optim.activation_checkpointing=true`;
 - `long`: `ours` at the defaults on 8 trajectories of 8,192 tokens (does it fit?).
 
@@ -24,7 +24,7 @@ Per variant: tokens/s (real tokens, no padding, per second of optimizer step, me
 timed steps), MFU (model FLOPs: 6 x matmul parameters x tokens plus causal attention,
 6 x layers x heads x head_dim x length^2 per sequence, over the GPU's dense bf16 peak), and
 peak memory (`torch.cuda.max_memory_allocated` from model creation on; on the CPU, the process
-heap the variant takes, `agentrl.peak_memory.HeapPeak`, in a separate untimed pass). Prints ONE JSON object.
+heap the variant takes, `agentrl.train.peak_memory.HeapPeak`, in a separate untimed pass). Prints ONE JSON object.
 Targets (issue 19, H100): 1.5B `ours` >= 1.3x `plain` tokens/s and MFU >= 30%; `long` fits;
 activation checkpointing cuts peak memory >= 40%.
 """
@@ -103,7 +103,7 @@ def synthesize(
 ) -> list[Any]:
     """An agentic GRPO batch: per trajectory a prompt (mask 0), then sampled spans (mask 1) and
     observations (mask 0) in turn; rewards 0/1 alternating within each group."""
-    from agentrl.trajectory import Trajectory
+    from agentrl.rollout.trajectory import Trajectory
 
     rng = random.Random(seed)
     around = -math.log(vocab)  # the random model's own log-probs: moderate ratios, as in training
@@ -205,7 +205,7 @@ def _timed_step(v: Variant, model: Any, opt: Any, device: torch.device) -> float
 
 def cpu_peak_memory(v: Variant) -> float:
     """GiB of process heap that building the variant and one step take (an untimed pass)."""
-    from agentrl.peak_memory import HeapPeak
+    from agentrl.train.peak_memory import HeapPeak
 
     with HeapPeak() as mem:  # sampling after every op costs time: never in a timed pass
         model, opt = v.build()
@@ -294,9 +294,9 @@ def new_model(shape: dict[str, Any], device: torch.device, seed: int) -> Any:
 
 
 def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: Any, **optim: Any) -> Variant:
-    from agentrl.distributed import shard_model
-    from agentrl.train import grpo_step
-    from agentrl.train_config import TrainConfig
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.trainer import grpo_step
 
     cfg = TrainConfig(model="(random init)", optim={"lr": 1e-6, **optim})
 
@@ -313,8 +313,8 @@ def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: An
 
 def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: Any) -> Variant:
     """What one would write first: fixed-count padded micro-batches, full logits, fp32 log-softmax."""
-    from agentrl.batch import collate, sequence_logprobs
-    from agentrl.grpo import group_advantages, policy_loss
+    from agentrl.train.batch import collate, sequence_logprobs
+    from agentrl.train.grpo import group_advantages, policy_loss
 
     bf16 = device.type == "cuda"
     adv = group_advantages(torch.tensor([t.reward for t in trajs]), [t.group_id for t in trajs])  # [N]
@@ -355,8 +355,8 @@ def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: A
 
 
 def run_shape(name: str, info: Any, args: Any) -> dict[str, Any]:
-    from agentrl.packing import resolve_packing
-    from agentrl.train_config import OptimSettings
+    from agentrl.train.config import OptimSettings
+    from agentrl.train.packing import resolve_packing
 
     shape = SHAPES[name]
     device = info.device
@@ -490,7 +490,7 @@ def main() -> int:
     import torch.distributed as dist
     import transformers
 
-    from agentrl.distributed import init_distributed
+    from agentrl.train.distributed import init_distributed
 
     info = init_distributed()
     if info.device.type == "cuda":

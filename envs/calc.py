@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from agentrl.agents import first_number, last_tool_output, tool_call
+from agentrl.agents import ScriptedOracle, first_number, last_tool_output
 from agentrl.env import ToolEnv
-from agentrl.task import Split, Task, split_rng_seed
+from agentrl.task import Task, split_rng_seed
+from agentrl.types import Message, Split
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jun", "Kofi", "Lena"]
 
@@ -94,20 +95,18 @@ class CalcTaskGenerator:
         )
 
 
-class CalcOracle:
+class CalcOracle(ScriptedOracle):
     """Compute the stored expression with python, submit what it printed."""
 
-    def __init__(self, task: Task):
-        self.task = task
-
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         out = last_tool_output(observation)
         if not out:
-            return tool_call("python", code=f"print({self.task.metadata['expression']})")
-        return tool_call("submit", answer=first_number(out))
+            return self.call("python", code=f"print({self.task.metadata['expression']})")
+        return self.call("submit", answer=first_number(out))
 
 
 class CalcEnv(ToolEnv):
+    task_generator = CalcTaskGenerator
     instructions = (
         "You are a careful assistant that solves math problems. Compute with the python tool, "
         "then call submit with only the final number."
@@ -129,7 +128,7 @@ class CalcEnv(ToolEnv):
                 {"parts": [("numeric", 1.0)], "gates": ["tool-used"] if require_python else []},
             )
         super().__init__(
-            tasks=kwargs.pop("tasks", CalcTaskGenerator(seed)),
+            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
             tools=tools or ["python", "submit"],
             verifier=verifier,
             max_turns=max_turns,
@@ -137,4 +136,4 @@ class CalcEnv(ToolEnv):
         )
 
     def oracle(self, task: Task) -> CalcOracle:
-        return CalcOracle(task)
+        return CalcOracle(task, self.parser)

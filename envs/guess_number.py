@@ -14,10 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.agents import last_tool_output, tool_call
+from agentrl.agents import ScriptedOracle, last_tool_output
 from agentrl.env import ToolEnv
-from agentrl.task import Split, Task, split_rng_seed
+from agentrl.parsers import HERMES, ToolCallParser
+from agentrl.task import Task, split_rng_seed
 from agentrl.tools import ToolContext, ToolOutcome, tool
+from agentrl.types import Message, Split
 
 
 @dataclass
@@ -63,12 +65,13 @@ class GuessNumberTaskGenerator:
         )
 
 
-class BinarySearchOracle:
-    def __init__(self, task: Task):
+class BinarySearchOracle(ScriptedOracle):
+    def __init__(self, task: Task, parser: ToolCallParser = HERMES):
+        super().__init__(task, parser)
         self.low, self.high = task.metadata["low"], task.metadata["high"]
         self.last: int | None = None
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         feedback = last_tool_output(observation)
         if self.last is not None:
             if re.match(r"\s*higher", feedback):
@@ -76,7 +79,7 @@ class BinarySearchOracle:
             elif re.match(r"\s*lower", feedback):
                 self.high = self.last - 1
         self.last = (self.low + self.high) // 2
-        return tool_call("guess", number=self.last)
+        return self.call("guess", number=self.last)
 
 
 class GuessNumberEnv(ToolEnv):
@@ -84,14 +87,14 @@ class GuessNumberEnv(ToolEnv):
     # One guess per turn: the feedback is the game. With parallel calls, 100 guesses in one
     # message would win in two turns whatever the strategy.
     default_max_tool_calls_per_step = 1
+    task_generator = GuessNumberTaskGenerator
 
     def __init__(
         self, *, seed: int = 0, max_turns: int | None = None, verifier: Any = "exact-match", **kwargs: Any
     ):
-        generator = kwargs.pop("tasks", GuessNumberTaskGenerator(seed))
         # Enough turns for a binary search over the largest range, plus two to spare.
         super().__init__(
-            tasks=generator,
+            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
             tools=[guess],
             verifier=verifier,
             max_turns=max_turns or math.ceil(math.log2(1000)) + 2,
@@ -102,4 +105,4 @@ class GuessNumberEnv(ToolEnv):
         return GameState(secret=int(task.answer or 0), low=task.metadata["low"], high=task.metadata["high"])
 
     def oracle(self, task: Task) -> BinarySearchOracle:
-        return BinarySearchOracle(task)
+        return BinarySearchOracle(task, self.parser)

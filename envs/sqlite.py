@@ -12,9 +12,10 @@ import shlex
 import sqlite3
 from typing import Any
 
-from agentrl.agents import last_tool_output, tool_call
+from agentrl.agents import ScriptedOracle, last_tool_output
 from agentrl.env import ToolEnv
-from agentrl.task import Split, Task, split_rng_seed
+from agentrl.task import Task, split_rng_seed
+from agentrl.types import Message, Split
 
 CITIES = ["Paris", "Lagos", "Lima", "Oslo", "Pune", "Quito", "Seoul", "Tunis"]
 FIRST = ["Ada", "Bo", "Cyd", "Dee", "Eve", "Finn", "Gus", "Hal", "Ida", "Jo", "Kai", "Lu", "Mo", "Ned", "Ola"]
@@ -149,21 +150,19 @@ class SqliteTaskGenerator:
         )
 
 
-class SqliteOracle:
-    def __init__(self, task: Task):
-        self.task = task
-
-    def act(self, observation: list[dict[str, Any]]) -> str:
+class SqliteOracle(ScriptedOracle):
+    def act(self, observation: list[Message]) -> str:
         out = last_tool_output(observation)
         if not out:
             sql = self.task.metadata["solution_sql"]
-            return tool_call("bash", command=f"sqlite3 -batch {DB} {shlex.quote(sql)}")
-        return tool_call(
+            return self.call("bash", command=f"sqlite3 -batch {DB} {shlex.quote(sql)}")
+        return self.call(
             "submit", answer="done" if self.task.metadata["mutates"] else out.strip().splitlines()[0]
         )
 
 
 class SqliteEnv(ToolEnv):
+    task_generator = SqliteTaskGenerator
     instructions = (
         "You are a database assistant. Inspect and query the SQLite database with the tools "
         "(the sqlite3 command-line shell is installed), then call submit."
@@ -179,7 +178,7 @@ class SqliteEnv(ToolEnv):
         **kwargs: Any,
     ):
         super().__init__(
-            tasks=kwargs.pop("tasks", SqliteTaskGenerator(seed)),
+            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
             tools=tools or ["bash", "python", "submit"],
             verifier=verifier,
             max_turns=max_turns,
@@ -187,4 +186,4 @@ class SqliteEnv(ToolEnv):
         )
 
     def oracle(self, task: Task) -> SqliteOracle:
-        return SqliteOracle(task)
+        return SqliteOracle(task, self.parser)

@@ -1,7 +1,7 @@
 """A one-rank gloo process group inside the test process, for calling FSDP2 code (grpo_step) directly.
 
 The rendezvous variables are set with monkeypatch and the group is destroyed afterwards: a later
-test that starts `python -m agentrl.train` must not inherit this process's RANK/MASTER_PORT.
+test that starts `python -m agentrl.train.trainer` must not inherit this process's RANK/MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agentrl.distributed import DistInfo, _free_port, init_distributed
-from agentrl.train_config import TrainConfig
-from agentrl.trajectory import Trajectory
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.config import TrainConfig
+from agentrl.train.distributed import DistInfo, _free_port, init_distributed
 
 
 @pytest.fixture
@@ -44,8 +44,8 @@ def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajector
     """One `grpo_step` on a fresh copy of the tiny model; the gradients it stepped with, and its metrics."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.distributed import shard_model
-    from agentrl.train import grpo_step
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.trainer import grpo_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
     bf16 = bool(cfg.optim.bf16)  # unset means fp32 here, on any device: the comparisons are fp32 ones

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.model_kit import init_tiny
+from agentrl.kit.tiny_model import init_tiny
 
 
 @pytest.fixture(scope="session")

@@ -7,21 +7,21 @@ import asyncio
 import pytest
 
 from agentrl.cluster import current_group, episode_group
-from agentrl.train_config import ConfigError, load_config
+from agentrl.train.config import ConfigError, load_config
 
 
 def test_several_engines_without_a_cluster_is_one_line_naming_the_setting():
-    with pytest.raises(ConfigError, match=r"rollout.engines=2 needs a Ray cluster: set cluster.ray_address"):
-        load_config(None, ["rollout.engines=2"], model="m")
+    with pytest.raises(ConfigError, match=r"engine.count=2 needs a Ray cluster: set cluster.ray_address"):
+        load_config(None, ["engine.count=2"], model="m")
 
 
 def test_several_engines_on_a_cluster_validate():
     cfg = load_config(
         None,
-        ["rollout.engines=2", "cluster.ray_address=auto", "rollout.engine_resources=[{a: 1}, {b: 1}]"],
+        ["engine.count=2", "cluster.ray_address=auto", "engine.resources=[{a: 1}, {b: 1}]"],
         model="m",
     )
-    assert (cfg.rollout.engines, cfg.cluster.ray_address, cfg.rollout.engine_resources) == (
+    assert (cfg.engine.count, cfg.cluster.ray_address, cfg.engine.resources) == (
         2,
         "auto",
         [{"a": 1}, {"b": 1}],

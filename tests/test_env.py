@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import agentrl
 from agentrl.agents import tool_call
 from agentrl.env import ToolEnv
+from agentrl.parsers import ToolCallFormat
 from agentrl.task import Task
 from agentrl.tools import MAX_OBSERVATION_CHARS, ToolContext, tool
 
@@ -370,7 +371,7 @@ def test_step_never_raises_on_adversarial_tool_calls(parser, name, key, value, r
     assert info["step_tool_calls"] <= env.max_tool_calls_per_step
 
 
-class ExplodingParser:
+class ExplodingParser(ToolCallFormat):
     """A third-party parser with a bug: it raises on some model text."""
 
     name = "exploding"

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from agentrl import errors
 from agentrl.errors import UserError, check_model_dir, check_nproc, format_validation_error
-from agentrl.train_config import TrainConfig
+from agentrl.train.config import TrainConfig
 
 
 def validation_error(**data) -> ValidationError:
@@ -28,8 +28,8 @@ def test_unknown_keys_get_the_closest_known_key_with_its_section():
 
 
 def test_a_wrong_value_names_the_key_and_the_value_given():
-    msg = format_validation_error(validation_error(rollout={"group_size": 1}), TrainConfig)
-    assert msg == "invalid config: 'rollout.group_size': input should be greater than or equal to 2 (got 1)"
+    msg = format_validation_error(validation_error(rollout={"group_size": 0}), TrainConfig)
+    assert msg == "invalid config: 'rollout.group_size': input should be greater than or equal to 1 (got 0)"
     assert "\n" not in format_validation_error(
         validation_error(curriculum={"band_low": 0.9, "band_high": 0.1}), TrainConfig
     )
@@ -84,3 +84,19 @@ def test_model_directories(tmp_path, monkeypatch):
         check_model_dir("runs/grpo/final")
     (run / "final" / "tokenizer.json").write_text("{}")
     check_model_dir("runs/grpo/final")
+
+
+def test_training_needs_groups_of_two_and_a_sampling_temperature():
+    """The rollout settings are the rollout's (`RolloutConfig`); what GRPO needs of them is checked on top."""
+    assert "GRPO compares the episodes of a group, so it needs at least 2" in format_validation_error(
+        validation_error(rollout={"group_size": 1}), TrainConfig
+    )
+    assert "use a temperature > 0" in format_validation_error(
+        validation_error(rollout={"temperature": 0}), TrainConfig
+    )
+
+
+def test_a_moved_key_says_where_it_went():
+    msg = format_validation_error(validation_error(rollout={"devices": [1]}), TrainConfig)
+    assert msg.startswith("invalid config: unknown key 'rollout.devices'; use engine.devices")
+    assert "use seed" in format_validation_error(validation_error(rollout={"seed": 3}), TrainConfig)

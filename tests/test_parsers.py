@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrl.errors import UserError
 from agentrl.parsers import PARSERS, HermesParser, Llama3JsonParser, get_parser, json_depth, register_parser
 
 
@@ -74,8 +75,77 @@ def test_parser_registry():
     assert get_parser("hermes").name == "hermes"
     with pytest.raises(ValueError, match="unknown tool-call parser 'nope'"):
         get_parser("nope")
+    with pytest.raises(UserError, match="unknown tool-call parser 'hermez'. Did you mean 'hermes'"):
+        get_parser("hermez")
     with pytest.raises(ValueError, match="already registered"):
         register_parser("hermes", HermesParser)
+
+
+def test_a_parser_that_cannot_write_calls_is_refused_by_name():
+    class ReadOnly:
+        name = "read-only"
+        format_hint = "CALL name(args)"
+
+        def parse(self, text):
+            return HermesParser().parse(text)
+
+    register_parser("read-only", ReadOnly)
+    try:
+        with pytest.raises(TypeError, match="has no system_block, render_calls, render_call.*ToolCallFormat"):
+            get_parser("read-only")
+    finally:
+        PARSERS.pop("read-only")
+
+
+# --- each format in all three directions: what the model is told, what is written, what is read ---------
+
+ARGUMENTS = st.dictionaries(
+    st.text(min_size=1, max_size=8),
+    st.one_of(st.text(max_size=30), st.integers(-(10**9), 10**9), st.booleans(), st.none()),
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parser=st.sampled_from(["hermes", "llama3-json"]),
+    calls=st.lists(
+        st.tuples(st.from_regex(r"[a-z_]{1,12}", fullmatch=True), ARGUMENTS), min_size=1, max_size=4
+    ),
+)
+def test_what_a_format_writes_it_reads_back(parser, calls):
+    fmt = get_parser(parser)
+    parsed = fmt.parse(fmt.render_calls(calls))
+    assert parsed.errors == []
+    assert [(c.name, c.arguments) for c in parsed.calls] == calls
+
+
+def test_render_call_takes_any_argument_name():
+    """The tool's name is positional only: a tool may have an argument called `name` or `tool`."""
+    call = get_parser("llama3-json").render_call("lookup", name="x", tool="y")
+    assert json.loads(call) == {"name": "lookup", "parameters": {"name": "x", "tool": "y"}}
+
+
+SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run code.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+]
+
+
+def test_each_format_advertises_its_own_calls():
+    hermes, llama = (
+        get_parser("hermes").system_block(SCHEMAS),
+        get_parser("llama3-json").system_block(SCHEMAS),
+    )
+    assert "<tools>" in hermes and "<tool_call>" in hermes and '"arguments"' in hermes
+    assert "<tools>" not in llama and "<tool_call>" not in llama
+    assert '"parameters": dictionary of argument name and its value' in llama and '"name": "python"' in llama
 
 
 # --- model text that would make a naive decoder raise (issue 14): an error, never an exception ----

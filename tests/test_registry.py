@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 import agentrl
+from agentrl.env import ToolEnv
+from agentrl.envs.calc import CalcTaskGenerator
 from agentrl.registry import EnvSpec, parse_env_id, registry
+from agentrl.task import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +75,7 @@ def test_register_custom_env_and_bad_entry_points():
     )
     try:
         env = agentrl.make("test/Guess-v1")
-        assert env.max_turns == 5 and env.task_source.seed == 3
+        assert env.max_turns == 5 and env.tasks.generator.seed == 3
         with pytest.raises(ValueError, match="must look like 'package.module:ClassName'"):
             agentrl.register("test/Bad-v0", "no_colon_here")
         agentrl.register("test/Missing-v0", "agentrl.envs.guess_number:Nope")
@@ -165,3 +168,48 @@ def test_module_prefix_imports_the_module_that_registers():
     assert env.spec.id == "test/Coin-v0"
     with pytest.raises(ImportError, match="cannot import 'no_such_module_xyz'"):
         agentrl.make("no_such_module_xyz:test/Coin-v0")
+
+
+class Unbuildable(ToolEnv):
+    """An environment whose constructor must never run: its tasks come from `make_tasks` alone."""
+
+    task_generator = CalcTaskGenerator
+
+    def __init__(self, **kw):
+        raise AssertionError("task_source built the environment")
+
+
+class TasksInInit(ToolEnv):
+    """A subclass that picks its tasks in `__init__` (the common third-party shape)."""
+
+    def __init__(self, **kw):
+        super().__init__(tasks=[Task(id=f"x/{i}", prompt=str(i)) for i in range(3)], tools=["submit"], **kw)
+
+
+def test_task_source_reads_tasks_without_building_the_environment():
+    agentrl.register("test/Unbuildable-v0", Unbuildable, seed=5)
+    try:
+        source = agentrl.task_source("test/Unbuildable-v0", split="test")
+        assert source.get(3, "test") == CalcTaskGenerator(5).generate(3, "test")
+        assert agentrl.get_task("test/Unbuildable-v0", 3, split="test") == source.get(3, "test")
+    finally:
+        registry.pop("test/Unbuildable-v0", None)
+
+
+def test_task_source_of_the_builtins_is_what_the_environment_poses():
+    env = agentrl.make("agentrl/calc-v0", seed=2)
+    try:
+        assert agentrl.get_task("agentrl/calc-v0", 4, split="validation", seed=2) == env.tasks.get(
+            4, "validation"
+        )
+    finally:
+        env.close()
+
+
+def test_task_source_builds_an_environment_that_picks_its_tasks_in_init():
+    agentrl.register("test/TasksInInit-v0", TasksInInit)
+    try:
+        source = agentrl.task_source("test/TasksInInit-v0")
+        assert source.size("train") == 3 and source.get(1, "train").id == "x/1"
+    finally:
+        registry.pop("test/TasksInInit-v0", None)

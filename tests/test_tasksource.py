@@ -8,10 +8,10 @@ import datasets
 import pytest
 
 import agentrl
-from agentrl.curriculum import Curriculum, CurriculumConfig, DynamicBatch
 from agentrl.env import ToolEnv
 from agentrl.task import Task
 from agentrl.tasksource import TaskPool, TaskSourceError, as_task_source
+from agentrl.train.curriculum import Curriculum, CurriculumConfig, DynamicBatch
 
 ROWS = [
     {"prompt": "Say a", "answer": "a"},
@@ -175,7 +175,7 @@ def test_a_batch_larger_than_the_pool_stops_when_the_pool_runs_out():
 
 
 def _traj(task_id: str, reward: float):
-    from agentrl.trajectory import Trajectory
+    from agentrl.rollout.trajectory import Trajectory
 
     return Trajectory(
         task_id=task_id, group_id=task_id, token_ids=[1, 2], loss_mask=[0, 1], behavior_logprobs=[0.0, -1.0],

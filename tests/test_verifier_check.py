@@ -26,7 +26,7 @@ def sqlite():
 
 def _first(env, kind_test, n: int = 50) -> Task:
     for i in range(n):
-        task = env.task_source.generate(i)
+        task = env.tasks.get(i)
         if kind_test(task):
             return task
     raise AssertionError("no such task in the first 50")
@@ -34,7 +34,7 @@ def _first(env, kind_test, n: int = 50) -> Task:
 
 @pytest.mark.docker
 def test_calc_task_is_trusted(calc):
-    check = check_verifier(calc, calc.task_source.generate(0))
+    check = check_verifier(calc, calc.tasks.get(0))
     assert isinstance(check, VerifierCheck) and check.ok, check.reason
     assert check.reference.reward == 1.0 and check.untouched.reward == 0.0
 
@@ -50,7 +50,7 @@ def test_sqlite_query_and_change_tasks_are_trusted(sqlite):
 
 @pytest.mark.docker
 def test_wrong_reference_answer_is_dropped_with_reason(calc, caplog):
-    good = calc.task_source.generate(1)
+    good = calc.tasks.get(1)
     broken = good.model_copy(update={"id": "calc/broken", "answer": str(int(good.answer) + 1)})
     with caplog.at_level(logging.WARNING, logger="agentrl.verifier_check"):
         kept, dropped = filter_tasks(calc, [good, broken])

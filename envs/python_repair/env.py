@@ -26,13 +26,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.agents import tool_call
+from agentrl.agents import ScriptedOracle
 from agentrl.env import ToolEnv
 from agentrl.envs.python_repair.images import stage_source
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
 from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
+from agentrl.parsers import HERMES, ToolCallParser
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Split, Task
+from agentrl.task import Task
+from agentrl.tasksource import TaskSource, as_task_source
+from agentrl.types import Message, Split
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +73,18 @@ def load_tasks(
     return tasks
 
 
-class PythonRepairOracle:
+class PythonRepairOracle(ScriptedOracle):
     """Applies the reverse mutation: swaps the mutated function back for the original, then submits."""
 
-    def __init__(self, task: Task):
-        self.task = task
+    def __init__(self, task: Task, parser: ToolCallParser = HERMES):
+        super().__init__(task, parser)
         self.turn = 0
 
-    def act(self, observation: list[dict[str, Any]]) -> str:
+    def act(self, observation: list[Message]) -> str:
         meta = self.task.metadata
         self.turn += 1
         if self.turn == 1:
-            return tool_call(
+            return self.call(
                 "str_replace",
                 path=meta["module"],
                 old=meta["mutated_function"],
@@ -92,8 +95,8 @@ class PythonRepairOracle:
             # The function text was not unique (or the file changed): write the whole module back.
             module = self.task.files[meta["module"]]
             original = module.replace(meta["mutated_function"], meta["original_function"], 1)
-            return tool_call("write_file", path=meta["module"], content=original)
-        return tool_call("submit", answer=f"restored {meta['function']} in {meta['module']}")
+            return self.call("write_file", path=meta["module"], content=original)
+        return self.call("submit", answer=f"restored {meta['function']} in {meta['module']}")
 
 
 class PythonRepairEnv(ToolEnv):
@@ -116,13 +119,11 @@ class PythonRepairEnv(ToolEnv):
         exec_timeout_s: float = 60.0,
         **kwargs: Any,
     ):
-        if isinstance(packages, str):
-            packages = [p.strip() for p in packages.split(",") if p.strip()]
-        self.packages = list(packages)
-        if tasks is None:
-            tasks = load_tasks(self.packages, split=split, seed=seed, first_use_n=first_use_n)
+        self.packages = _package_list(packages)
         super().__init__(
-            tasks=list(tasks),
+            tasks=self.make_tasks(
+                packages=packages, seed=seed, split=split, tasks=tasks, first_use_n=first_use_n
+            ),
             tools=tools or TOOLS,
             verifier=verifier or ("hidden-tests", {"mode": "all", "timeout_s": 120.0}),
             max_turns=max_turns,
@@ -135,6 +136,23 @@ class PythonRepairEnv(ToolEnv):
             sandbox_env={"PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("sandbox_env", {})},
             **kwargs,
         )
+
+    @classmethod
+    def make_tasks(
+        cls,
+        *,
+        packages: Sequence[str] | str = DEFAULT_PACKAGES,
+        seed: int = 0,
+        split: Split = "train",
+        tasks: Sequence[Task] | None = None,
+        first_use_n: int = 4,
+        env_id: str | None = None,
+        **_: Any,
+    ) -> TaskSource:
+        """The cached tasks of `split` (synthesized on first use), or the `tasks` given."""
+        if tasks is None:
+            tasks = load_tasks(_package_list(packages), split=split, seed=seed, first_use_n=first_use_n)
+        return as_task_source(list(tasks), name=env_id or cls.__name__)
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
         # The package comes from the image (root-only copy) with the task's mutant module in
@@ -152,10 +170,18 @@ class PythonRepairEnv(ToolEnv):
         return sb
 
     def oracle(self, task: Task) -> PythonRepairOracle:
-        return PythonRepairOracle(task)
+        return PythonRepairOracle(task, self.parser)
 
     def statistics(self) -> dict[str, Any]:
-        return task_statistics(list(self.task_source))  # type: ignore[arg-type]
+        sizes = self.tasks.split_sizes() or {}
+        return task_statistics([self.tasks.get(i, split) for split, n in sizes.items() for i in range(n)])
+
+
+def _package_list(packages: Sequence[str] | str) -> list[str]:
+    """`"toolz,parse"` or a list: the package names."""
+    if isinstance(packages, str):
+        return [p.strip() for p in packages.split(",") if p.strip()]
+    return list(packages)
 
 
 def task_statistics(tasks: Sequence[Task]) -> dict[str, Any]:

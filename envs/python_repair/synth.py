@@ -49,7 +49,8 @@ from agentrl.envs.python_repair.packages import (
     unpacked,
 )
 from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, open_sandbox
-from agentrl.task import Split, Task
+from agentrl.task import Task
+from agentrl.types import Split
 from agentrl.verifiers.hidden_tests import Report, install_tests, run_tests
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).

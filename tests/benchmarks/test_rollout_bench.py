@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout.py"
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_quick_run_prints_the_ratio_to_plain_generation(tmp_path: Path) -> None:
-    from agentrl.model_kit import init_tiny
+    from agentrl.kit.tiny_model import init_tiny
 
     model = init_tiny(tmp_path / "tiny", seed=0)
     proc = subprocess.run(

@@ -14,7 +14,7 @@ def oracle_rewards(env_id: str, n: int, split: str = "train", workers: int = 4, 
         try:
             out = []
             for i in range(k, n, workers):
-                task = env._pick_task({"index": i, "split": split})
+                task = env.tasks.get(i, split)
                 out.append(run_episode(env, env.oracle(task), options={"task": task}).reward)
             return out
         finally:

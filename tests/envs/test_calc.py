@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 import agentrl
@@ -43,7 +46,7 @@ def test_python_gate_counts_only_python_calls_that_ran(bad_call):
 
     env = agentrl.make("agentrl/calc-v0")
     try:
-        task = env._pick_task({"index": 0})
+        task = env.tasks.get(0, env.split)
         # A python call refused for its arguments ran nothing: typing the answer in still scores 0.
         env.reset(options={"task": task})
         obs, *_ = env.step(tool_call("python", **bad_call))
@@ -57,3 +60,40 @@ def test_python_gate_counts_only_python_calls_that_ran(bad_call):
         assert env.step(tool_call("submit", answer=task.answer))[1] == 1.0
     finally:
         env.close()
+
+
+def test_in_llama3_json_the_prompt_and_the_oracle_use_that_format():
+    env = agentrl.make("agentrl/calc-v0", parser="llama3-json", backend="local", use_pool=False)
+    obs, _ = env.reset(seed=0)
+    assert "<tool_call>" not in obs[0]["content"] and '"parameters"' in obs[0]["content"]
+    first = env.oracle(env.task).act(obs)
+    assert first.startswith('{"name": "python", "parameters": {"code": "print(')
+    env.close()
+
+
+@pytest.mark.docker
+def test_env_check_passes_in_llama3_json_with_the_oracle():
+    """`agentrl env check` of calc-v0 in Llama 3.1's JSON format: the contract checks (garbage in that
+    format), then the oracle, its calls written in that format, solves every task."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "env",
+            "check",
+            "agentrl/calc-v0",
+            "--parser",
+            "llama3-json",
+            "--tasks",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "[ok] agentrl/calc-v0: check_env passed" in out.stdout
+        and "[ok] oracle solved 3/3 tasks" in out.stdout
+    )

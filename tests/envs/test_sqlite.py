@@ -33,7 +33,7 @@ def test_state_task_fails_when_the_agent_changes_something_else():
     env = agentrl.make("agentrl/sqlite-v0")
     try:
         task = next(
-            t for i in range(50) if (t := env._pick_task({"index": i})).metadata["kind"] == "set_stock"
+            t for i in range(50) if (t := env.tasks.get(i, env.split)).metadata["kind"] == "set_stock"
         )
 
         class Sloppy:
@@ -60,7 +60,7 @@ def test_sqliterc_in_the_workspace_cannot_fake_the_state_check():
     """The agent's home is the workspace: a .sqliterc there must not shape the verifier's query output."""
     env = agentrl.make("agentrl/sqlite-v0")
     try:
-        task = next(t for i in range(50) if (t := env._pick_task({"index": i})).metadata["mutates"])
+        task = next(t for i in range(50) if (t := env.tasks.get(i, env.split)).metadata["mutates"])
         fake = task.answer.replace("\n", " ")
 
         class Faker:

@@ -203,7 +203,7 @@ def test_an_environment_places_its_sandbox_on_the_configured_hosts(tcp_engine, m
 
 
 def test_a_bad_docker_host_in_the_config_is_one_line_naming_the_fix():
-    from agentrl.train_config import ConfigError, load_config
+    from agentrl.train.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="no scheme; write it as unix:///"):
         load_config(None, ["sandbox.docker_hosts=[node2:2376]"], model="m")

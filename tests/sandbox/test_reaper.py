@@ -194,9 +194,10 @@ ROLLOUT_DRIVER = """
 import sys
 from transformers import AutoTokenizer
 from agentrl.agents import tool_call
-from agentrl.demos import ScriptedPolicy
-from agentrl.masker import ChatMasker
-from agentrl.rollout import RolloutConfig, collect_sync
+from agentrl.kit.demonstrations import ScriptedPolicy
+from agentrl.rollout.masker import ChatMasker
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.loop import collect_sync
 
 masker = ChatMasker(AutoTokenizer.from_pretrained(sys.argv[1]))
 

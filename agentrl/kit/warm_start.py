@@ -1,0 +1,437 @@
+"""The warm start: a tiny model fine-tuned on oracle demonstrations into RL's learnability band, cached.
+
+    agentrl model warm-start --env agentrl/calc-v0 --out runs/warm-calc
+
+One recipe (`WarmStartRecipe`), all deterministic from `seed`:
+
+1. `init_tiny`: the random-init Qwen2 model and its tokenizer (`model_overrides` change its sizes);
+2. the short stage: `generate_demos` (the environment's oracle through the rollout engine and its
+   masker) in a short context (the environment without the tool schemas in its system prompt), then
+   masked SFT (`agentrl.train.sft`: only the oracle's tokens train). Calc's skill is copying: the expression
+   from the question into the python call, the printed number into `submit`. A tiny model learns to
+   copy in a sudden transition after ~8,000 demonstration sequences (an induction-head phase change;
+   digit loss stays at ln 10 until then), and at 420 tokens an episode, 85% of them the system
+   prompt, those sequences are what a CPU build cannot afford; at 150 tokens each costs a third;
+3. the main stage: demonstrations in the environment's own context (the token ids RL will see), a
+   short SFT from the short stage's checkpoint: it learns to look past the tool schemas (a model
+   that copies well in the short context copies nothing in the long one before this stage);
+4. the measurement: held-out pass@1, `eval_tasks` tasks of the test split x `eval_samples` samples at
+   `eval_temperature`, with vLLM, in a subprocess of its own (vLLM's process-wide state, its
+   distributed group included, must not leak into the SFT of a later build in this process).
+
+Why a band: GRPO learns only from groups whose rewards differ. A model that always fails (p = 0) or
+always passes (p = 1) gives zero advantages everywhere; pass@1 between 0.2 and 0.7 leaves most
+groups of 4-8 samples informative and room to improve.
+
+Cache: `<out>/agentrl_warm_start.json` records the hash of the build fields of the recipe (with the
+library versions and `WARM_START_VERSION`), the build's statistics and the measurement. A second call
+with the same build fields returns the directory untouched; different build fields rebuild it (beside
+the target, renamed into place at the end, so no reader sees half a model); a different measurement
+spec (`eval_*` fields) only re-measures. A non-empty directory we did not write is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_FILE = "agentrl_warm_start.json"
+# Bump when a stage changes in a way the recipe fields do not capture (a new masker, a new SFT loss).
+WARM_START_VERSION = 1
+_EVAL_FIELDS = ("eval_tasks", "eval_samples", "eval_temperature", "eval_split", "eval_seed")
+
+
+class WarmStartRecipe(BaseModel):
+    """Everything a warm start depends on. The defaults are the best calc-v0 recipe measured so far
+    (the measurements, and the recipes that did worse: benchmarks/RESULTS.md, "Warm-start recipe").
+
+    The learning rate is what decides whether the copying transition comes at all; the main stage
+    adapts fast, and `epochs` (steps = demos x epochs / batch_size) is the knob that moves pass@1
+    inside the learnability band.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env: str = Field("agentrl/calc-v0", description="Environment id; it must have an oracle.")
+    seed: int = Field(0, description="Seed of the weight initialisation and of the SFT's shuffling.")
+    model_overrides: dict[str, Any] = Field(
+        default_factory=lambda: dict(
+            hidden_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=352,
+            rope_theta=10_000.0,
+        ),
+        description="`init_tiny` overrides (TinyModelSpec / TokenizerRecipe fields), e.g. num_hidden_layers.",
+    )
+    short_demos: int = Field(
+        1024,
+        ge=0,
+        description="Demonstrations for a first SFT stage in a short context: the environment made with "
+        "`short_env_kwargs` (default: no tool schemas in the system prompt, 150 tokens an episode instead of "
+        "420), so each step costs a third. 0 skips the stage.",
+    )
+    short_env_kwargs: dict[str, Any] = Field(
+        default_factory=lambda: {"tools_in_prompt": False},
+        description="`agentrl.make` overrides of the short stage's environment.",
+    )
+    short_epochs: float = Field(12.0, gt=0, description="SFT passes over the short-context demonstrations.")
+    short_lr: float = Field(1e-3, gt=0, description="SFT peak learning rate of the short stage.")
+    demos: int = Field(
+        256, ge=1, description="Oracle demonstrations in the environment's own context (one per train task)."
+    )
+    demo_kinds: list[str] | None = Field(
+        None, description="Keep only train tasks of these kinds (task.metadata['kind']); None keeps all."
+    )
+    epochs: float = Field(4.0, gt=0, description="SFT passes over the demonstrations.")
+    lr: float = Field(1e-3, gt=0, description="SFT peak learning rate.")
+    batch_size: int = Field(16, ge=1, description="SFT sequences per optimizer step (both stages).")
+    micro_batch_size: int = Field(
+        16, ge=1, description="SFT sequences per forward pass (memory, not results)."
+    )
+    warmup_steps: int = Field(10, ge=0, description="SFT linear warm-up steps.")
+    backend: str = Field(
+        "local",
+        description="Sandbox backend of the oracle's and the measurement's tool calls. `local` (no isolation) "
+        "is safe for calc-v0 demonstrations, whose only code is print(<generated expression>), and fast.",
+    )
+    eval_tasks: int = Field(
+        100, ge=0, description="Held-out tasks (test split) for the pass@1 measurement; 0 skips it."
+    )
+    eval_samples: int = Field(1, ge=1, description="Samples per held-out task.")
+    eval_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the measurement.")
+    eval_split: Literal["validation", "test"] = Field("test", description="Split of the held-out tasks.")
+    eval_seed: int = Field(1, description="Seed of the measurement's sampling.")
+
+    def build_fields(self) -> dict[str, Any]:
+        """The fields the model depends on (the measurement fields are not among them)."""
+        return self.model_dump(exclude=set(_EVAL_FIELDS))
+
+    def eval_fields(self) -> dict[str, Any]:
+        return self.model_dump(include=set(_EVAL_FIELDS))
+
+
+class WarmStart(BaseModel):
+    """What `warm_start` returns: the checkpoint and what is known about it."""
+
+    path: str = Field(description="The warm-started checkpoint directory (transformers format).")
+    reused: bool = Field(description="True when the cached build was returned without training.")
+    build_hash: str = Field(description="Hash of the recipe's build fields and the library versions.")
+    build_s: float = Field(description="Seconds the build took (init + demos + SFT), when it was built.")
+    pass_at_1: float | None = Field(
+        description="Held-out pass@1; None when the recipe skips the measurement."
+    )
+    eval_tasks: int = Field(description="Held-out tasks measured.")
+    eval_samples: int = Field(description="Samples per held-out task.")
+    record: dict[str, Any] = Field(description=f"The whole {RECORD_FILE}.")
+
+
+def build_hash(recipe: WarmStartRecipe) -> str:
+    import tokenizers
+    import torch
+    import transformers
+
+    from agentrl.kit.tiny_model import RECIPE_VERSION
+
+    key = {
+        "warm_start_version": WARM_START_VERSION,
+        "model_kit_version": RECIPE_VERSION,
+        "recipe": recipe.build_fields(),
+        # Other versions may initialise, tokenize or train differently: a different version rebuilds.
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_record(out: str | Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(out) / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _log(msg: str) -> None:
+    print(f"[warm-start] {msg}", file=sys.stderr, flush=True)
+
+
+def warm_start(
+    out: str | Path, recipe: WarmStartRecipe | None = None, *, force: bool = False, threads: int = 1
+) -> WarmStart:
+    """Build (or reuse) the warm-started model in `out`; see the module docstring.
+
+    `force` rebuilds even when the cache matches; `threads` are the SFT's CPU threads (they do not
+    change the recipe: the same steps, up to float summation order).
+    """
+    recipe = recipe or WarmStartRecipe()
+    out = Path(out)
+    digest = build_hash(recipe)
+    record = read_record(out)
+    have_model = (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    if record is None and out.exists() and any(out.iterdir()):
+        raise FileExistsError(
+            f"{out} is not empty and holds no {RECORD_FILE}, so it is not a warm-start build; "
+            "pass an empty or new directory (warm_start never overwrites files it did not write)"
+        )
+    reused = not force and record is not None and record.get("hash") == digest and have_model
+    if not reused:
+        record = _build(out, recipe, digest, threads)
+    assert record is not None
+    measurement = record.get("measurement")
+    if recipe.eval_tasks and (measurement is None or measurement.get("spec") != recipe.eval_fields()):
+        _log(f"measuring held-out pass@1 on {recipe.eval_tasks} x {recipe.eval_samples} episodes")
+        record["measurement"] = measure(out, recipe)
+        (out / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
+    m = record.get("measurement") if recipe.eval_tasks else None
+    return WarmStart(
+        path=str(out),
+        reused=reused,
+        build_hash=digest,
+        build_s=record["build"]["seconds"],
+        pass_at_1=m["pass_at_1"] if m else None,
+        eval_tasks=m["tasks"] if m else 0,
+        eval_samples=m["samples"] if m else 0,
+        record=record,
+    )
+
+
+def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from agentrl.kit.tiny_model import init_tiny
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    try:
+        t0 = time.perf_counter()
+        base = init_tiny(work / "base", seed=recipe.seed, **recipe.model_overrides)
+        t_init = time.perf_counter() - t0
+        _log(f"tiny model in {t_init:.1f}s")
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        stages: list[dict[str, Any]] = []
+        if recipe.short_demos:
+            short = _stage(
+                "short",
+                work,
+                base,
+                tokenizer,
+                recipe,
+                recipe.short_demos,
+                recipe.short_env_kwargs,
+                recipe.short_epochs,
+                recipe.short_lr,
+                threads,
+                stages,
+                keep_files=False,
+            )
+            base = short
+        model = _stage(
+            "main",
+            work,
+            base,
+            tokenizer,
+            recipe,
+            recipe.demos,
+            {},
+            recipe.epochs,
+            recipe.lr,
+            threads,
+            stages,
+            keep_files=True,
+        )
+        main = stages[-1]
+        record: dict[str, Any] = {
+            "hash": digest,
+            "recipe": recipe.model_dump(),
+            "build": {
+                "seconds": round(time.perf_counter() - t0, 1),
+                "init_s": round(t_init, 1),
+                "stages": stages,
+                "demos": stages[-1]["demos"],
+                "sft_steps": main["sft_steps"],
+                "sft_first_loss": main["sft_first_loss"],
+                "sft_last_loss": main["sft_last_loss"],
+            },
+            "measurement": None,
+        }
+        (model / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
+        if out.exists():
+            shutil.rmtree(out)
+        model.rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _log(f"built {out} in {record['build']['seconds']}s")
+    return record
+
+
+def _stage(
+    name: str,
+    work: Path,
+    base: Path,
+    tokenizer: Any,
+    recipe: WarmStartRecipe,
+    n: int,
+    env_kwargs: dict[str, Any],
+    epochs: float,
+    lr: float,
+    threads: int,
+    log: list[dict[str, Any]],
+    keep_files: bool,
+) -> Path:
+    """Demonstrations of `recipe.env` (with `env_kwargs`), then SFT of `base` on them; returns the checkpoint.
+
+    `keep_files` keeps the demonstrations and the SFT metrics in the checkpoint (the last stage's).
+    """
+    from agentrl.kit.demonstrations import generate_demos
+    from agentrl.train.config import SFTConfig
+
+    demos_path = work / f"{name}-demos.jsonl"
+    _, stats = generate_demos(
+        recipe.env,
+        n,
+        demos_path,
+        tokenizer,
+        split="train",
+        kinds=recipe.demo_kinds,
+        backend=recipe.backend,
+        env_kwargs=env_kwargs,
+    )
+    if stats.passed == 0:
+        raise RuntimeError(
+            f"the oracle of {recipe.env} passed none of {stats.episodes} tasks; check the environment "
+            f"with `agentrl env check {recipe.env} --backend {recipe.backend}`"
+        )
+    _log(f"{name}: {stats.passed}/{stats.episodes} demonstrations passed in {stats.seconds:.1f}s; SFT")
+    t0 = time.perf_counter()
+    out = work / name
+    cfg = SFTConfig(
+        model=str(base),
+        data=str(demos_path),
+        out=str(out),
+        epochs=epochs,
+        lr=lr,
+        batch_size=recipe.batch_size,
+        micro_batch_size=recipe.micro_batch_size,
+        warmup_steps=recipe.warmup_steps,
+        seed=recipe.seed,
+    )
+    _sft(cfg, threads)
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if keep_files:
+        shutil.move(str(demos_path), out / "demos.jsonl")
+    else:
+        # `export_hf` copies every non-weight file of the base checkpoint into the next SFT's output,
+        # which would overwrite that SFT's own metrics.jsonl and sft_config.json with these.
+        for leftover in ("metrics.jsonl", "sft_config.json"):
+            (out / leftover).unlink(missing_ok=True)
+    log.append(
+        {
+            "stage": name,
+            "demos": asdict(stats),
+            "sft_s": round(time.perf_counter() - t0, 1),
+            "sft_steps": len(losses),
+            "sft_first_loss": losses[0],
+            "sft_last_loss": losses[-1],
+        }
+    )
+    _log(f"{name}: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return out
+
+
+def _sft(cfg: Any, threads: int) -> None:
+    """SFT in a subprocess: `launch` here would leave torch.distributed state behind in this process.
+
+    `threads` sets its OpenMP threads. On a shared 2-core box one thread trains faster than two
+    (benchmarks/RESULTS.md, "Warm-start recipe"): two threads spin-wait on each other whenever
+    another process holds a core.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.train.sft", cfg.model_dump_json()], env=env, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"SFT failed (exit {proc.returncode}); its log is above. Config: {cfg.model_dump_json()}"
+        )
+
+
+def measure(model_dir: str | Path, recipe: WarmStartRecipe) -> dict[str, Any]:
+    """Held-out pass@1 of `model_dir`, in a subprocess (see the module docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "measurement.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentrl.kit.warm_start",
+            str(model_dir),
+            recipe.model_dump_json(),
+            str(result),
+        ]
+        proc = subprocess.run(cmd, check=False)
+        if proc.returncode != 0 or not result.is_file():
+            raise RuntimeError(
+                f"the pass@1 measurement of {model_dir} failed (exit {proc.returncode}); its log is above"
+            )
+        return json.loads(result.read_text())
+
+
+def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
+    from collections import Counter
+
+    from agentrl.registry import task_source
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
+    from agentrl.rollout.policy import VLLMPolicy
+
+    t0 = time.perf_counter()
+    source = task_source(recipe.env, split=recipe.eval_split, backend=recipe.backend)
+    tasks = [source.get(i, recipe.eval_split) for i in range(recipe.eval_tasks)]
+    # A calc episode is two short calls: 128 tokens a turn is plenty, and keeps a derailed sample short.
+    cfg = RolloutConfig(
+        group_size=recipe.eval_samples, temperature=recipe.eval_temperature, max_tokens_per_turn=128
+    )
+    with VLLMPolicy(
+        model_dir, in_process=True, dtype="float32", max_model_len=cfg.max_total_tokens, seed=recipe.eval_seed
+    ) as policy:
+        trajectories = collect_sync(
+            recipe.env, tasks, policy, cfg, seed=recipe.eval_seed, env_kwargs={"backend": recipe.backend}
+        )
+    by_kind: Counter[str] = Counter()
+    per_kind: Counter[str] = Counter()
+    for i, t in enumerate(trajectories):
+        kind = str(tasks[i // recipe.eval_samples].metadata.get("kind", ""))
+        per_kind[kind] += 1
+        by_kind[kind] += t.passed
+    n = len(trajectories)
+    return {
+        "spec": recipe.eval_fields(),
+        "pass_at_1": sum(t.passed for t in trajectories) / n,
+        "tasks": recipe.eval_tasks,
+        "samples": recipe.eval_samples,
+        "pass_at_1_by_kind": {k: by_kind[k] / per_kind[k] for k in sorted(per_kind)},
+        "finish_reasons": dict(Counter(t.finish_reason for t in trajectories)),
+        "mean_tool_calls": sum(t.tool_calls for t in trajectories) / n,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+if __name__ == "__main__":
+    # The measurement subprocess: MODEL_DIR RECIPE_JSON RESULT_PATH.
+    model_dir, recipe_json, result_path = sys.argv[1:4]
+    Path(result_path).write_text(
+        json.dumps(_measure_here(model_dir, WarmStartRecipe.model_validate_json(recipe_json)))
+    )

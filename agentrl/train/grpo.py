@@ -1,0 +1,388 @@
+"""GRPO advantages and the clipped policy loss: pure functions, no state, no distributed code.
+
+References (the formulas each function follows are in its docstring):
+
+- GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.
+- DAPO: Yu et al. 2025 (arXiv:2503.14476): clip-higher (separate low/high clip), token-level loss.
+- Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training" (arXiv:2503.20783): no std
+  scaling (`scale="none"`), no per-sequence length normalisation (`seq-mean-token-sum`).
+- GSPO: Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv:2507.18071).
+- k3 KL estimator: Schulman 2020, "Approximating KL Divergence".
+- Truncated importance sampling (TIS): Yao et al. 2025, "Your Efficient RL Framework Secretly
+  Brings You Off-Policy RL Training"; the `tis_imp_ratio_cap` of verl and SkyRL.
+
+Shapes: B sequences, T token positions, tensors in the token-position layout of
+`agentrl.train.batch` (`loss_mask[b, t] == 1` where token t was sampled). Everything is computed
+with `torch.where(mask, x, 0)` rather than `x * mask`, so garbage (even inf) at padded
+positions never turns into NaN in the loss or its gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+from agentrl.train.batch import token_entropy
+from agentrl.train.config import AdvantageScale, LossAggregation, RatioLevel
+
+# exp() of a log-ratio beyond this is either clipped away or a numerical accident; clamping
+# the log-ratio (as verl does) keeps one wild token from producing inf.
+_MAX_LOG_RATIO = 20.0
+
+
+def _group_index(group_ids: Sequence[str] | Tensor, batch_size: int) -> tuple[Tensor, int]:
+    """Map group ids to dense indices 0..G-1 (order of first appearance)."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.shape != (batch_size,):
+            raise ValueError(f"group_ids has shape {tuple(group_ids.shape)}, expected ({batch_size},)")
+        _, index = torch.unique(group_ids, return_inverse=True)  # [B]
+        return index, int(index.max().item()) + 1 if batch_size else 0
+    if len(group_ids) != batch_size:
+        raise ValueError(
+            f"{len(group_ids)} group ids for {batch_size} rewards; give one group id per trajectory"
+        )
+    dense: dict[str, int] = {}
+    index = torch.tensor([dense.setdefault(g, len(dense)) for g in group_ids], dtype=torch.long)  # [B]
+    return index, len(dense)
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Sequence[str] | Tensor,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Trajectory-level, group-relative advantages (GRPO outcome supervision, DeepSeekMath §4.1.2).
+
+        A_i = r_i - mean_g(r)                        scale="none"  (Dr. GRPO)
+        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)   scale="group" (GRPO)
+
+    where g is the group of trajectory i (the trajectories sharing its group id: same task,
+    same policy). std_g is the *sample* (unbiased, Bessel-corrected) standard deviation,
+    sqrt(Σ_j (r_j - mean_g)² / (n_g - 1)), as in DeepSeekMath's reference implementations
+    (TRL and verl call `torch.std`, which is unbiased). For a group of two, r = (0, 1):
+    mean 0.5, std sqrt(0.5) ≈ 0.7071, A = ∓0.7071 (the population std would give ∓1).
+
+    Degenerate groups give exactly 0: a group whose rewards are all equal (checked with
+    max == min, not with a float mean that could leave 1e-17 behind) and a singleton group.
+    Computed in float64, returned in `rewards.dtype`. Groups need not be contiguous or equal-sized.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if scale not in ("group", "none"):
+        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
+    batch_size = rewards.shape[0]
+    index, num_groups = _group_index(group_ids, batch_size)
+    index = index.to(rewards.device)
+    r = rewards.detach().double()  # [B]
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)  # [G]
+    counts = zeros.index_add(0, index, torch.ones_like(r))  # [G]
+    mean = zeros.index_add(0, index, r) / counts  # [G]
+    centered = r - mean[index]  # [B]
+    group_max = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)  # [G]
+    group_min = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)  # [G]
+    degenerate = (group_max == group_min)[index]  # [B] all-equal rewards, singletons included
+    if scale == "group":
+        sq = zeros.index_add(0, index, centered**2)  # [G]
+        std = (sq / (counts - 1).clamp_min(1)).sqrt()  # [G] unbiased; singletons are masked below
+        centered = centered / (std[index] + eps)  # [B]
+    advantages = torch.where(degenerate, torch.zeros_like(centered), centered)  # [B]
+    return advantages.to(rewards.dtype)
+
+
+def weight_negatives(advantages: Tensor, weight: float) -> Tensor:
+    """Scale the negative advantages by `weight` in [0, 1], leave the others as they are.
+
+        A'_i = A_i           if A_i >= 0
+        A'_i = weight · A_i  if A_i < 0
+
+    weight=1 is plain GRPO; weight=0 keeps positive-sample reinforcement only (PSR in Zhu et al.
+    2025, "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning",
+    arXiv:2506.01347). They split the objective into its positive and negative parts and find
+    the positives are what raise pass@1 (at a cost in pass@k) while the negatives keep pass@k;
+    their W-REINFORCE down-weights the positives instead. On a small model whose failures are
+    scattered sampling slips, pushing those slips down moves the whole model more than it
+    sharpens it (see the README's "Where it stands").
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"negative weight must be in [0, 1], got {weight}")
+    if weight == 1.0:
+        return advantages
+    return torch.where(advantages < 0, advantages * weight, advantages)  # [B]
+
+
+def broadcast_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
+    """Give every action token its trajectory's advantage: out[b, t] = A_b if loss_mask[b, t] else 0."""
+    if advantages.dim() != 1 or advantages.shape[0] != loss_mask.shape[0]:
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} must be [B] with B = loss_mask.shape[0] ({loss_mask.shape[0]})"
+        )
+    expanded = advantages.unsqueeze(-1).expand_as(loss_mask)  # [B, T]
+    return torch.where(loss_mask.bool(), expanded, torch.zeros_like(expanded))  # [B, T]
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π_θ || π_ref) (Schulman 2020), ≥ 0 and unbiased under π_θ.
+
+        k3 = exp(ref - logp) - (ref - logp) - 1
+
+    Its gradient is (1 - exp(ref - logp)) ∇logp. The log-ratio is clamped to ±20 so a token
+    the reference finds impossible cannot produce inf.
+    """
+    delta = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, T]
+    return delta.exp() - delta - 1.0  # [B, T]
+
+
+def aggregate(
+    per_token: Tensor,
+    loss_mask: Tensor,
+    agg: LossAggregation,
+    denominator: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar over the action tokens (DAPO / Dr. GRPO names).
+
+    - `token-mean` (DAPO §3.3): Σ_{b,t} m·l / Σ_{b,t} m — every action token weighs the same.
+    - `seq-mean-token-sum` (Dr. GRPO): (1/S) Σ_b Σ_t m·l — no per-sequence length normalisation.
+    - `seq-mean-token-mean` (original GRPO, GSPO): (1/S) Σ_b (Σ_t m·l / Σ_t m).
+
+    S counts the sequences with at least one action token (an empty sequence neither
+    contributes nor dilutes). `denominator` replaces Σ m (token-mean) or S (seq-mean-*) with a
+    count over the *global* batch: with gradient accumulation over micro-batches, or data
+    parallel ranks, pass the number of action tokens (or sequences) in the whole optimiser
+    step, and the micro-batch losses then *sum* to the full-batch loss instead of averaging
+    per micro-batch. FSDP/DDP *average* gradients over ranks, so with a global denominator
+    multiply each rank's loss by the world size. An empty mask gives 0, still attached to
+    the graph (gradient 0, never NaN). To divide the token sums by a constant instead (Dr.
+    GRPO's code uses the generation budget; verl's `seq-mean-token-sum-norm`), use
+    `seq-mean-token-sum` with that constant as `denominator`.
+    """
+    mask = loss_mask.bool()  # [B, T]
+    masked = torch.where(mask, per_token, torch.zeros_like(per_token))  # [B, T]
+    tokens_per_seq = mask.sum(-1).to(masked.dtype)  # [B]
+    # Counts stay tensors (no device sync); clamp_min(1) makes an empty mask give 0, not NaN.
+    if agg == "token-mean":
+        count = tokens_per_seq.sum() if denominator is None else torch.tensor(float(denominator))
+        return masked.sum() / count.clamp_min(1.0).to(masked.device)
+    if agg == "seq-mean-token-sum":
+        per_seq = masked.sum(-1)  # [B]
+    elif agg == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / tokens_per_seq.clamp_min(1.0)  # [B]
+    else:
+        raise ValueError(
+            f"agg must be one of 'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean'; got {agg!r}"
+        )
+    num_seqs = (
+        (tokens_per_seq > 0).sum().to(masked.dtype)
+        if denominator is None
+        else torch.tensor(float(denominator))
+    )
+    return per_seq.sum() / num_seqs.clamp_min(1.0).to(masked.device)
+
+
+@dataclass
+class LossMetrics:
+    """Diagnostics of one `policy_loss` call. Token statistics are over action tokens only.
+
+    Clip fractions count tokens where the clip is *active* (its gradient is cut): `low` where
+    ratio < 1 - clip_low with a negative advantage, `high` where ratio > 1 + clip_high with a
+    positive one. With ratio="sequence" every token of a sequence carries that sequence's
+    ratio, so these are token-weighted sequence statistics.
+    """
+
+    loss: float  # total: policy term + kl_coef * kl term
+    pg_loss: float  # the clipped-surrogate term alone
+    clip_fraction_low: float
+    clip_fraction_high: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    approx_kl: float  # mean k3 estimate of KL(π_old || π_θ) from the PPO ratio: (r - 1) - log r
+    kl_ref: float  # mean k3 KL to the reference policy; 0.0 when no ref_logprobs
+    entropy: float | None  # mean token entropy; None when neither entropies nor logits were given
+    tis_weight_mean: float  # 1.0 when TIS is off
+    tis_clip_fraction: float  # fraction of action tokens whose TIS weight hit tis_cap
+    num_action_tokens: int
+    num_sequences: int  # sequences with at least one action token
+
+    def as_dict(self, prefix: str = "losses/") -> dict[str, float | int | None]:
+        return {prefix + k: v for k, v in asdict(self).items()}
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    agg: LossAggregation = "token-mean",
+    ratio: RatioLevel = "token",
+    *,
+    old_logprobs: Tensor | None = None,
+    tis_cap: float | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    logits: Tensor | None = None,
+    entropy: Tensor | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, LossMetrics]:
+    """Clipped surrogate loss for GRPO-family updates; returns (scalar loss to minimise, metrics).
+
+    Per action token (b, t), with the ratio ρ against the policy that anchors the trust region:
+
+        ρ_{b,t} = exp(logp_{b,t} - anchor_{b,t})             ratio="token"  (PPO / GRPO)
+        ρ_{b,t} = s_b · exp(logp_{b,t} - sg[logp_{b,t}])     ratio="sequence" (GSPO-token)
+        s_b     = exp( (1/|y_b|) Σ_t (logp_{b,t} - anchor_{b,t}) )
+        l_{b,t} = -min(ρ A_b, clip(ρ, 1 - clip_low, 1 + clip_high) A_b) · w_{b,t}
+        loss    = aggregate(l, agg) + kl_coef · aggregate(k3(logp, ref), agg)
+
+    - Clip-higher (DAPO): the ratio is clipped to [1 - clip_low, 1 + clip_high]; with
+      clip_high > clip_low low-probability tokens with positive advantage may grow further,
+      which slows entropy collapse.
+    - `ratio="sequence"` is GSPO in its GSPO-token form (paper eq. 13-14, verl's
+      `compute_policy_loss_gspo`): every token's ratio has the *value* s_b (so clipping is
+      decided per sequence), and the gradient is s_b·∇logp_{b,t}. Aggregated with
+      `seq-mean-token-mean`, which is what the GSPO paper uses, its gradient equals that of
+      the plain sequence objective (1/S) Σ_b min(s_b A_b, clip(s_b) A_b) exactly; the token
+      form is used because it also accepts [B, T] advantages and any aggregation.
+    - The anchor is `old_logprobs` when given (the trainer's own forward pass with the
+      weights that generated the batch, before this update: "decoupled" PPO), otherwise
+      `behavior_logprobs` (the rollout engine's log-probs).
+    - Truncated importance sampling (TIS, Yao et al. 2025): the rollout engine (vLLM, bf16,
+      other kernels) and the trainer do not assign identical probabilities to the same
+      tokens. With `old_logprobs` and `tis_cap` given, each token's loss is multiplied by the
+      detached weight w = min(exp(old - behavior), tis_cap) — token-level, capped above only,
+      applied to the policy term and not to the KL term, exactly as verl's
+      `tis_imp_ratio_cap` and SkyRL's token TIS. Without TIS, w = 1. verl and SkyRL use
+      caps of about 2 to 8.
+    - `advantages` is [B] (one per trajectory, broadcast over its action tokens) or [B, T].
+    - `denominator`: see `aggregate` (micro-batching and data parallel ranks).
+    - `entropy` ([B, T], each action token's entropy, as `agentrl.train.logprobs` computes it beside the
+      log-probs) or else `logits` ([B, T, V], token-position layout as in `agentrl.train.batch`) only
+      feed the entropy metric; no entropy bonus is added.
+
+    Degenerate inputs are defined: no action tokens anywhere gives loss 0 with a zero
+    gradient (not NaN); a one-token sequence's GSPO ratio is its token ratio; all-zero
+    advantages give loss 0 and gradient 0 (plus the KL term if any).
+    """
+    if logprobs.shape != loss_mask.shape or behavior_logprobs.shape != loss_mask.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, behavior_logprobs {tuple(behavior_logprobs.shape)} and "
+            f"loss_mask {tuple(loss_mask.shape)} must all be [B, T]"
+        )
+    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
+        raise ValueError(
+            f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, clip_high={clip_high}"
+        )
+    if ratio not in ("token", "sequence"):
+        raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
+    if tis_cap is not None and old_logprobs is None:
+        raise ValueError(
+            "tis_cap needs old_logprobs: TIS reweights by exp(old_logprobs - behavior_logprobs); pass the "
+            "trainer's log-probs from before the update, or set tis_cap=None"
+        )
+    if tis_cap is not None and tis_cap <= 0:
+        raise ValueError(f"tis_cap must be positive, got {tis_cap}")
+    if ref_logprobs is None and kl_coef != 0.0:
+        raise ValueError(
+            "kl_coef is non-zero but no ref_logprobs were given; pass the reference model's log-probs"
+        )
+
+    mask = loss_mask.bool()  # [B, T]
+    zeros = torch.zeros_like(logprobs)  # [B, T]
+    if advantages.dim() == 1:
+        advantages = broadcast_advantages(advantages.to(logprobs.dtype), loss_mask)  # [B, T]
+    elif advantages.shape != loss_mask.shape:
+        raise ValueError(
+            f"advantages must be [B] or [B, T] = {tuple(loss_mask.shape)}, got {tuple(advantages.shape)}"
+        )
+    advantages = advantages.detach()
+
+    anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
+    log_ratio = torch.where(mask, logprobs - anchor, zeros)  # [B, T]
+    if ratio == "token":
+        log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, T]
+    else:
+        tokens_per_seq = mask.sum(-1).clamp_min(1).to(logprobs.dtype)  # [B]
+        log_seq_ratio = log_ratio.sum(-1) / tokens_per_seq  # [B] log s_b
+        log_seq_ratio = log_seq_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B]
+        # Value s_b, gradient s_b·∇logp: the logp - sg[logp] term is 0 in value, 1 in derivative.
+        log_ratio = log_seq_ratio.unsqueeze(-1) + (log_ratio - log_ratio.detach())  # [B, T]
+    ratios = log_ratio.exp()  # [B, T]
+
+    surrogate = ratios * advantages  # [B, T]
+    clipped = ratios.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [B, T]
+    pg_per_token = -torch.minimum(surrogate, clipped)  # [B, T]
+
+    if tis_cap is not None:
+        assert old_logprobs is not None
+        tis_log = torch.where(mask, old_logprobs - behavior_logprobs, zeros).detach()  # [B, T]
+        tis_weights = tis_log.clamp(max=_MAX_LOG_RATIO).exp().clamp(max=tis_cap)  # [B, T]
+        pg_per_token = pg_per_token * tis_weights  # [B, T]
+    else:
+        tis_weights = torch.ones_like(logprobs)  # [B, T]
+
+    pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
+    loss = pg_loss
+    kl_per_token = None
+    if ref_logprobs is not None:
+        # Masked inputs (not only a masked sum): no padded garbage may reach exp() or its gradient.
+        kl_per_token = k3_kl(
+            torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros)
+        )  # [B, T]
+        loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
+
+    with torch.no_grad():
+        r = ratios.detach()  # [B, T]
+        on = mask.to(r.dtype)  # [B, T]
+        n = on.sum()
+        denom = n.clamp_min(1.0)
+
+        def token_mean(x: Tensor) -> Tensor:
+            return torch.where(mask, x, torch.zeros_like(x)).sum() / denom
+
+        big = torch.finfo(r.dtype).max
+        no_kl = torch.zeros((), dtype=r.dtype, device=r.device)
+        # One stacked tensor and one .tolist(): a single device sync for all the metrics.
+        stats = torch.stack(
+            [
+                loss.detach().to(r.dtype),
+                pg_loss.detach().to(r.dtype),
+                (on * ((r < 1.0 - clip_low) & (advantages < 0))).sum() / denom,
+                (on * ((r > 1.0 + clip_high) & (advantages > 0))).sum() / denom,
+                torch.where(n > 0, token_mean(r), 1.0),
+                torch.where(n > 0, torch.where(mask, r, big).min(), 1.0),
+                torch.where(n > 0, torch.where(mask, r, -big).max(), 1.0),
+                token_mean((r - 1.0) - log_ratio.detach()),  # k3 of the ratio; log r = log_ratio
+                token_mean(kl_per_token.detach()) if kl_per_token is not None else no_kl,
+                token_mean(entropy.detach().to(r.dtype))
+                if entropy is not None
+                else token_mean(token_entropy(logits).to(r.dtype))
+                if logits is not None
+                else no_kl,
+                torch.where(n > 0, token_mean(tis_weights), 1.0),
+                (on * (tis_weights >= tis_cap)).sum() / denom if tis_cap is not None else no_kl,
+                n,
+                (mask.sum(-1) > 0).sum().to(r.dtype),
+            ]
+        ).tolist()
+    metrics = LossMetrics(
+        loss=stats[0],
+        pg_loss=stats[1],
+        clip_fraction_low=stats[2],
+        clip_fraction_high=stats[3],
+        ratio_mean=stats[4],
+        ratio_min=stats[5],
+        ratio_max=stats[6],
+        approx_kl=stats[7],
+        kl_ref=stats[8],
+        entropy=stats[9] if entropy is not None or logits is not None else None,
+        tis_weight_mean=stats[10],
+        tis_clip_fraction=stats[11],
+        num_action_tokens=int(stats[12]),
+        num_sequences=int(stats[13]),
+    )
+    return loss, metrics

@@ -1,0 +1,174 @@
+"""No compute on padding: micro-batches by a token budget, and packed rows for the varlen attention.
+
+Trajectories of a GRPO batch range from a few hundred to many thousand tokens. Padding them in
+micro-batches of a fixed count pays for the longest one in every row; here a micro-batch is
+whatever fits a token budget instead:
+
+- `plan_micro_batches` shares a batch among the ranks (longest first, each to the rank with
+  the fewest tokens so far) and cuts each rank's share into micro-batches of at most
+  `max_tokens` tokens and `max_sequences` sequences. Padded, a micro-batch costs its length
+  bucket (count x longest; sequences of similar length go together); packed, it costs the sum
+  of its lengths. A sequence longer than the budget gets a micro-batch of its own. Every rank
+  gets the same number of micro-batches (FSDP's collectives must pair up): a rank with fewer
+  runs zero-loss fillers, two tokens long.
+- `packed_inputs` lays a micro-batch out as one row with position ids restarting per sequence
+  and the cumulative lengths that `agentrl.train.varlen`'s attention reads: no padding at all.
+
+The plan is a pure function of the batch, so every rank computes the same one with no
+communication, and the loss denominators (tokens or sequences of the whole step) are the same
+whatever the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.batch import Batch
+
+if TYPE_CHECKING:
+    from agentrl.train.config import PackingMode
+
+
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    """Every rank's micro-batches for one optimizer step (the same on every rank)."""
+
+    per_rank: list[list[list[Trajectory]]]  # [rank][micro-batch] -> trajectories (fillers included)
+
+    def for_rank(self, rank: int) -> list[list[Trajectory]]:
+        return self.per_rank[rank]
+
+    @property
+    def num_micro_batches(self) -> int:
+        return len(self.per_rank[0]) if self.per_rank else 0
+
+
+def micro_batch_cost(lengths: list[int], packed: bool) -> int:
+    """Tokens a micro-batch of these lengths runs through the model: the sum packed, count x longest padded."""
+    if not lengths:
+        return 0
+    return sum(lengths) if packed else len(lengths) * max(lengths)
+
+
+def filler(like: Trajectory) -> Trajectory:
+    """A two-token trajectory with an all-zero loss mask: it runs the forward and backward (so FSDP's
+    collectives pair up across ranks) and adds nothing to the loss or the gradient."""
+    ids = (like.token_ids * 2)[:2]
+    return replace(
+        like,
+        token_ids=ids,
+        loss_mask=[0, 0],
+        behavior_logprobs=[0.0, 0.0],
+        prompt_len=min(like.prompt_len, 2),
+        task_id=f"{like.task_id}#filler",
+        messages=[],
+    )
+
+
+def plan_micro_batches(
+    trajectories: list[Trajectory],
+    world_size: int,
+    *,
+    max_tokens: int | None = None,
+    max_sequences: int | None = None,
+    packed: bool = False,
+) -> MicroBatchPlan:
+    """Share `trajectories` among `world_size` ranks and cut each share into micro-batches.
+
+    `max_tokens` bounds a micro-batch's cost (`micro_batch_cost`); `max_sequences` its number of
+    sequences; None leaves that bound off (both None: one micro-batch per rank).
+    """
+    if not trajectories:
+        raise ValueError("plan_micro_batches got no trajectories")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if max_sequences is not None and max_sequences < 1:
+        raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+    # Longest first, ties by position in the batch: deterministic on every rank.
+    order = sorted(range(len(trajectories)), key=lambda i: (-len(trajectories[i].token_ids), i))
+    shares: list[list[Trajectory]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for i in order:
+        rank = min(range(world_size), key=lambda r: (loads[r], len(shares[r]), r))
+        shares[rank].append(trajectories[i])
+        loads[rank] += len(trajectories[i].token_ids)
+    per_rank = [_cut(share, max_tokens, max_sequences, packed) for share in shares]
+    n = max(len(m) for m in per_rank)
+    shortest = min(trajectories, key=lambda t: len(t.token_ids))
+    for micro in per_rank:
+        micro.extend([[filler(shortest)] for _ in range(n - len(micro))])
+    return MicroBatchPlan(per_rank)
+
+
+def _cut(
+    share: list[Trajectory], max_tokens: int | None, max_sequences: int | None, packed: bool
+) -> list[list[Trajectory]]:
+    """First-fit over the share in decreasing length: each sequence joins the first micro-batch it fits."""
+    bins: list[list[Trajectory]] = []
+    lengths: list[list[int]] = []
+    for t in share:  # already longest first
+        n = len(t.token_ids)
+        for b, lens in enumerate(lengths):
+            if max_sequences is not None and len(lens) >= max_sequences:
+                continue
+            if max_tokens is not None and micro_batch_cost([*lens, n], packed) > max_tokens:
+                continue
+            bins[b].append(t)
+            lens.append(n)
+            break
+        else:
+            bins.append([t])
+            lengths.append([n])
+    return bins
+
+
+def packed_inputs(batch: Batch) -> tuple[dict[str, Any], Tensor]:
+    """The sequences of `batch` as one row: (model inputs, offset of each sequence in the row [B]).
+
+    The inputs are `input_ids` [1, N] and `position_ids` [1, N] (restarting at 0 per sequence, so
+    RoPE sees each sequence as it would alone), plus `cu_seq_lens_q/k` [B + 1] int32 and
+    `max_length_q/k`, the keyword arguments transformers passes to the attention function
+    (`agentrl.train.varlen` reads them; flash-attention implementations read the same names).
+    """
+    lengths = batch.lengths.to(batch.input_ids.device)  # [B]
+    keep = batch.attention_mask.bool()  # [B, T] real tokens (right padding)
+    input_ids = batch.input_ids[keep].unsqueeze(0)  # [1, N]
+    t = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)  # [T]
+    position_ids = t.expand_as(batch.input_ids)[keep].unsqueeze(0)  # [1, N]
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # [B + 1]
+    longest = int(batch.lengths.max())
+    inputs = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+    return inputs, cu[:-1].long()
+
+
+def resolve_packing(setting: PackingMode, device: torch.device, bf16: bool) -> bool:
+    """`packing: auto|on|off` for a trainer on `device` computing in bf16 (or not).
+
+    auto packs, except on a GPU where the varlen flash kernel cannot run (fp32 compute, a torch
+    without `torch.nn.attention.varlen`): there the reference attention (one `sdpa` per sequence)
+    would lose to the batched kernels, and length-bucketed padding is the faster choice. On the
+    CPU the reference is the faster one (measured in benchmarks/RESULTS.md).
+    """
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"packing must be auto, on or off; got {setting!r}")
+    if setting != "auto":
+        return setting == "on"
+    if device.type != "cuda":
+        return True
+    from agentrl.train.varlen import kernel_available
+
+    return kernel_available(device, torch.bfloat16 if bf16 else torch.float32)

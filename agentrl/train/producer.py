@@ -1,0 +1,154 @@
+"""Rank 0's rollout producer: the vLLM policy and the environments turning curriculum draws into
+the next training batch.
+
+    producer = RolloutProducer(cfg, policy)
+    batch = producer.next_batch(curriculum)   # a RolloutBatch: groups, metrics, the state after it
+    ...
+    producer.stop(wait=True)
+
+Synchronous mode (`asynchronous.mode: sync`) builds the batch when asked. Asynchronous mode builds
+it in a background thread, one batch ahead at most: the thread may start the next batch only once
+the trainer has taken the last one, so a trajectory is at most one policy version behind when it is
+trained on (episodes that straddle a weight push are younger still). The curriculum is only ever
+touched by the thread building a batch, and each batch carries the curriculum's state right after
+it, so a checkpoint taken after training on it records exactly that.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.config import TrainConfig
+from agentrl.train.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
+
+
+@dataclass
+class RolloutBatch:
+    """A finished batch of groups and what a checkpoint taken right after it must record."""
+
+    result: DynamicBatchResult
+    metrics: dict[str, float]
+    curriculum_state: dict[str, Any]
+    rollout_calls: int
+
+
+@dataclass
+class RolloutProducer:
+    """Rank 0's side of training: the vLLM policy and the environments, turning task draws into groups
+    and groups into batches (see the module docstring)."""
+
+    cfg: TrainConfig
+    policy: Any
+    stats: dict[str, float] = field(default_factory=dict)
+    calls: int = 0
+    """Rollout calls so far: each seeds its episodes differently. Checkpointed, so a resumed run
+    samples what the uninterrupted one would have."""
+    on_trajectory: Any = None
+    _prefetch: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=1), init=False, repr=False)
+    _slot: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1), init=False, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _worker: threading.Thread | None = field(default=None, init=False, repr=False)
+
+    def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
+        from agentrl.rollout.loop import collect_sync
+
+        # A new seed per call: the rollout derives episode k's sampling seed from (seed, k, turn),
+        # so reusing one seed every step would replay the same random stream for every batch.
+        self.calls += 1
+        t0 = time.perf_counter()
+        trajs = collect_sync(
+            self.cfg.env,
+            [d.task for d in draws],
+            self.policy,
+            self.cfg.rollout,
+            seed=self.cfg.seed * 1_000_003 + self.calls,
+            env_kwargs=self.cfg.env_kwargs,
+            on_trajectory=self.on_trajectory,
+        )
+        self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
+        self.stats["rollout/drifted"] = self.stats.get("rollout/drifted", 0.0) + sum(
+            1 for t in trajs if t.drift is not None and t.drift.drifted
+        )
+        self.stats["rollout/env_errors"] = self.stats.get("rollout/env_errors", 0.0) + sum(
+            1 for t in trajs if t.finish_reason == "env_error"
+        )
+        self.stats["rollout/engine_errors"] = self.stats.get("rollout/engine_errors", 0.0) + sum(
+            1 for t in trajs if t.finish_reason == "engine_error"
+        )
+        if hasattr(self.policy, "engine_of"):  # several engines: how the groups spread over them
+            for t in {t.group_id: t for t in trajs}.values():
+                key = f"rollout/engine{self.policy.engine_of(t.group_id)}_groups"
+                self.stats[key] = self.stats.get(key, 0.0) + 1
+        return group_by_id(trajs)
+
+    def batch(self, curriculum: Curriculum) -> RolloutBatch:
+        """One dynamic-sampling batch, built now, its metrics, and the state right after it.
+
+        Metrics and state are taken here, in the thread that changed the curriculum, so the
+        async producer and the trainer never touch the curriculum at the same time.
+        """
+        self.stats = {}
+        result = build_batch(curriculum, self.groups)
+        metrics = {**batch_metrics(result, curriculum), **self.stats}
+        return RolloutBatch(result, metrics, curriculum.state_dict(), self.calls)
+
+    def next_batch(self, curriculum: Curriculum) -> RolloutBatch:
+        """The batch to train on next: built now (sync), or the one the background thread has built
+        (async; the thread then starts the following one, with the weights pushed meanwhile). A
+        failure in the thread is raised here, in the trainer's thread."""
+        if self.cfg.asynchronous.mode != "async":
+            return self.batch(curriculum)
+        if self._worker is None:
+            self._worker = threading.Thread(
+                target=self._produce, args=(curriculum,), daemon=True, name="rollout"
+            )
+            self._worker.start()
+        batch = self._prefetch.get()
+        if isinstance(batch, Exception):
+            raise batch
+        self._slot.release()  # the producer starts the next batch, with this update's weights
+        return batch
+
+    def stop(self, wait: bool = False) -> None:
+        """No further batch; with `wait`, the batch in flight finishes first (its groups are not
+        trained on: a resume generates them again)."""
+        self._stop.set()
+        if wait and self._worker is not None:
+            self._worker.join()
+
+    def _produce(self, curriculum: Curriculum) -> None:
+        while not self._stop.is_set():
+            if not self._slot.acquire(timeout=0.5):
+                continue
+            if self._stop.is_set():
+                break
+            try:
+                self._prefetch.put(self.batch(curriculum))
+            except Exception as exc:  # raised in the trainer's thread, which waits on the queue
+                if self._stop.is_set():
+                    return  # the run is ending (Ctrl-C, a stop): the engine closed under the batch
+                self._prefetch.put(exc)
+                return
+
+
+def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:
+    """What one batch says about the policy and the curriculum, for metrics.jsonl."""
+    # Rewards over every generated group (dropped zero-variance ones too): what the policy scored.
+    trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
+    m: dict[str, float] = {
+        k: float(v) for k, v in curriculum.metrics(result).as_dict().items() if isinstance(v, int | float)
+    }
+    if trajs:
+        m["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
+        m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)
+        m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
+    m["batch/groups"] = float(len(result.groups))
+    m["batch/all_pass_groups"] = float(result.all_pass_groups)
+    m["batch/all_fail_groups"] = float(result.all_fail_groups)
+    m["batch/untrainable_trajectories"] = float(result.untrainable_trajectories)
+    return m

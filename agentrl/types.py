@@ -1,0 +1,153 @@
+"""The types every stage shares, each defined once: messages, splits, how an episode ends, the step
+record, and the environment contract that `agentrl.make` returns.
+
+    env: AgentEnv = agentrl.make("agentrl/calc-v0")
+    obs, info = env.reset(seed=0)                  # obs: list[Message]
+    obs, reward, terminated, truncated, info = env.step(text)
+    env.episode                                    # the typed record: counts, finish reason, verdict
+
+Gymnasium's `info` dict stays what Gymnasium expects (a `dict`); its keys are declared here, by
+`StepInfo`, whose `as_dict()` the environment returns. agentrl's own stages never read `info`: they
+read `env.episode` (an `agentrl.episode.Episode`), the typed running record of the episode.
+
+This module imports nothing of agentrl at run time, so any module may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, runtime_checkable
+
+if TYPE_CHECKING:
+    from agentrl.episode import Episode
+    from agentrl.parsers import ToolCallParser
+    from agentrl.task import Task
+    from agentrl.tasksource import TaskSource
+    from agentrl.tools import ToolBox
+    from agentrl.verifiers import Verdict
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[Role, ...] = ("system", "user", "assistant", "tool")
+
+
+class Message(TypedDict):
+    """One chat message, as observations hold them and chat templates render them."""
+
+    role: Role
+    content: str
+    name: NotRequired[str]
+    """A tool message's tool (or `error` for a format error the environment reports)."""
+    tool_call_id: NotRequired[str]
+    """A tool message's answer to this call id (the parser's `ToolCall.id`)."""
+
+
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+
+FinishReason = Literal["submitted", "max_turns", "max_tokens", "timeout", "env_error", "engine_error"]
+"""How an episode ended: `submitted` (the agent called a terminal tool: `terminated`), `max_turns`
+(the environment's turn limit), `max_tokens` (the rollout's context budget), `timeout` (the rollout's
+wall-clock limit), `env_error` (the environment or its sandbox failed) or `engine_error` (the rollout
+engine serving it died, `agentrl.rollout.ray_policy`); all but `submitted` are `truncated`. `timeout`,
+`env_error` and `engine_error` episodes say nothing about the policy and are not trained on."""
+
+CallStatus = Literal["ran", "invalid_arguments", "unknown_tool", "not_run"]
+"""What became of one tool call: `ran` (the tool was invoked with valid arguments, whatever it then
+returned), `invalid_arguments` (refused by the tool's schema: nothing happened), `unknown_tool`, or
+`not_run` (past the per-step call limit or time budget, or after `submit` in the same message)."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one `step` reports: this step's tool calls, the episode's counts so far and, once the
+    episode is over, how it ended. `as_dict()` is Gymnasium's `info` (these field names as keys;
+    `verdict` and `error` only when set)."""
+
+    step_tool_calls: int = 0
+    """Tool calls this message dispatched (run, or refused for bad arguments or an unknown name)."""
+    step_tool_calls_not_run: int = 0
+    """Calls of this message past the per-step limit or time budget: not run, the model is told."""
+    step_tool_errors: int = 0
+    """Errors this step: format errors, tool errors, calls over the limit."""
+    step_tool_timeouts: int = 0
+    """Commands of this step killed at their timeout."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_calls_not_run: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    format_errors: int = 0
+    tools_used: dict[str, int] = field(default_factory=dict)
+    """Calls that ran, per tool, over the episode."""
+    finish_reason: FinishReason | None = None
+    """None while the episode runs."""
+    verdict: Verdict | None = None
+    """The verifier's verdict, on the step that ended the episode."""
+    error: str | None = None
+    """What went wrong, when the environment ended the episode (`env_error`)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Gymnasium's `info` dict."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("verdict", "error")}
+        if self.verdict is not None:
+            out["verdict"] = self.verdict
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+class Agent(Protocol):
+    """Maps the newest observation (the messages since its last turn) to its next message."""
+
+    def act(self, observation: list[Message]) -> str: ...
+
+
+@runtime_checkable
+class AgentEnv(Protocol):
+    """The environment contract the stages rely on (`agentrl.make` returns one; `ToolEnv` keeps it).
+
+    Gymnasium's `reset`/`step`/`close`, plus what rollout, evaluation and the checks read:
+    the episode's typed record (`episode`), its task (`task`), ending an episode from outside with a
+    verdict (`end_episode`: the rollout's token and wall-clock limits), the task supply (`tasks`),
+    the tools and the tool-call format. `options={"task": Task}` or `{"index": i}` picks the task.
+    """
+
+    env_id: str
+    max_turns: int
+    tasks: TaskSource
+    task: Task | None
+    """The current episode's task (None before the first reset)."""
+    episode: Episode | None
+    """The current episode's typed record (None before the first reset)."""
+    toolbox: ToolBox
+    parser: ToolCallParser
+    """The tool-call format: the system block that advertises the tools, rendering and parsing calls."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]: ...
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]: ...
+
+    def end_episode(self, reason: FinishReason, error: str | None = None) -> Verdict: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class OracleEnv(AgentEnv, Protocol):
+    """An environment that can solve its own tasks (optional part of the contract).
+
+    `oracle(task)` returns a fresh agent that solves `task` when played through
+    `reset(options={"task": task})` and `step`, its calls written in the env's format
+    (`env.parser.render_call`). `agentrl env check` (it must score 1), `check_verifier` (the
+    verifier must accept its solution) and demonstrations need it; `has_oracle(env)` says whether an
+    environment has one.
+    """
+
+    def oracle(self, task: Task) -> Agent: ...
+
+
+def has_oracle(env: Any) -> bool:
+    """Whether `env` offers the optional `oracle(task)` of the contract."""
+    return callable(getattr(env, "oracle", None))

@@ -1,0 +1,47 @@
+"""`agentrl demo --quick`: the real demo script end to end with tiny budgets, then a second run that reuses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_demo(out: Path) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "demo", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return proc, time.perf_counter() - t0
+
+
+@pytest.mark.docker
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_quick_demo_runs_every_stage_and_a_second_run_reuses_them(tmp_path):
+    out = tmp_path / "demo"
+    proc, first_s = run_demo(out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((out / "demo.json").read_text())
+    assert report["train"]["steps"] == 2
+    assert set(report["eval"]["before"]) == {"pass@1", "pass@2"} == set(report["eval"]["after"])
+    for png in (out / "training.png", out / "eval" / "pass_at_k.png", out / "eval" / "task_scatter.png"):
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    assert (out / "eval" / "report.md").read_text().startswith("# Evaluation")
+    assert "pass@1 change" in proc.stdout
+    # Second run: warm start, training and evaluation episodes are all reused.
+    proc2, second_s = run_demo(out)
+    assert proc2.returncode == 0, proc2.stderr[-4000:]
+    assert "reused" in proc2.stdout and "GRPO: reusing" in proc2.stdout
+    assert second_s < first_s

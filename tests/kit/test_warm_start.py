@@ -1,0 +1,87 @@
+"""The warm start end to end with a tiny recipe: built once, measured, reused, rebuilt when the recipe changes.
+
+The real recipe (1000+ demonstrations, minutes of SFT) is too slow for CI; its measurement is in
+`WarmStartRecipe`'s docstring. These tests run every stage on a budget of seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.kit.warm_start import RECORD_FILE, WarmStartRecipe, build_hash, warm_start
+
+# Both SFT stages on a few demonstrations; every other field at its default, so the CLI can name it.
+SMALL = WarmStartRecipe(short_demos=4, short_epochs=1, demos=8, epochs=1, batch_size=4, eval_tasks=4)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("ws") / "warm"
+    t0 = time.perf_counter()
+    result = warm_start(out, SMALL)
+    return out, result, time.perf_counter() - t0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_build_trains_measures_and_records(built):
+    out, result, _ = built
+    assert not result.reused and Path(result.path) == out
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "demos.jsonl", RECORD_FILE):
+        assert (out / name).is_file(), name
+    record = json.loads((out / RECORD_FILE).read_text())
+    assert record["hash"] == result.build_hash == build_hash(SMALL)
+    assert record["build"]["demos"]["passed"] == 8
+    assert [st["sft_steps"] for st in record["build"]["stages"]] == [1, 2]  # 4 then 8 demos, batches of 4
+    assert (out / "demos.jsonl").read_text().count("\n") == 8
+    assert record["build"]["sft_last_loss"] < record["build"]["sft_first_loss"]
+    m = record["measurement"]
+    assert (m["tasks"], m["samples"]) == (4, 1) and result.pass_at_1 == m["pass_at_1"]
+    assert 0.0 <= m["pass_at_1"] <= 1.0 and sum(m["finish_reasons"].values()) == 4
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_same_recipe_is_reused_without_training(built):
+    out, first, _ = built
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    t0 = time.perf_counter()
+    again = warm_start(out, SMALL)
+    assert time.perf_counter() - t0 < 5.0
+    assert again.reused and again.pass_at_1 == first.pass_at_1 and again.build_s == first.build_s
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    # The CLI finds the same cache (a measurement spec of 0 tasks skips measuring; no rebuild).
+    args = ["model", "warm-start", "--out", str(out), "--short-demos", "4", "--short-epochs", "1"]
+    args += ["--demos", "8", "--epochs", "1", "--batch-size", "4"]
+    result = CliRunner().invoke(app, [*args, "--eval-tasks", "0"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["reused"] and shown["build_hash"] == first.build_hash and shown["pass_at_1"] is None
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_changed_recipe_rebuilds_and_eval_only_change_does_not(built):
+    out, first, _ = built
+    changed = SMALL.model_copy(update={"lr": SMALL.lr / 2, "eval_tasks": 0})
+    rebuilt = warm_start(out, changed)
+    assert not rebuilt.reused and rebuilt.build_hash != first.build_hash
+    assert json.loads((out / RECORD_FILE).read_text())["recipe"]["lr"] == SMALL.lr / 2
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    # Only the measurement spec differs: the model is kept.
+    kept = warm_start(out, changed.model_copy(update={"eval_seed": 7}))
+    assert kept.reused and (out / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_refuses_a_directory_it_did_not_write(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a warm-start build"):
+        warm_start(tmp_path, SMALL)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -1,0 +1,160 @@
+"""Checkpoints and resuming `agentrl train`: Ctrl-C saves; the resumed run is the uninterrupted one, bit for bit.
+
+The real command, docker sandboxes and vLLM rollouts, with tiny budgets. `rollout.concurrency: 1`
+makes vLLM batch every request alone: with several requests in one batch its CPU kernels may round a
+log-prob differently (~1e-7) depending on which requests happen to share a step, which would make
+even two uninterrupted runs differ; everything agentrl itself controls is in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import UserError
+from agentrl.train.checkpoint import STATE_DIR, checkpoints, prepare_run_dir
+from agentrl.train.config import TrainConfig
+from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTRL = str(ROOT / ".venv/bin/agentrl")
+
+
+def train_cmd(cfg: Path, out: Path) -> list[str]:
+    return [AGENTRL, "train", str(cfg), f"out={out}"]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def rows(out: Path) -> list[dict]:
+    """Every metric of every step but the wall-clock times."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if not k.startswith("time/")} for x in lines]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.docker
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_resume_after_ctrl_c_reproduces_the_uninterrupted_run_exactly(tiny_model_dir, tmp_path):  # noqa: F811
+    cfg = tmp_path / "coin.yaml"
+    cfg.write_text(
+        f"env: tests.coin_env:test/CoinBox-v0\nmodel: {tiny_model_dir}\nsteps: 3\nseed: 3\n"
+        "rollout: {group_size: 4, max_tokens_per_turn: 12, max_total_tokens: 1024, concurrency: 1}\n"
+        "curriculum: {batch_groups: 2}\noptim: {lr: 1.0e-3, micro_batch_size: 4}\n"
+    )
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = subprocess.run(
+        train_cmd(cfg, whole), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    proc = subprocess.Popen(
+        train_cmd(cfg, cut), cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 600
+    while not ((cut / "metrics.jsonl").exists() and len(rows(cut)) >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C while step 2's episodes are being generated
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    said = [line for line in stderr.splitlines() if "interrupted at step" in line]
+    assert said and f"interrupted at step 2/3: saved {cut}/checkpoint-1 (step 1 done" in said[0], stderr[
+        -3000:
+    ]
+    assert f"Continue with the same command: agentrl train {cfg} out={cut}" in said[0]
+    assert "Traceback" not in stderr
+    assert (cut / "checkpoint-1" / STATE_DIR / "state.json").exists()
+
+    resumed = subprocess.run(
+        train_cmd(cfg, cut), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming checkpoint-1" in resumed.stderr
+    assert [r["step"] for r in rows(cut)] == [1, 2, 3]
+    assert rows(cut) == rows(whole)  # rewards, losses, gradient norms, curriculum, policy versions
+    assert sha(cut / "final" / "model.safetensors") == sha(whole / "final" / "model.safetensors")
+    # The trained steps actually changed the policy (the comparison is not between two copies of the start).
+    assert any("losses/policy_loss" in r for r in rows(whole))
+    assert sha(whole / "final" / "model.safetensors") != sha(tiny_model_dir / "model.safetensors")
+
+
+# --- the run directory: resume, refuse a changed config, --force ---------------------------------------
+
+
+def fake_run(out: Path, cfg: TrainConfig, step: int) -> None:
+    """What a run that saved checkpoint-<step> leaves behind (enough for prepare_run_dir)."""
+    ck = out / f"checkpoint-{step}"
+    (ck / STATE_DIR).mkdir(parents=True)
+    (ck / "model.safetensors").write_bytes(b"weights")
+    (ck / STATE_DIR / "state.json").write_text(json.dumps({"step": step}))
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s + 1}) + "\n" for s in range(step)))
+
+
+def test_a_changed_config_is_refused_with_the_changes_listed(tmp_path):
+    cfg = TrainConfig(model="m", out=str(tmp_path), steps=4)
+    fake_run(tmp_path, cfg, 2)
+    changed = cfg.model_copy(update={"seed": 7, "optim": cfg.optim.model_copy(update={"lr": 3e-4})})
+    with pytest.raises(UserError, match=r"at step 2 trained with another config: optim.lr: 1e-05 -> 0.0003; seed: 0 -> 7\. "
+                       r"Resume it with the same config, train into another out=, or pass --force"):  # fmt: skip
+        prepare_run_dir(changed)
+    before = (tmp_path / "config.json").read_text()
+    assert "resuming" in prepare_run_dir(cfg.model_copy(update={"steps": 8}))  # more steps: the same run
+    assert json.loads((tmp_path / "config.json").read_text())["steps"] == 8
+    assert (tmp_path / "config.step-2.json").read_text() == before  # never overwritten silently
+    note = prepare_run_dir(changed, force=True)
+    assert "under the changed config" in note and "config.step-2.json" in note
+    assert json.loads((tmp_path / "config.json").read_text())["seed"] == 7
+
+
+def test_resume_off_with_a_run_there_is_refused_unless_forced(tmp_path):
+    cfg = TrainConfig(model="m", out=str(tmp_path), steps=4)
+    fake_run(tmp_path, cfg, 2)
+    fresh = cfg.model_copy(update={"resume": False})
+    with pytest.raises(
+        UserError, match=r"already holds a training run \(checkpoint at step 2\) and resume is off"
+    ):
+        prepare_run_dir(fresh)
+    assert "starting a new run" in prepare_run_dir(fresh, force=True)
+    assert checkpoints(tmp_path) == [] and not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_checkpoints_are_huggingface_directories_and_only_the_last_ones_are_kept(tiny_model_dir, tmp_path):  # noqa: F811
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl.errors import check_model_dir
+    from agentrl.rollout.trajectory import save_trajectories
+    from tests.train.test_trainer import grpo_batch, run
+
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    save_trajectories(tmp_path / "batch.jsonl", grpo_batch(vocab))
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), replay=str(tmp_path / "batch.jsonl"), out=str(tmp_path / "run"), steps=4,
+        checkpoint_every=1, keep_last=2, optim={"lr": 1e-3, "micro_batch_size": 4},
+    )  # fmt: skip
+    run(cfg, 1)
+    out = tmp_path / "run"
+    assert [s for s, _ in checkpoints(out)] == [3, 4]
+    assert not (out / "checkpoint-3" / STATE_DIR).exists() and (out / "checkpoint-4" / STATE_DIR).exists()
+    for path in (out / "checkpoint-3", out / "final"):
+        check_model_dir(path)  # what `agentrl eval --model` accepts
+        model = AutoModelForCausalLM.from_pretrained(path)
+        assert (
+            AutoTokenizer.from_pretrained(path).pad_token_id is not None and model.config.vocab_size == vocab
+        )
+    assert sha(out / "checkpoint-4" / "model.safetensors") == sha(out / "final" / "model.safetensors")

@@ -1,0 +1,261 @@
+"""The trainer and the transformers policy on a CUDA GPU (`gpu` tests: they skip where there is none).
+
+Run where the project is installed without network (../shared/gpu/README.md):
+`PYTHONPATH=/tmp/site python3 -P -m pytest -m "gpu and not vllm" tests -x -q`. None of these needs
+vLLM or Docker, except the two at the end, which also need vLLM's CUDA build (`-m "gpu and vllm"`).
+
+Tolerances in bf16: 8 mantissa bits give a relative rounding of 2^-9 per operation, so a log-prob
+of about -8 nats computed through a few layers in bf16 is expected within a few hundredths of the
+fp32 value; the checks below say which comparison each bound is for.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.batch import collate, sequence_logprobs
+from agentrl.train.config import TrainConfig
+from agentrl.train.logprobs import action_logprobs
+from tests.fixtures_dist import assert_same_gradients, one_rank_group  # noqa: F401
+from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda")
+
+
+def batch_of(vocab: int, n: int = 8, seed: int = 0, lo: int = 40, hi: int = 300) -> list[Trajectory]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(lo, hi)
+        mask = [0] * 16 + [1 if (j // 24) % 2 == 0 else 0 for j in range(length - 16)]
+        out.append(
+            Trajectory(
+                task_id=f"t{i}",
+                group_id=f"g{i // 4}",
+                token_ids=[rng.randrange(vocab) for _ in range(length)],
+                loss_mask=mask,
+                behavior_logprobs=[-7.8 if m else 0.0 for m in mask],
+                prompt_len=16,
+                reward=float(i % 2),
+                passed=bool(i % 2),
+                finish_reason="submitted",
+                policy_version=0,
+            )
+        )
+    return out
+
+
+def load(model_dir: Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(CUDA)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def step(model_dir: Path, info, trajs, **optim):
+    """One grpo_step on CUDA (FSDP2 on NCCL, bf16 compute with fp32 master weights); (grads, metrics)."""
+    from tests.fixtures_dist import grpo_step_gradients
+
+    cfg = TrainConfig(model=str(model_dir), optim={"grad_clip": 1e9, "bf16": True, **optim})
+    return grpo_step_gradients(model_dir, info, cfg, trajs)
+
+
+def test_varlen_kernel_matches_causal_attention_per_sequence() -> None:
+    from agentrl.train.varlen import _flash_varlen, _reference_varlen, kernel_available
+
+    assert kernel_available(CUDA, torch.bfloat16), "torch's varlen flash attention should run on this GPU"
+    torch.manual_seed(0)
+    lengths = [512, 1536, 7, 900]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=CUDA)
+    n = sum(lengths)
+    q = torch.randn(n, 12, 128, device=CUDA, dtype=torch.bfloat16)
+    k = torch.randn(n, 2, 128, device=CUDA, dtype=torch.bfloat16)  # GQA, as Qwen2.5-1.5B
+    v = torch.randn(n, 2, 128, device=CUDA, dtype=torch.bfloat16)
+    fast = _flash_varlen(q, k, v, cu, max(lengths), 128**-0.5)
+    ref = _reference_varlen(q.float(), k.float(), v.float(), cu, 128**-0.5)
+    # Attention outputs are averages of values of size ~1: bf16 rounding leaves ~1e-2 at most.
+    assert (fast.float() - ref).abs().max().item() < 2e-2
+
+
+def test_packed_and_padded_logprobs_agree_in_bf16(tiny_model_dir) -> None:  # noqa: F811
+    model = load(tiny_model_dir, torch.bfloat16)
+    batch = collate(batch_of(model.config.vocab_size), pad_id=0).to(CUDA)
+    with torch.no_grad():
+        padded = action_logprobs(model, batch, packed=False).logprobs
+        packed = action_logprobs(model, batch, packed=True).logprobs  # the varlen kernel
+    mask = batch.loss_mask.bool()
+    # Two bf16 attention kernels over the same inputs: differences of bf16 rounding only.
+    assert (padded - packed)[mask].abs().max().item() < 0.05
+    assert (padded - packed)[mask].abs().mean().item() < 5e-3
+
+
+def test_bf16_logprobs_are_as_accurate_as_bf16_logits_against_fp32(tiny_model_dir) -> None:  # noqa: F811
+    fp32 = load(tiny_model_dir)
+    bf16 = load(tiny_model_dir, torch.bfloat16)
+    batch = collate(batch_of(fp32.config.vocab_size), pad_id=0).to(CUDA)
+    mask = batch.loss_mask.bool()
+    with torch.no_grad():
+        exact = sequence_logprobs(
+            fp32(batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+        )
+        lean = action_logprobs(bf16, batch, packed=False).logprobs  # the same attention as `usual`
+        usual = sequence_logprobs(
+            bf16(batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids
+        )  # bf16 logits, fp32 log-softmax: what a plain trainer computes
+    err_lean = (lean - exact)[mask].abs()
+    err_usual = (usual - exact)[mask].abs()
+    assert err_lean.mean().item() < 0.05 and err_lean.max().item() < 0.5
+    # Same backbone, same attention: only the head differs, and ours writes fp32 logits: never worse
+    # than rounding them to bf16 first.
+    assert err_lean.mean().item() <= err_usual.mean().item() * 1.05 + 1e-4
+
+
+def test_training_step_on_the_gpu_packed_and_padded(tiny_model_dir, one_rank_group) -> None:  # noqa: F811
+    assert one_rank_group.device.type == "cuda" and one_rank_group.backend == "nccl"
+    trajs = batch_of(2543)
+    packed, m_packed = step(
+        tiny_model_dir, one_rank_group, trajs, packing="on", max_tokens_per_micro_batch=1024
+    )
+    padded, m_padded = step(
+        tiny_model_dir, one_rank_group, trajs, packing="off", max_tokens_per_micro_batch=1024
+    )
+    for m in (m_packed, m_padded):
+        assert torch.isfinite(torch.tensor(m["losses/policy_loss"])) and m["losses/grad_norm"] > 0
+        assert m["batch/action_tokens"] == sum(sum(t.loss_mask) for t in trajs)
+    assert m_packed["losses/policy_loss"] == pytest.approx(m_padded["losses/policy_loss"], rel=2e-2, abs=1e-4)
+    # Two bf16 attention kernels (varlen flash, masked sdpa): rounding differences, not O(1) ones.
+    assert_same_gradients(padded, packed, rel=0.1)
+
+
+def test_activation_checkpointing_on_the_gpu_gives_the_same_gradients(tiny_model_dir, one_rank_group) -> None:  # noqa: F811
+    trajs = batch_of(2543)
+    off, m_off = step(tiny_model_dir, one_rank_group, trajs, activation_checkpointing=False)
+    on, m_on = step(tiny_model_dir, one_rank_group, trajs, activation_checkpointing=True)
+    assert m_on["losses/policy_loss"] == pytest.approx(m_off["losses/policy_loss"], rel=1e-3, abs=1e-5)
+    # The recomputed forward runs the same kernels on the same inputs; flash attention's backward
+    # accumulates in a run-dependent order, hence not bitwise.
+    assert_same_gradients(off, on, rel=2e-2)
+
+
+def test_transformers_policy_samples_on_the_gpu(tiny_model_dir) -> None:  # noqa: F811
+    from agentrl.rollout.policy import HFPolicy, SamplingConfig, score_logprobs
+
+    gpu = HFPolicy(tiny_model_dir)  # a directory loads onto CUDA when there is one
+    cpu = HFPolicy(tiny_model_dir, device="cpu")
+    assert next(gpu.model.parameters()).device.type == "cuda"
+    prompt = [5, 6, 7, 8, 9, 10]
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+    a, b = gpu.generate_sync(prompt, greedy), cpu.generate_sync(prompt, greedy)
+    assert a.token_ids == b.token_ids
+    assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
+    seeded = SamplingConfig(temperature=1.0, max_tokens=8, seed=3)
+    assert gpu.generate_sync(prompt, seeded).token_ids == gpu.generate_sync(prompt, seeded).token_ids
+    scored = score_logprobs(gpu.model, prompt + a.token_ids)[len(prompt) :]
+    assert max(abs(x - y) for x, y in zip(scored, a.logprobs, strict=True)) < 1e-3
+
+
+def test_defaults_fit_8k_token_trajectories(tiny_model_dir, one_rank_group) -> None:  # noqa: F811
+    """The defaults with 8,192-token trajectories: one sequence per micro-batch, no out-of-memory."""
+    trajs = batch_of(2543, n=2, lo=8192, hi=8192)
+    _, m = step(tiny_model_dir, one_rank_group, trajs)
+    assert m["batch/action_tokens"] == sum(sum(t.loss_mask) for t in trajs)
+
+
+# --- GPU weight transfer (needs vLLM's CUDA build as well) ---------------------------------------------
+
+
+def bf16_rounded(model_dir: Path):
+    """The fp32 model whose weights went through bf16: what the engine holds after a bf16 push."""
+    model = load(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_colocated_engine_sleeps_and_takes_weights_by_cuda_ipc(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    tmp_path,
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.placement import plan_placement
+    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
+    from agentrl.train.weight_sync import WeightSync
+
+    other = init_tiny(tmp_path / "seed1", seed=1)
+    placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
+    assert placement.colocated and placement.sleep and placement.transport == "ipc"
+    with _without_torchrun_env():  # the engine's processes must not join this test's process group
+        policy = VLLMPolicy(
+            tiny_model_dir, dtype="float32", max_model_len=512, **engine_placement_kwargs(placement)
+        )
+    try:
+        trainer = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32).to(CUDA)
+        shard_model(trainer, bf16=True)
+        sync = WeightSync(placement, policy, trainer, one_rank_group)
+        sync.before_update()
+        assert policy.sleeping
+        assert sync.after_update() == 1 and not policy.sleeping
+        greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+        import asyncio
+
+        gen = asyncio.run(policy.generate([5, 6, 7, 8], greedy))
+        # Weights travelled in bf16: the engine now runs the other model, its weights rounded to bf16.
+        ref = HFPolicy(bf16_rounded(other)).generate_sync([5, 6, 7, 8], greedy)
+        assert gen.token_ids[:4] == ref.token_ids[:4]
+        sync.close()
+    finally:
+        policy.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_dedicated_engine_takes_weights_over_nccl(tiny_model_dir, one_rank_group, tmp_path) -> None:  # noqa: F811
+    if torch.cuda.device_count() < 2:
+        pytest.skip("a dedicated engine needs a second GPU")
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.placement import plan_placement
+    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
+    from agentrl.train.weight_sync import WeightSync
+
+    other = init_tiny(tmp_path / "seed1", seed=1)
+    placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, devices=[1])
+    assert not placement.colocated and placement.transport == "nccl"
+    with _without_torchrun_env():  # the engine's processes must not join this test's process group
+        policy = VLLMPolicy(
+            tiny_model_dir, dtype="float32", max_model_len=512, **engine_placement_kwargs(placement)
+        )
+    try:
+        trainer = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32).to(CUDA)
+        shard_model(trainer, bf16=True)
+        sync = WeightSync(placement, policy, trainer, one_rank_group)
+        assert sync.after_update() == 1
+        assert sync.after_update() == 2  # the NCCL group is set up once and reused
+        greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+        import asyncio
+
+        gen = asyncio.run(policy.generate([5, 6, 7, 8], greedy))
+        ref = HFPolicy(bf16_rounded(other)).generate_sync([5, 6, 7, 8], greedy)
+        assert gen.token_ids[:4] == ref.token_ids[:4]
+        sync.close()
+    finally:
+        policy.close()

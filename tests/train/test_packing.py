@@ -1,0 +1,165 @@
+"""Micro-batches by token budget: the plan (hand-computed), and the padded batch's loss and gradients
+through the real `grpo_step`, padded by length bucket or packed, for every loss aggregation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.batch import collate
+from agentrl.train.config import TrainConfig
+from agentrl.train.packing import micro_batch_cost, packed_inputs, plan_micro_batches, resolve_packing
+from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
+from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+
+
+def traj(n: int, tag: str = "", vocab: int = 50, reward: float = 0.0, group: str = "g") -> Trajectory:
+    rng = random.Random(n * 7919 + len(tag))
+    mask = [0] * min(4, n - 1) + [1 if (j // 3) % 2 == 0 else 0 for j in range(n - min(4, n - 1))]
+    return Trajectory(
+        task_id=f"{tag}{n}",
+        group_id=group,
+        token_ids=[rng.randrange(vocab) for _ in range(n)],
+        loss_mask=mask,
+        behavior_logprobs=[-7.8 if m else 0.0 for m in mask],
+        prompt_len=4,
+        reward=reward,
+        passed=reward > 0,
+        finish_reason="submitted",
+        policy_version=0,
+    )
+
+
+def lengths(plan_rank: list[list[Trajectory]]) -> list[list[int]]:
+    return [[len(t.token_ids) for t in mb] for mb in plan_rank]
+
+
+def test_cost_is_count_times_longest_padded_and_the_sum_packed() -> None:
+    assert micro_batch_cost([10, 6, 6], packed=False) == 30
+    assert micro_batch_cost([10, 6, 6], packed=True) == 22
+    assert micro_batch_cost([], packed=True) == 0
+
+
+def test_padded_plan_buckets_by_length_under_the_budget() -> None:
+    batch = [traj(n) for n in (6, 10, 6, 6)]
+    plan = plan_micro_batches(batch, 1, max_tokens=24, packed=False)
+    # Longest first: [10, 6] costs 2 x 10 = 20; a third would cost 30 > 24; the other two 6s go together.
+    assert lengths(plan.for_rank(0)) == [[10, 6], [6, 6]]
+
+
+def test_packed_plan_fills_the_budget_with_the_sum_of_lengths() -> None:
+    batch = [traj(n) for n in (6, 10, 6, 6)]
+    plan = plan_micro_batches(batch, 1, max_tokens=24, packed=True)
+    assert lengths(plan.for_rank(0)) == [[10, 6, 6], [6]]  # 22 <= 24, then 28 > 24
+
+
+def test_a_sequence_longer_than_the_budget_runs_alone_and_the_count_cap_holds() -> None:
+    batch = [traj(n) for n in (40, 5, 5, 5)]
+    assert lengths(plan_micro_batches(batch, 1, max_tokens=16, packed=True).for_rank(0)) == [[40], [5, 5, 5]]
+    assert lengths(plan_micro_batches(batch, 1, max_sequences=2).for_rank(0)) == [[40, 5], [5, 5]]
+    assert lengths(plan_micro_batches(batch, 1).for_rank(0)) == [[40, 5, 5, 5]]
+
+
+def test_ranks_get_balanced_shares_and_the_same_number_of_micro_batches() -> None:
+    batch = [traj(n, tag=str(i)) for i, n in enumerate((30, 28, 9, 8, 7))]
+    plan = plan_micro_batches(batch, 2, max_tokens=32, packed=True)
+    # Longest first, each to the rank with fewer tokens: r0 30, r1 28, r1 9 (37), r0 8 (38), r1 7 (44).
+    assert lengths(plan.for_rank(0)) == [[30], [8]]
+    assert lengths(plan.for_rank(1)) == [[28], [9, 7]]  # 28 + 9 > 32
+
+
+def test_a_rank_with_fewer_micro_batches_runs_a_two_token_zero_loss_filler() -> None:
+    batch = [traj(n, tag=str(i)) for i, n in enumerate((30, 29, 5))]
+    plan = plan_micro_batches(batch, 2, max_tokens=32, packed=True)
+    assert lengths(plan.for_rank(1)) == [[29], [5]]  # 29 + 5 > 32
+    assert lengths(plan.for_rank(0)) == [[30], [2]]
+    (fill,) = plan.for_rank(0)[1]
+    assert fill.loss_mask == [0, 0] and fill.behavior_logprobs == [0.0, 0.0]
+
+
+def test_every_trajectory_is_trained_exactly_once_and_fillers_carry_no_loss() -> None:
+    rng = random.Random(3)
+    batch = [traj(rng.randint(5, 80), tag=str(i)) for i in range(13)]
+    for world in (1, 2, 3):
+        for packed in (False, True):
+            plan = plan_micro_batches(batch, world, max_tokens=100, max_sequences=4, packed=packed)
+            assert len({len(plan.for_rank(r)) for r in range(world)}) == 1
+            real = [t for r in range(world) for mb in plan.for_rank(r) for t in mb if any(t.loss_mask)]
+            assert sorted(id(t) for t in real) == sorted(id(t) for t in batch)
+            for r in range(world):
+                for mb in plan.for_rank(r):
+                    assert len(mb) <= 4
+                    assert len(mb) == 1 or micro_batch_cost([len(t.token_ids) for t in mb], packed) <= 100
+                    for t in mb:
+                        if not any(t.loss_mask):
+                            assert len(t.token_ids) == 2 and t.task_id.endswith("#filler")
+
+
+def test_the_plan_rejects_bad_budgets() -> None:
+    with pytest.raises(ValueError, match="no trajectories"):
+        plan_micro_batches([], 1)
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        plan_micro_batches([traj(5)], 1, max_tokens=0)
+
+
+def test_packed_inputs_restart_positions_and_cumulate_lengths() -> None:
+    batch = collate([traj(3), traj(5), traj(2)], pad_id=0)
+    inputs, offsets = packed_inputs(batch)
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 0, 1]]
+    assert inputs["cu_seq_lens_q"].tolist() == [0, 3, 8, 10] and inputs["cu_seq_lens_q"].dtype == torch.int32
+    assert inputs["max_length_q"] == 5 and offsets.tolist() == [0, 3, 8]
+    assert inputs["input_ids"][0, 3:8].tolist() == batch.input_ids[1, :5].tolist()
+
+
+def test_packing_auto_packs_except_on_a_gpu_without_the_varlen_kernel() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_packing("auto", cpu, bf16=False) is True
+    # fp32 on a GPU: no flash kernel for it, so length-bucketed padding (whatever this machine has).
+    assert resolve_packing("auto", torch.device("cuda"), bf16=False) is False
+    assert resolve_packing("on", cpu, bf16=False) is True and resolve_packing("off", cpu, bf16=True) is False
+    with pytest.raises(ValueError, match="auto, on or off"):
+        resolve_packing("yes", cpu, bf16=False)
+
+
+# --- the trainer's step: equal losses and gradients -----------------------------------------------
+
+
+def grpo_batch(vocab: int) -> list[Trajectory]:
+    rng = random.Random(5)
+    out = []
+    for g in range(2):
+        for i in range(4):
+            t = traj(rng.randint(12, 40), tag=f"{g}.{i}.", vocab=vocab, reward=float(i % 2), group=f"g{g}")
+            out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_token_budget_and_packed_micro_batches_give_the_padded_loss_and_gradients(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    agg: str,
+) -> None:
+    vocab = 2543
+    trajs = grpo_batch(vocab)
+    base = dict(model=str(tiny_model_dir), loss={"agg": agg}, optim={"grad_clip": 1e9})
+
+    def cfg(**optim) -> TrainConfig:
+        return TrainConfig(**{**base, "optim": {**base["optim"], **optim}})
+
+    ref, ref_m = grpo_step_gradients(
+        tiny_model_dir, one_rank_group, cfg(max_tokens_per_micro_batch=None, packing="off"), trajs
+    )
+    for variant in (
+        {"max_tokens_per_micro_batch": 60, "packing": "off"},  # several length buckets, padded
+        {"max_tokens_per_micro_batch": 80, "packing": "on"},  # packed rows through the varlen attention
+        {"max_tokens_per_micro_batch": None, "micro_batch_size": 3, "packing": "on"},
+    ):
+        grads, m = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg(**variant), trajs)
+        assert m["losses/policy_loss"] == pytest.approx(ref_m["losses/policy_loss"], rel=1e-5, abs=1e-8)
+        assert m["batch/action_tokens"] == ref_m["batch/action_tokens"]
+        assert m["losses/entropy"] == pytest.approx(ref_m["losses/entropy"], rel=1e-5)
+        assert_same_gradients(ref, grads)

@@ -1,0 +1,119 @@
+"""Placement of trainer ranks and the vLLM engine on GPUs: decisions and the errors that say what to change."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.errors import UserError, check_nproc
+from agentrl.train.placement import Placement, PlacementError, physical_devices, plan_placement
+
+
+def test_cpu_machine_uses_the_rpc_path_and_never_sleeps() -> None:
+    p = plan_placement(gpus=0, nproc=2)
+    assert p == Placement((), (), colocated=False, sleep=False, transport="rpc", gpu_memory_utilization=None)
+    assert not p.on_gpu
+
+
+def test_default_on_one_gpu_is_colocated_with_sleep_and_ipc() -> None:
+    p = plan_placement(gpus=1, nproc=1)
+    assert (p.trainer_gpus, p.engine_gpus, p.colocated, p.sleep, p.transport) == (
+        (0,),
+        (0,),
+        True,
+        True,
+        "ipc",
+    )
+    assert p.gpu_memory_utilization == 0.4
+
+
+def test_free_gpus_make_a_dedicated_engine_over_nccl() -> None:
+    p = plan_placement(gpus=4, nproc=2, devices=[2, 3])
+    assert (p.trainer_gpus, p.engine_gpus, p.colocated, p.sleep, p.transport) == (
+        (0, 1),
+        (2, 3),
+        False,
+        False,
+        "nccl",
+    )
+    assert p.gpu_memory_utilization == 0.9
+
+
+def test_asynchronous_mode_keeps_a_colocated_engine_awake() -> None:
+    # The engine generates the next batch during the update, so it cannot sleep through it.
+    assert plan_placement(gpus=1, nproc=1, asynchronous=True).sleep is False
+    assert plan_placement(gpus=1, nproc=1, sleep=False).sleep is False
+
+
+def test_the_users_memory_share_is_kept() -> None:
+    assert (
+        plan_placement(gpus=2, nproc=1, devices=[1], gpu_memory_utilization=0.7).gpu_memory_utilization == 0.7
+    )
+
+
+def test_nproc_beyond_the_visible_gpus_is_one_clear_line() -> None:
+    with pytest.raises(UserError) as err:
+        check_nproc(2, gpus=1)
+    message = str(err.value)
+    assert "\n" not in message
+    assert (
+        "--nproc 2 needs 2 GPUs" in message
+        and "use --nproc 1" in message
+        and "CUDA_VISIBLE_DEVICES=" in message
+    )
+    check_nproc(2, gpus=0)  # CPU: any number of gloo ranks
+    check_nproc(2, gpus=2)
+
+
+@pytest.mark.parametrize(
+    ("devices", "match"),
+    [
+        ([], "empty"),
+        ([2], r"\[2\] not among the 2 visible"),
+        ([1, 1], "repeats a GPU"),
+        ([0, 1], "mixes trainer GPUs"),
+    ],
+)
+def test_bad_engine_devices_are_refused(devices: list[int], match: str) -> None:
+    with pytest.raises(PlacementError, match=match):
+        plan_placement(gpus=2, nproc=1, devices=devices)
+
+
+def test_engine_devices_on_a_cpu_machine_are_refused() -> None:
+    with pytest.raises(PlacementError, match="no.*visible|none is visible"):
+        plan_placement(gpus=0, nproc=1, devices=[0])
+
+
+def test_engine_devices_map_through_the_parents_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert physical_devices((1, 2)) == "1,2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    assert physical_devices((1, 2)) == "6,7"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaa,GPU-bbb")
+    assert physical_devices((1,)) == "GPU-bbb"
+
+
+def test_launch_refuses_nproc_before_starting_anything(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """`agentrl train --nproc 2` on a one-GPU machine: the placement error, not a torchrun crash."""
+    import agentrl.train.trainer as train_mod
+    from agentrl.train.config import TrainConfig
+
+    monkeypatch.setattr(train_mod, "visible_gpus", lambda: 1)
+    started = []
+    monkeypatch.setattr(train_mod, "run_ranks", lambda *a, **k: started.append(a))
+    with pytest.raises(UserError, match="--nproc 2 needs 2 GPUs"):
+        train_mod.launch(TrainConfig(model=str(tmp_path), out=str(tmp_path / "run")), nproc=2)
+    assert started == []
+
+
+def test_cli_train_says_what_to_change_in_one_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    import agentrl.train.trainer as train_mod
+    from agentrl.cli import app
+
+    monkeypatch.setattr(train_mod, "visible_gpus", lambda: 1)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: {tmp_path}\nout: {tmp_path / 'run'}\n")
+    result = CliRunner().invoke(app, ["train", str(config), "--nproc", "2"])
+    assert result.exit_code == 2  # a usage error, not a traceback from inside torchrun
+    assert "--nproc 2 needs 2 GPUs" in result.output and "Traceback" not in result.output

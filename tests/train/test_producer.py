@@ -1,0 +1,54 @@
+"""The rollout producer's scheduling: synchronous batches are built when asked; asynchronous ones one
+ahead at most, in order, with a failure raised in the caller's thread. `batch()` itself (episodes
+through vLLM and the environments) is covered end to end by tests/train/test_trainer.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentrl.train.config import TrainConfig
+from agentrl.train.producer import RolloutProducer
+
+
+class Counting(RolloutProducer):
+    """Numbers its batches instead of playing episodes; records how many were started."""
+
+    def __init__(self, mode: str, fail_at: int | None = None):
+        super().__init__(TrainConfig(model="m", asynchronous={"mode": mode}), policy=None)
+        self.started = 0
+        self.fail_at = fail_at
+
+    def batch(self, curriculum):  # type: ignore[override]
+        self.started += 1
+        if self.started == self.fail_at:
+            raise RuntimeError(f"batch {self.started} failed")
+        return self.started
+
+
+def test_sync_builds_each_batch_when_asked():
+    producer = Counting("sync")
+    assert [producer.next_batch(None), producer.next_batch(None)] == [1, 2]
+    assert producer.started == 2
+
+
+def test_async_is_one_batch_ahead_at_most():
+    producer = Counting("async")
+    assert producer.next_batch(None) == 1
+    deadline = time.monotonic() + 5  # taking batch 1 lets the thread build batch 2...
+    while producer.started < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(1.0)  # ...and not batch 3, however long the trainer takes
+    assert producer.started == 2
+    assert producer.next_batch(None) == 2
+    producer.stop(wait=True)  # returns once the thread is done: a batch in flight (3) or none
+    assert producer.started in (2, 3) and not producer._worker.is_alive()
+
+
+def test_async_failure_is_raised_in_the_callers_thread():
+    producer = Counting("async", fail_at=2)
+    assert producer.next_batch(None) == 1
+    with pytest.raises(RuntimeError, match="batch 2 failed"):
+        producer.next_batch(None)
+    producer.stop(wait=True)

@@ -1,0 +1,325 @@
+"""The GRPO trainer under FSDP2 on replayed batches: 1 vs 2 processes, and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.rollout.trajectory import Trajectory, save_trajectories
+from agentrl.train.config import ConfigError, TrainConfig, load_config
+from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
+from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def grpo_batch(vocab: int, groups: int = 3, group_size: int = 4, seed: int = 0) -> list[Trajectory]:
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        for i in range(group_size):
+            n = rng.randint(24, 48)
+            mask = [0] * 10 + [1 if (j // 5) % 2 == 0 else 0 for j in range(n - 10)]
+            out.append(
+                Trajectory(
+                    task_id=f"task{g}",
+                    group_id=f"g{g}",
+                    token_ids=[rng.randrange(vocab) for _ in range(n)],
+                    loss_mask=mask,
+                    # Behaviour log-probs near the random model's (about -ln V) so ratios are moderate.
+                    behavior_logprobs=[-7.8 + rng.uniform(-0.3, 0.3) if m else 0.0 for m in mask],
+                    prompt_len=10,
+                    reward=float(i % 2),
+                    passed=bool(i % 2),
+                    finish_reason="submitted",
+                    policy_version=0,
+                )
+            )
+    return out
+
+
+def run(cfg: TrainConfig, nproc: int, cpu: bool = True) -> list[dict]:
+    """`python -m agentrl.train.trainer` under torchrun. `cpu`: gloo ranks on the CPU even where CUDA GPUs
+    are visible (these are CPU tests: fp32 numbers compared across process counts; a one-GPU
+    machine could not host two NCCL ranks anyway)."""
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(
+        [*launcher, "-m", "agentrl.train.trainer", cfg.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_config_from_yaml_with_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model: m\nsteps: 3\nloss:\n  agg: seq-mean-token-mean\n")
+    cfg = load_config(f, ["optim.lr=3e-5", "curriculum.batch_groups=2", "loss.tis_cap=null"])
+    assert (cfg.steps, cfg.loss.agg, cfg.optim.lr, cfg.curriculum.batch_groups, cfg.loss.tis_cap) == (
+        3,
+        "seq-mean-token-mean",
+        3e-5,
+        2,
+        None,
+    )
+    with pytest.raises(ValueError, match="must look like key.sub=value"):
+        load_config(f, ["steps"])
+    with pytest.raises(ConfigError, match=r"unknown key 'optim.lrr'. Did you mean 'optim.lr'\?"):
+        load_config(f, ["optim.lrr=1"])
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_resume_reproduces_the_next_step(tiny_model_dir, tmp_path):  # noqa: F811
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    data = tmp_path / "batch.jsonl"
+    save_trajectories(data, grpo_batch(vocab))
+    base = dict(
+        model=str(tiny_model_dir),
+        replay=str(data),
+        steps=2,
+        checkpoint_every=1,
+        optim={"lr": 1e-3, "micro_batch_size": 2},
+    )
+    one = run(TrainConfig(**base, out=str(tmp_path / "one")), 1)
+    two = run(TrainConfig(**base, out=str(tmp_path / "two")), 2)
+    # Stated tolerance: fp32 CPU, sums split across ranks in another order: 1e-5 relative on the loss.
+    for a, b in zip(one, two, strict=True):
+        assert b["losses/policy_loss"] == pytest.approx(a["losses/policy_loss"], rel=1e-5, abs=1e-7)
+        assert b["losses/grad_norm"] == pytest.approx(a["losses/grad_norm"], rel=1e-4)
+        assert b["batch/action_tokens"] == a["batch/action_tokens"]
+    # The update moved the policy: the second step's loss differs from the first.
+    assert one[1]["losses/policy_loss"] != one[0]["losses/policy_loss"]
+
+    # Resume: stop after step 1, start again; step 2 must be what the uninterrupted run did.
+    first = run(TrainConfig(**{**base, "steps": 1}, out=str(tmp_path / "resume")), 1)
+    assert first[0]["losses/policy_loss"] == pytest.approx(one[0]["losses/policy_loss"], rel=1e-6)
+    resumed = run(TrainConfig(**base, out=str(tmp_path / "resume")), 1)
+    assert [r["step"] for r in resumed] == [1, 2]
+    assert resumed[1]["losses/policy_loss"] == pytest.approx(one[1]["losses/policy_loss"], rel=1e-6, abs=1e-8)
+    assert resumed[1]["losses/grad_norm"] == pytest.approx(one[1]["losses/grad_norm"], rel=1e-6)
+    assert (tmp_path / "one" / "final" / "model.safetensors").exists()
+
+
+def test_learning_rate_warms_up_linearly_over_optimizer_steps():
+    from agentrl.train.trainer import learning_rate
+
+    cfg = TrainConfig(model="m", optim={"lr": 1e-4, "warmup_steps": 4})
+    assert [learning_rate(cfg, u) for u in range(6)] == pytest.approx(
+        [2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4]
+    )
+    assert learning_rate(TrainConfig(model="m", optim={"lr": 1e-4}), 0) == 1e-4
+
+
+@pytest.mark.slow
+def test_ppo_epochs_mini_batches_and_kl_match_across_processes_and_resume(tiny_model_dir, tmp_path):  # noqa: F811
+    """Two passes of two mini-batches per batch (4 optimizer steps), warm-up over 6 of them, a KL
+    penalty to the frozen start: 2 processes take the steps of 1, and a resume continues the
+    warm-up and the update count where they were."""
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    data = tmp_path / "batch.jsonl"
+    save_trajectories(data, grpo_batch(vocab, groups=4))
+    base = dict(
+        model=str(tiny_model_dir),
+        replay=str(data),
+        steps=2,
+        checkpoint_every=1,
+        optim={"lr": 1e-3, "micro_batch_size": 2, "epochs": 2, "mini_batches": 2, "warmup_steps": 6},
+        loss={"kl_coef": 0.1, "negative_weight": 0.5},
+    )
+    one = run(TrainConfig(**base, out=str(tmp_path / "one")), 1)
+    two = run(TrainConfig(**base, out=str(tmp_path / "two")), 2)
+    assert [r["optim/updates"] for r in one] == [4.0, 8.0]
+    assert [r["optim/lr"] for r in one] == pytest.approx(
+        [1e-3 * 4 / 6, 1e-3], abs=1e-6
+    )  # JSONL rounds to 6 places
+    # After the first of 4 updates the ratio leaves 1 and the policy leaves the reference.
+    assert one[0]["losses/kl_ref"] > 0 and one[0]["losses/approx_kl"] > 0
+    for a, b in zip(one, two, strict=True):
+        # Later updates start from weights that already differ by float rounding: 1e-4 relative.
+        assert b["losses/policy_loss"] == pytest.approx(a["losses/policy_loss"], rel=1e-4, abs=1e-7)
+        assert b["losses/kl_ref"] == pytest.approx(a["losses/kl_ref"], rel=1e-3, abs=1e-9)
+        assert b["losses/grad_norm"] == pytest.approx(a["losses/grad_norm"], rel=1e-3)
+    run(TrainConfig(**{**base, "steps": 1}, out=str(tmp_path / "resume")), 1)
+    resumed = run(TrainConfig(**base, out=str(tmp_path / "resume")), 1)
+    assert resumed[1]["optim/updates"] == 8.0 and resumed[1]["optim/lr"] == pytest.approx(1e-3)
+    assert resumed[1]["losses/policy_loss"] == pytest.approx(one[1]["losses/policy_loss"], rel=1e-5, abs=1e-8)
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_packing_and_token_budget_match_the_plain_run_on_two_processes(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+):
+    """FSDP2 on 2 gloo ranks with activation checkpointing, packed micro-batches under a token budget
+    and per-sequence loss aggregation takes the steps of 1 process with none of them."""
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    data = tmp_path / "batch.jsonl"
+    save_trajectories(data, grpo_batch(vocab))
+    base = dict(model=str(tiny_model_dir), replay=str(data), steps=2, loss={"agg": "seq-mean-token-mean"})
+    plain = run(
+        TrainConfig(
+            **base,
+            out=str(tmp_path / "plain"),
+            optim={"lr": 1e-3, "max_tokens_per_micro_batch": None, "packing": "off"},
+        ),
+        1,
+    )
+    lean = run(
+        TrainConfig(
+            **base,
+            out=str(tmp_path / "lean"),
+            optim={
+                "lr": 1e-3,
+                "max_tokens_per_micro_batch": 100,
+                "packing": "on",
+                "activation_checkpointing": True,
+            },
+        ),
+        2,
+    )
+    for a, b in zip(plain, lean, strict=True):
+        assert b["losses/policy_loss"] == pytest.approx(a["losses/policy_loss"], rel=1e-5, abs=1e-7)
+        assert b["losses/grad_norm"] == pytest.approx(a["losses/grad_norm"], rel=1e-4)
+        assert b["losses/entropy"] == pytest.approx(a["losses/entropy"], rel=1e-5)
+
+
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_activation_checkpointing_on_and_off_give_equal_gradients(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    packing: str,
+):
+    """The trainer's step under FSDP2 (gloo) with decoder layers recomputed in backward: the same
+    gradients, to fp32 rounding. (The training forward keeps no KV cache: a recomputed layer that
+    appended to one would see its keys twice.)"""
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    trajs = grpo_batch(vocab, groups=2, group_size=3)
+    base = {"model": str(tiny_model_dir), "loss": {"kl_coef": 0.1}}
+
+    def cfg(checkpointing: bool) -> TrainConfig:
+        optim = {"grad_clip": 1e9, "packing": packing, "activation_checkpointing": checkpointing, "epochs": 2}
+        return TrainConfig(**base, optim=optim)
+
+    off, m_off = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg(False), trajs)
+    on, m_on = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg(True), trajs)
+    assert m_on["losses/policy_loss"] == pytest.approx(m_off["losses/policy_loss"], rel=1e-6, abs=1e-9)
+    assert_same_gradients(off, on, rel=1e-6)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_path, mode):  # noqa: F811
+    """The real loop: curriculum draws, vLLM rollouts on rank 0, FSDP2 update on 2 ranks, weight push.
+
+    On a GPU machine it runs there (vLLM needs its GPU build): 2 ranks with 2 GPUs or more, one
+    (the engine colocated with it) on a single GPU."""
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model=str(tiny_model_dir),
+        out=str(tmp_path / mode),
+        steps=3,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-4, "micro_batch_size": 4},
+        asynchronous={"mode": mode, "max_staleness": 1},
+    )
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    rows = run(cfg, 1 if gpus == 1 else 2, cpu=False)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # Weights reached vLLM after every update.
+    assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]
+    trained = [r for r in rows if "losses/policy_loss" in r]
+    assert trained, (
+        "a random policy on the coin env gives informative groups; at least one update must happen"
+    )
+    for r in trained:
+        assert r["batch/action_tokens"] > 0 and r["losses/grad_norm"] > 0
+    for r in rows:
+        assert 0.0 <= r["curriculum/band_occupancy"] <= 1.0 and r["curriculum/refill_cost"] >= 1.0
+    if mode == "async":
+        # One batch ahead at most: never more than one version behind, so nothing is dropped.
+        assert all(r["async/staleness_mean"] <= 1.0 for r in rows)
+        assert all(r.get("async/dropped_stale", 0.0) == 0.0 for r in rows)
+    assert (tmp_path / mode / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_policy_that_fails_every_task_stops_and_says_warm_start_first(tiny_model_dir, tmp_path):  # noqa: F811
+    """A random policy never finds the secret number: no group is informative, so after
+    `stop_uninformative_after` steps the run stops with the reason, instead of logging `loss nan`."""
+    cfg = tmp_path / "guess.yaml"
+    cfg.write_text(
+        f"env: agentrl/guess-number-v0\nenv_kwargs: {{max_turns: 1}}\nmodel: {tiny_model_dir}\nout: {tmp_path / 'run'}\n"
+        "steps: 5\nstop_uninformative_after: 2\n"
+        "rollout: {group_size: 2, max_tokens_per_turn: 8, max_total_tokens: 1024}\n"
+        "curriculum: {batch_groups: 2, max_gen_factor: 1.0}\n"
+    )
+    res = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "train", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    lines = [x for x in res.stderr.replace("\r", "\n").splitlines() if x.startswith(("[train]", "error:"))]
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "no update: all 2 groups failed (reward 0 everywhere)" in lines[1] and "nan" not in res.stderr
+    assert lines[-1].startswith(
+        "error: no informative group in the last 2 steps (step 2/5): every episode failed"
+    )
+    assert "Warm-start it first" in lines[-1] and "agentrl demos agentrl/guess-number-v0" in lines[-1]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and not any("losses/policy_loss" in r for r in rows)
+    assert not (tmp_path / "run" / "final").exists()  # nothing was trained: no "final" model
+
+
+def test_tracking_to_jsonl_tensorboard_and_wandb_offline_without_an_account(tiny_model_dir, tmp_path):  # noqa: F811
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    save_trajectories(tmp_path / "batch.jsonl", grpo_batch(vocab))
+    out = tmp_path / "run"
+    cfg = TrainConfig(
+        model=str(tiny_model_dir), replay=str(tmp_path / "batch.jsonl"), out=str(out), steps=2,
+        report_to=["jsonl", "tensorboard", "wandb"], wandb={"project": "agentrl-test"},
+        optim={"lr": 1e-3, "micro_batch_size": 4},
+    )  # fmt: skip
+    home = tmp_path / "home"  # no ~/.netrc, no W&B login
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.train.trainer", cfg.model_dump_json()],
+        capture_output=True, text=True, timeout=600, env={**env, "HOME": str(home), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"W&B: offline in {out / 'wandb'}" in proc.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    logged = events.Scalars("losses/policy_loss")
+    assert [e.step for e in logged] == [1, 2]
+    assert [e.value for e in logged] == pytest.approx([r["losses/policy_loss"] for r in rows], abs=1e-6)
+    run_id = (out / "wandb-run-id").read_text()
+    (offline,) = (out / "wandb").glob(f"offline-run-*-{run_id}")
+    assert (offline / f"run-{run_id}.wandb").stat().st_size > 0
+    # The training plot is written by `train` itself.
+    assert (out / "training.png").read_bytes()[:4] == b"\x89PNG"
