@@ -905,7 +905,7 @@ def launch(
     checkpoint, `TrainingStopped` (a UserError) when nothing could be learned.
     """
     if nnodes > 1 and node_rank != 0:
-        run_ranks("agentrl.train", cfg.model_dump_json(), nproc, nnodes=nnodes, node_rank=node_rank,
+        run_ranks("agentrl.train.trainer", cfg.model_dump_json(), nproc, nnodes=nnodes, node_rank=node_rank,
                   rdzv_endpoint=rdzv_endpoint)  # fmt: skip
         return Path(cfg.out) / "final"
     note = preflight(cfg, nproc, force)
@@ -917,7 +917,7 @@ def launch(
         log(f"{cfg.out} already finished its {cfg.steps} steps ({newest}); raise steps= to train it further")
         return Path(cfg.out) / "final"
     if nnodes > 1:
-        run_ranks("agentrl.train", cfg.model_dump_json(), nproc, nnodes=nnodes, node_rank=node_rank,
+        run_ranks("agentrl.train.trainer", cfg.model_dump_json(), nproc, nnodes=nnodes, node_rank=node_rank,
                   rdzv_endpoint=rdzv_endpoint)  # fmt: skip
         return Path(cfg.out) / "final"
     if nproc == 1:
