@@ -85,9 +85,9 @@ def test_a_batch_from_both_engines_trains_and_the_push_reaches_every_engine(
 
     served_before = list(policy.served)
     cfg = RolloutConfig(
-        group_size=2, max_tokens_per_turn=8, max_total_tokens=512, concurrency=8, seed=1, warn_on_drift=False
+        group_size=2, max_tokens_per_turn=8, max_total_tokens=512, concurrency=8, warn_on_drift=False
     )
-    trajs = collect_sync(COIN, tasks(4, "batch"), policy, cfg)
+    trajs = collect_sync(COIN, tasks(4, "batch"), policy, cfg, seed=1)
     groups: dict[str, list] = {}
     for t in trajs:
         groups.setdefault(t.group_id, []).append(t)
@@ -111,7 +111,7 @@ def test_a_batch_from_both_engines_trains_and_the_push_reaches_every_engine(
     version = policy.update_weights(full_state_dict(model))
     assert version == 1 and policy.versions() == [1, 1]
     # The engines generate with the new weights: log-probs of a greedy continuation change.
-    after = collect_sync(COIN, tasks(1, "after"), policy, cfg)
+    after = collect_sync(COIN, tasks(1, "after"), policy, cfg, seed=1)
     assert {t.policy_version for t in after} == {1}
 
 
@@ -150,11 +150,12 @@ def test_a_killed_engine_ends_only_its_episodes_and_comes_back_with_the_newest_w
         max_tokens_per_turn=400,
         max_total_tokens=1000,
         concurrency=16,
-        seed=2,
         warn_on_drift=False,
     )
     result: list = []
-    runner = threading.Thread(target=lambda: result.extend(collect_sync(COIN, tasks(6, "kill"), policy, cfg)))
+    runner = threading.Thread(
+        target=lambda: result.extend(collect_sync(COIN, tasks(6, "kill"), policy, cfg, seed=2))
+    )
     runner.start()
     # Wait until engine 1 has requests in flight, then kill its process (no clean shutdown). The
     # routing lock is held across the snapshot and the kill: no request moves in between.
@@ -186,7 +187,8 @@ def test_a_killed_engine_ends_only_its_episodes_and_comes_back_with_the_newest_w
         COIN,
         tasks(4, "again"),
         policy,
-        RolloutConfig(group_size=2, max_tokens_per_turn=8, seed=3, warn_on_drift=False),
+        RolloutConfig(group_size=2, max_tokens_per_turn=8, warn_on_drift=False),
+        seed=3,
     )
     assert all(t.finish_reason != "engine_error" for t in again)
 
