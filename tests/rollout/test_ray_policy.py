@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,7 +132,7 @@ def test_agentrl_train_on_the_cluster_trains_on_groups_from_both_engines(
         "curriculum: {batch_groups: 4, max_gen_factor: 2.0}\noptim: {lr: 1.0e-4, micro_batch_size: 4}\n"
         f"cluster: {{ray_address: '{ray_cluster.address}'}}\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests.coin_env imports from here
+    root = str(Path(__file__).resolve().parents[2])  # the repository: tests.coin_env imports from here
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": root}
     cli = os.path.join(os.path.dirname(sys.executable), "agentrl")
     proc = subprocess.run(
