@@ -17,8 +17,9 @@
   the fewest groups in flight.
 - Weights: `update_weights` puts the state dict into Ray's object store once and every engine loads
   it from there; each engine reports the version it holds (`versions()`).
-- Failure: when an engine actor dies, each request in flight on it raises `EngineDied`, which ends
-  that episode alone with finish_reason `engine_error` (recorded, never trained on). The engine is
+- Failure: when an engine actor dies, each request in flight on it (and any sent to it before the
+  death is noticed, which takes one failed request) raises `EngineDied`, which ends that episode
+  alone with finish_reason `engine_error` (recorded, never trained on). The engine is
   restarted in the background in its bundle and loaded with the newest weights; until it is back,
   its groups' next requests go to the other engines. The run goes on.
 """
