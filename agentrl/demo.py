@@ -8,8 +8,9 @@
    docker sandboxes, vLLM rollouts, the learnability-band curriculum;
 3. held-out evaluation of the warm start and the trained model under one budget
    (`agentrl.evaluate`: same tasks, seeds, decoding and limits): pass@1 and pass@k with CIs;
-4. plots: reward and band occupancy during training, pass@k before/after, per-task scatter; a
-   Markdown report and `demo.json` with every number.
+4. plots: reward and band occupancy during training, pass@k before/after, per-task scatter and
+   per-task differences; a Markdown report and `demo.json` with every number, the paired verdict
+   (difference of pass@1 on the same episodes, its paired bootstrap interval, McNemar's p) included.
 
 Every stage writes under `--out` (default runs/demo) and a second run reuses what is there.
 """
@@ -114,6 +115,11 @@ def run_demo(
         "before": before.pass_at_dict(),
         "after": after.pass_at_dict(),
     }
+    # The paired verdict (same episodes, same seeds): interval of the difference and McNemar's p.
+    from agentrl.paired import load_comparisons
+
+    (paired,) = load_comparisons(out / "eval" / "summary.json")
+    report["paired"] = paired.as_dict(per_task=False)
     report["total_s"] = round(time.time() - t_all, 1)
     delta = after.pass_at_dict()["pass@1"] - before.pass_at_dict()["pass@1"]
     report["pass_at_1_gain_points"] = round(100 * delta, 1)
@@ -125,6 +131,7 @@ def run_demo(
         cells = "  ".join(f"pass@{p.k} {p.pass_at_k:.3f} [{p.ci_low:.2f},{p.ci_high:.2f}]" for p in s.pass_at)
         _say(f"  {s.model:10s} {cells}")
     _say(f"  pass@1 change: {100 * delta:+.1f} points")
+    _say(f"  {paired.verdict}")
     _say(
         f"plots: {out / 'training.png'}, {out / 'eval'}; report: {out / 'eval'}/report.md; numbers: {out / 'demo.json'}"
     )

@@ -40,6 +40,10 @@ def test_quick_demo_runs_every_stage_and_a_second_run_reuses_them(tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
     assert (out / "eval" / "report.md").read_text().startswith("# Evaluation")
     assert "pass@1 change" in proc.stdout
+    assert "grpo vs warm-start: " in proc.stdout  # the paired verdict
+    paired = report["paired"]
+    assert paired["verdict"] in proc.stdout and 0.0 <= paired["p_value"] <= 1.0
+    assert paired["ci_low"] <= paired["difference"] <= paired["ci_high"] and paired["episodes"] == 8
     # Second run: warm start, training and evaluation episodes are all reused.
     proc2, second_s = run_demo(out)
     assert proc2.returncode == 0, proc2.stderr[-4000:]
