@@ -17,7 +17,11 @@ all-equal rewards, zero advantages and no gradient. So the curriculum
    draw meant as a probe goes to the band, else to a re-probe;
 4. (`DynamicBatch`, DAPO dynamic sampling, Yu et al. 2025 §3.2) drops groups whose rewards
    are all equal and keeps asking for groups until the batch has `batch_groups` informative
-   ones or `max_gen_factor × batch_groups` groups were requested.
+   ones or `max_gen_factor × batch_groups` groups were requested (`dynamic_sampling=False`
+   keeps every group instead);
+5. optionally (`difficulty.adaptive`, `agentrl.difficulty`) draws its probes from a leveled task
+   generator at a level it raises when probed tasks come out too easy and lowers when too hard,
+   so the band keeps filling as the policy improves.
 
 p̂ is the posterior mean (α / (α + β)) by default. `sampling="thompson"` draws p̃ ~ Beta(α, β)
 per task at each `sample` call instead; it is not the default because exploration already
@@ -46,6 +50,29 @@ DrawKind = Literal["probe", "reprobe", "band"]
 Group = Sequence[Trajectory]
 
 _STATE_VERSION = 1
+
+
+class DifficultySettings(BaseModel):
+    """Probes at a difficulty level that rises with the policy (`agentrl.difficulty`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adaptive: bool = Field(
+        False,
+        description="Probe new tasks at a level the curriculum moves up when probed tasks come out above the "
+        "band (too easy) and down when below it; needs a leveled task generator (levels, generate_at).",
+    )
+    start_level: int = Field(0, ge=0, description="The level of the first probes.")
+    min_probes: int = Field(
+        6, ge=1, description="Probes judged at the current level before the level may move again."
+    )
+    move_share: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Move up when more than this share of those probes landed above the band, down when "
+        "more than this share landed below it.",
+    )
 
 
 class CurriculumConfig(BaseModel):
@@ -98,6 +125,11 @@ class CurriculumConfig(BaseModel):
     batch_groups: int = Field(
         8, ge=1, description="Informative (non-zero reward variance) groups per training batch."
     )
+    dynamic_sampling: bool = Field(
+        True,
+        description="Drop zero-variance groups and refill the batch (DAPO); off: a batch is the first "
+        "batch_groups groups generated, zero-variance ones included (they add no gradient).",
+    )
     max_gen_factor: float = Field(
         3.0,
         ge=1.0,
@@ -109,6 +141,10 @@ class CurriculumConfig(BaseModel):
     first_index: int = Field(0, ge=0, description="Generator index of the first probe task.")
     histogram_bins: int = Field(
         10, ge=1, description="Number of equal-width bins of the logged p̂ histogram over [0, 1]."
+    )
+    difficulty: DifficultySettings = Field(
+        default_factory=DifficultySettings,
+        description="Difficulty that rises with the policy: probes at a level steered by their outcomes.",
     )
 
     @model_validator(mode="after")
@@ -233,6 +269,10 @@ class Curriculum:
         (unbounded), or a list, JSONL file or `datasets.Dataset` (a finite pool)."""
         from agentrl.tasksource import as_task_source
 
+        if cls is Curriculum and config is not None and config.difficulty.adaptive:
+            from agentrl.difficulty import LeveledCurriculum
+
+            return LeveledCurriculum.from_source(source, config, split)
         src = as_task_source(source)
         return cls(lambda index: src.get(index, split), config, pool_size=src.size(split))
 
@@ -543,7 +583,10 @@ class DynamicBatch:
                 self.all_pass += 1
             elif trainable and all(t.reward < threshold for t in trainable):
                 self.all_fail += 1
-            kept, dropped = filter_groups([trainable])
+            if self.curriculum.config.dynamic_sampling:
+                kept, dropped = filter_groups([trainable])
+            else:  # keep what was generated; a group whose every episode broke has nothing to train on
+                kept, dropped = ([trainable], []) if trainable else ([], [trainable])
             self.kept.extend(kept)
             self.dropped.extend(dropped)
 
