@@ -59,19 +59,25 @@ class DifficultySettings(BaseModel):
 
     adaptive: bool = Field(
         False,
-        description="Probe new tasks at a level the curriculum moves up when probed tasks come out above the "
-        "band (too easy) and down when below it; needs a leveled task generator (levels, generate_at).",
+        description="Probe new tasks at a difficulty level the curriculum moves up when its probes pass too "
+        "often and down when too rarely; needs a leveled task generator (levels, generate_at).",
     )
     start_level: int = Field(0, ge=0, description="The level of the first probes.")
     min_probes: int = Field(
         6, ge=1, description="Probes judged at the current level before the level may move again."
     )
-    move_share: float = Field(
+    target: float = Field(
         0.5,
         gt=0.0,
-        le=1.0,
-        description="Move up when more than this share of those probes landed above the band, down when "
-        "more than this share landed below it.",
+        lt=1.0,
+        description="Pass rate the level is steered to: p(1-p), the reward variance, is largest at 0.5.",
+    )
+    tolerance: float = Field(
+        0.15,
+        ge=0.0,
+        lt=0.5,
+        description="Move up when the last min_probes probes at the level passed more than target + this "
+        "on average, down when less than target - this.",
     )
 
 

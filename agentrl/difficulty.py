@@ -5,13 +5,18 @@ among the tasks its probes found. As the policy improves, tasks drift out of the
 side; with a fixed task distribution fewer and fewer probes land in the band, and at some point
 there is nothing left to learn from. "Difficulty must rise with capability" (seed 002, §14): with
 a *leveled* generator (one that can make task i at any of its `levels`), `LeveledCurriculum` draws
-its probes at a current level and moves that level with what the probes find:
+its probes at a current level and steers that level so that its probes pass about half the time
+(`difficulty.target`, 0.5: where p(1 - p), the reward variance, is largest):
 
-- each probe's first group puts it above the band (too easy: p̂ > band_high), in the band, or
-  below it (too hard: p̂ < band_low);
-- over the last `min_probes` probes at the current level, more than `move_share` of them above
-  the band moves the level up one, more than `move_share` below moves it down one; the window
-  then starts over at the new level (a probe drawn before a move says nothing about the new level).
+- each probe's first group gives its pass rate (successes / episodes);
+- once the last `min_probes` probes at the current level are in, a mean pass rate above
+  target + tolerance moves the level up one, below target - tolerance down one; the window then
+  starts over at the new level (a probe drawn before a move says nothing about the new level).
+
+The mean of the probes' pass rates, not the share of probes outside the band, because a group of 8
+rarely shows a task above a 0.8 band edge (a task passed 90% of the time is all-pass in only 43% of
+its groups), so a level whose tasks all pass ~85% of the time would look "in band" for ever: the
+first version of this rule kept the benchmark's adaptive arm on its easiest level for a whole run.
 
 Band draws and re-probes are those of `Curriculum` (tracked tasks of every level, weighted
 p̂(1 - p̂)); only where new tasks come from changes. Switch it on with
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from agentrl.curriculum import (
     Curriculum,
@@ -40,8 +45,6 @@ from agentrl.curriculum import (
 from agentrl.errors import UserError
 from agentrl.task import Split, Task
 from agentrl.trajectory import Trajectory
-
-Side = Literal["easy", "band", "hard"]
 
 
 @runtime_checkable
@@ -89,7 +92,7 @@ class LeveledCurriculum(Curriculum):
 
         super().__init__(make, config, pool_size=None)
         self.level = settings.start_level
-        self.window: deque[Side] = deque(maxlen=settings.min_probes)  # probes judged at this level
+        self.window: deque[float] = deque(maxlen=settings.min_probes)  # pass rates of probes at this level
         self.pending: dict[str, int] = {}  # probed task id -> its level, until its first group is in
         self.moves: list[dict[str, int]] = []  # {"probes": judged so far, "level": the new level}
         self.judged = 0
@@ -130,27 +133,26 @@ class LeveledCurriculum(Curriculum):
     def update(self, trajectories: Iterable[Trajectory]) -> None:
         trajectories = list(trajectories)
         super().update(trajectories)
+        threshold = self.config.success_threshold
         for group in group_by_id(trajectories):
-            task_id = group[0].task_id
-            level = self.pending.pop(task_id, None)
-            if level is not None and self.tasks[task_id].observed:
-                self.judge(level, self.p_hat(task_id))
+            level = self.pending.pop(group[0].task_id, None)
+            rewards = [t.reward for t in group if t.trainable]
+            if level is not None and rewards:
+                self.judge(level, sum(r >= threshold for r in rewards) / len(rewards))
 
-    def judge(self, level: int, p_hat: float) -> None:
-        """Count one probe's outcome at `level`, and move the level when the window says so."""
+    def judge(self, level: int, pass_rate: float) -> None:
+        """Count one probe's pass rate at `level`, and move the level when the window says so."""
         self.judged += 1
         if level != self.level:
             return
-        cfg = self.config
-        side: Side = "easy" if p_hat > cfg.band_high else "hard" if p_hat < cfg.band_low else "band"
-        self.window.append(side)
-        settings = cfg.difficulty
+        self.window.append(pass_rate)
+        settings = self.config.difficulty
         if len(self.window) < settings.min_probes:
             return
-        n = len(self.window)
-        if self.window.count("easy") > settings.move_share * n and self.level < self.num_levels - 1:
+        mean = sum(self.window) / len(self.window)
+        if mean > settings.target + settings.tolerance and self.level < self.num_levels - 1:
             self._move(+1)
-        elif self.window.count("hard") > settings.move_share * n and self.level > 0:
+        elif mean < settings.target - settings.tolerance and self.level > 0:
             self._move(-1)
 
     def _move(self, step: int) -> None:

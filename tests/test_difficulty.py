@@ -56,32 +56,40 @@ def test_probes_come_from_the_current_level():
     assert len({d.task_id for d in draws}) == 5
 
 
-def test_easy_probes_move_the_level_up_once_the_window_is_full():
-    # Beta(1, 1) prior: 8/8 gives p̂ 0.9 > 0.8 (above the band); 4/8 gives 0.5 (in it).
+def test_probes_that_pass_too_often_move_the_level_up_once_the_window_is_full():
+    # target 0.5, tolerance 0.15: up above a mean pass rate of 0.65, down below 0.35.
     cur = adaptive(min_probes=4)
     probe_round(cur, [8, 8, 8])
     assert cur.level == 0  # 3 probes judged: the window of 4 is not full yet
-    probe_round(cur, [4])
-    assert cur.level == 1  # full: 3 of 4 above the band, more than half
-
-
-def test_more_than_half_easy_moves_up_and_the_window_starts_over():
-    cur = adaptive(min_probes=4)
-    assert probe_round(cur, [8, 8, 8, 4]) == [0, 0, 0, 0]
-    assert cur.level == 1 and cur.moves == [{"probes": 4, "level": 1}]
-    assert len(cur.window) == 0
+    probe_round(cur, [0])
+    assert cur.level == 1  # mean (1 + 1 + 1 + 0) / 4 = 0.75 > 0.65
+    assert cur.moves == [{"probes": 4, "level": 1}] and len(cur.window) == 0  # the window starts over
     assert probe_round(cur, [4]) == [1]  # the next probes are at the new level
 
 
-def test_exactly_half_easy_does_not_move():
-    cur = adaptive(min_probes=4)
-    probe_round(cur, [8, 8, 4, 4])
-    assert cur.level == 0 and cur.moves == []
+def test_tasks_mostly_passed_but_rarely_all_passed_still_move_the_level_up():
+    # 7 of 8 everywhere: every probe is in the 0.2-0.8 band by its posterior mean (0.8), yet the level
+    # is too easy (mean pass rate 0.875): the rule reads pass rates, not band membership.
+    cur = adaptive(min_probes=6)
+    probe_round(cur, [7] * 6)
+    assert cur.level == 1
 
 
-def test_hard_probes_move_the_level_down_but_not_below_zero():
+def test_a_level_near_the_target_holds():
+    cur = adaptive(start_level=2, min_probes=6)
+    probe_round(cur, [8, 0, 4, 4, 8, 0, 4, 4])  # window means 0.5, ~0.42, 0.5
+    assert cur.level == 2 and cur.moves == []
+
+
+def test_the_tolerance_edges_are_exclusive():
+    cur = adaptive(min_probes=4, tolerance=0.25)  # up only above 0.75
+    probe_round(cur, [8, 8, 8, 0])  # mean exactly 0.75
+    assert cur.level == 0
+
+
+def test_probes_that_pass_too_rarely_move_the_level_down_but_not_below_zero():
     cur = adaptive(start_level=3, min_probes=3)
-    probe_round(cur, [0, 0, 1])  # 0/8 -> p̂ 0.1 < 0.2 (below the band); 1/8 -> 0.2 (in it)
+    probe_round(cur, [0, 1, 2])  # mean 0.125 < 0.35
     assert cur.level == 2
     probe_round(cur, [0, 0, 0])
     assert cur.level == 1
@@ -94,12 +102,6 @@ def test_the_top_level_is_a_ceiling():
     cur = adaptive(start_level=5, min_probes=2)
     probe_round(cur, [8, 8, 8])
     assert cur.level == 5 and cur.moves == []
-
-
-def test_a_mixed_window_holds_the_level():
-    cur = adaptive(start_level=2, min_probes=6)
-    probe_round(cur, [8, 8, 0, 0, 4, 4, 8, 0])
-    assert cur.level == 2
 
 
 def test_probes_drawn_before_a_move_do_not_count_at_the_new_level():
