@@ -18,8 +18,8 @@ train`'s config:
               (`dynamic_sampling=false`);
 - `dapo`:     fresh tasks, zero-variance groups dropped and the batch refilled (DAPO's dynamic sampling
               without the band);
-- `adaptive`: the band, plus probes at a difficulty level the curriculum moves up when probed tasks
-              leave the band on the easy side and down on the hard side (`curriculum.difficulty`).
+- `adaptive`: the band, plus probes at a difficulty level the curriculum steers so that probes pass
+              about half the time (`curriculum.difficulty`, `agentrl.difficulty`).
 
 The real pipeline in one process: a vLLM engine (in-process), the rollout engine and the sandbox
 backend (`--backend`, default bwrap), the trainer's `grpo_step` under FSDP2 (one gloo rank), and the
@@ -87,8 +87,9 @@ def base_config(args: argparse.Namespace, model: str, out: Path, seed: int, arm:
         optim={
             "lr": 1e-4,
             "warmup_steps": 2,
-            "epochs": 2,  # 2 updates of 64 episodes per batch of 8 groups x 8: the demo's per-update size
-            "mini_batches": 1,
+            # The demo's update size: 2 epochs of mini-batches of 8 groups (64 episodes at group size 8).
+            "epochs": 2,
+            "mini_batches": max(1, args.batch_groups // 8),
             "micro_batch_size": 8,
             "grad_clip": 1.0,
         },
@@ -526,7 +527,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     quick = {"budget_tokens": 600, "eval_points": 1, "eval_tasks": 4, "eval_samples": 1, "batch_groups": 2,
              "group_size": 2, "max_tokens_per_turn": 16}  # fmt: skip
-    full = {"budget_tokens": 40_000, "eval_points": 3, "eval_tasks": 64, "eval_samples": 2, "batch_groups": 8,
+    full = {"budget_tokens": 60_000, "eval_points": 3, "eval_tasks": 64, "eval_samples": 4, "batch_groups": 16,
             "group_size": 8, "max_tokens_per_turn": 64}  # fmt: skip
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
