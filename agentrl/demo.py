@@ -52,6 +52,13 @@ def run_demo(
         )
         try:
             return _run(out, console, log_file, quick, nproc, eval_tasks, eval_samples, steps)
+        except KeyboardInterrupt:
+            print(
+                f"[demo] interrupted; run it again to resume (what was saved: {log_file})",
+                file=console,
+                flush=True,
+            )
+            raise
         except Exception as e:
             from agentrl.errors import UserError
 
