@@ -176,8 +176,10 @@ class _ExpectedReloadWarnings(logging.Filter):
     counts every tensor of a layer as loadable, buffers included. A layer whose only tensors are
     non-persistent buffers (RotaryEmbedding's `cos_sin_cache`, computed at construction and in no
     checkpoint) receives nothing from a weight push, so the reload warns "Failed to load weights" and
-    then puts the original buffer back, which is exactly right. On every push, for every such
-    layer, it reads like a failed sync; a layer with real parameters that fails still warns.
+    then puts the original buffer back, which is exactly right. The same holds for a tied output head
+    (`ParallelLMHead` sharing `embed_tokens.weight`): checkpoints carry no weight of its own, and
+    `agentrl_finish_weight_update` re-processes it from the shared one. On every push, for every
+    such layer, it reads like a failed sync; a layer with parameters of its own that fails still warns.
     """
 
     def __init__(self, layer_classes: set[str]):
@@ -195,11 +197,15 @@ class _ExpectedReloadWarnings(logging.Filter):
     @classmethod
     def install(cls, model: Any) -> None:
         names = set()
+        seen: set[int] = set()  # parameters of modules met earlier (the checkpoint loads those)
         for module in model.modules():
             params = [p for p in module._parameters.values() if p is not None]
             buffers = {n for n, b in module._buffers.items() if b is not None}
             if not params and buffers and buffers <= set(module._non_persistent_buffers_set):
                 names.add(type(module).__name__)
+            elif params and all(id(p) in seen for p in params):
+                names.add(type(module).__name__)  # a tied head: every parameter is an earlier layer's
+            seen.update(id(p) for p in params)
         logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
         for existing in logger.filters:
             if isinstance(existing, cls):
@@ -391,9 +397,7 @@ class VLLMPolicy:
             while cmd is not None:
                 if cmd == "stop":
                     for loop, fut in pending.values():
-                        loop.call_soon_threadsafe(
-                            _set_exception, fut, RuntimeError("the vLLM policy was closed")
-                        )
+                        _deliver(loop, _set_exception, fut, RuntimeError("the vLLM policy was closed"))
                     engine.engine_core.shutdown()
                     return
                 kind = cmd[0]
@@ -403,7 +407,7 @@ class VLLMPolicy:
                         engine.add_request(rid, prompt, params)
                         pending[rid] = (loop, fut)
                     except Exception as exc:
-                        loop.call_soon_threadsafe(_set_exception, fut, exc)
+                        _deliver(loop, _set_exception, fut, exc)
                 elif kind == "noop":
                     pass
                 elif kind == "abort":
@@ -426,13 +430,13 @@ class VLLMPolicy:
                 outputs = engine.step()
             except BaseException as exc:  # the engine is broken: fail every waiter, keep failing loudly
                 for loop, fut in pending.values():
-                    loop.call_soon_threadsafe(_set_exception, fut, exc)
+                    _deliver(loop, _set_exception, fut, exc)
                 pending.clear()
                 continue
             for out in outputs:
                 if out.finished and out.request_id in pending:
                     loop, fut = pending.pop(out.request_id)
-                    loop.call_soon_threadsafe(_set_result, fut, out)
+                    _deliver(loop, _set_result, fut, out)
 
     def _call_inproc(self, fn: Any) -> Any:
         cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -591,6 +595,12 @@ class VLLMPolicy:
         if self.in_process:
             self._commands.put("stop")
             self._thread.join(timeout=60)
+            engine = getattr(self, "_engine", None)
+            if engine is not None and not self._thread.is_alive():
+                # Idempotent (vLLM detaches its exit finalizer on the first call). If the engine thread
+                # died before it saw "stop", this shuts the engine down while the process group it
+                # joined still exists; at interpreter exit it no longer does.
+                engine.engine_core.shutdown()
         else:
             self._engine.shutdown()
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -602,6 +612,12 @@ class VLLMPolicy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, setter: Any, fut: asyncio.Future[Any], value: Any) -> None:
+    """Hand an engine result to the waiter's event loop; a closed loop means the waiter is gone."""
+    with contextlib.suppress(RuntimeError):  # 'Event loop is closed': the caller stopped waiting (Ctrl-C)
+        loop.call_soon_threadsafe(setter, fut, value)
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

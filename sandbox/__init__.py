@@ -1,8 +1,17 @@
 """Container backends for agent tool calls: `docker` (default), `bwrap` (daemonless), `local` (trusted tests only).
 
-from agentrl.sandbox import open_sandbox, Limits
+from agentrl.sandbox import open_sandbox, Limits, SandboxSpec
 with open_sandbox("docker", limits=Limits(memory_mb=512)) as sb:
     print(sb.exec("python3 -c 'print(6*7)'").stdout)
+spec = SandboxSpec(limits=Limits(memory_mb=512), env={"LANG": "C"})   # the same settings, as one object
+with open_sandbox("bwrap", spec) as sb:
+    assert sb.capabilities.verifier_identity   # ask what a sandbox promises, never its backend's name
+
+Modules: `spec` (SandboxSpec, Limits, Capabilities), `base` (the protocol, errors, the factory and
+the pieces every backend shares), `process` (the host process runner of local and bwrap),
+`hostfs` (their host-side file access), one module per backend (`docker`, `bwrap`, `local`),
+`pool` (warm sandboxes), `engine` and `reaper` (the Docker engine, and what a crashed run left),
+`images` (offline image builds), `doctor` (which backends work here).
 """
 
 from agentrl.sandbox.base import (
@@ -10,6 +19,7 @@ from agentrl.sandbox.base import (
     DEFAULT_IMAGE,
     DEFAULT_WORKDIR,
     PROTECTED_DIR,
+    Capabilities,
     EngineUnavailable,
     ExecResult,
     FileTooLargeError,
@@ -19,6 +29,9 @@ from agentrl.sandbox.base import (
     SandboxDead,
     SandboxError,
     SandboxPathError,
+    SandboxSpec,
+    backend_capabilities,
+    capabilities_of,
     open_sandbox,
 )
 
@@ -38,6 +51,7 @@ __all__ = [
     "DEFAULT_IMAGE",
     "DEFAULT_WORKDIR",
     "PROTECTED_DIR",
+    "Capabilities",
     "EngineUnavailable",
     "ExecResult",
     "FileTooLargeError",
@@ -47,6 +61,9 @@ __all__ = [
     "SandboxDead",
     "SandboxError",
     "SandboxPathError",
+    "SandboxSpec",
+    "backend_capabilities",
+    "capabilities_of",
     "install_exit_handlers",
     "open_sandbox",
 ]

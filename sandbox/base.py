@@ -1,8 +1,10 @@
-"""The sandbox contract every backend implements, and the factory that opens one.
+"""The sandbox contract every backend implements, what the built-in backends share, and the factory.
 
 A sandbox is an isolated place where an agent's tool calls run: a fresh file system with a
 writable workspace, resource limits, and per-command timeouts. Everything above this layer
-(environments, tools, verifiers) talks to the `Sandbox` protocol only, never to a backend.
+(environments, tools, verifiers) talks to the `Sandbox` protocol only, never to a backend, and
+asks a sandbox's `capabilities` (`agentrl.sandbox.spec.Capabilities`) what it promises, never
+its backend's name.
 
 Three identities exist inside every sandbox:
 - the agent (non-root, uid 1000 where the backend can switch users): runs every `exec` by
@@ -18,62 +20,98 @@ Three identities exist inside every sandbox:
   privileged helper never imports or runs what the agent wrote (no confused deputy).
   docker: uid 2000. bwrap (one uid only): a mount view with the workspace and
   `PROTECTED_DIR` read-only, a fresh /tmp, and the image's root-only paths masked.
-  Backends say what they support in their `capabilities`.
+  A backend that has it says so in `capabilities.verifier_identity`.
+
+What the built-in backends share lives here, once: `SandboxBase` turns the protocol's calls
+into checked requests with their defaults resolved (`ExecRequest`: argv, timeout, output cap,
+identity), bounds reads (`Limits.read_limit_bytes`), owns the context manager and the
+idempotent `close`; `CappedOutput` keeps a stream up to its cap and adds the truncation note;
+`signal_exit` maps "killed by signal N" reported as 128+N to -N. A backend supplies `_exec`
+(run one request), `_close`, a `FileAccess` for the file methods, `kill_agent_processes` and
+`alive`. The host-side process runner shared by `local` and `bwrap` is
+`agentrl.sandbox.process`; their host-side file access is `agentrl.sandbox.hostfs`.
 """
 
 from __future__ import annotations
 
 import errno
 import importlib
+import os
+import signal
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, TypedDict, Unpack, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from agentrl.sandbox.spec import (
+    DEFAULT_IMAGE,
+    DEFAULT_READ_LIMIT_BYTES,
+    DEFAULT_WORKDIR,
+    NO_CAPABILITIES,
+    PROTECTED_DIR,
+    Capabilities,
+    Limits,
+    SandboxSpec,
+    SpecFields,
+    capabilities_of,
+    check_string_map,
+)
 
-DEFAULT_IMAGE = "agentrl/base:bookworm"
-DEFAULT_WORKDIR = "/workspace"
-# Root-owned and unwritable by the agent: verifiers copy hidden tests here after the episode.
-PROTECTED_DIR = "/verifier"
+__all__ = [
+    "AGENT_UID",
+    "AGENT_USER",
+    "BACKENDS",
+    "DEFAULT_IMAGE",
+    "DEFAULT_READ_LIMIT_BYTES",
+    "DEFAULT_WORKDIR",
+    "KILLED",
+    "NO_CAPABILITIES",
+    "PROTECTED_DIR",
+    "TRUNCATION_NOTE",
+    "VERIFIER_UID",
+    "VERIFIER_USER",
+    "Capabilities",
+    "CappedOutput",
+    "Command",
+    "EngineUnavailable",
+    "ExecOptions",
+    "ExecRequest",
+    "ExecResult",
+    "FileAccess",
+    "FileTooLargeError",
+    "Identity",
+    "Limits",
+    "NotRegularFileError",
+    "Sandbox",
+    "SandboxBase",
+    "SandboxDead",
+    "SandboxError",
+    "SandboxPathError",
+    "SandboxSpec",
+    "SpecFields",
+    "backend_capabilities",
+    "backend_class",
+    "capabilities_of",
+    "open_sandbox",
+    "read_limit",
+    "signal_exit",
+]
+
 AGENT_UID = 1000
 AGENT_USER = "agent"
 # Runs the agent's code on the verifier's behalf (see the module docstring); never root.
 VERIFIER_UID = 2000
 VERIFIER_USER = "verifier"
-# `Limits.read_limit_bytes`' default: far above any source file or test report, far below what
-# would hurt the host when 32 episodes read at once.
-DEFAULT_READ_LIMIT_BYTES = 16 * 1024 * 1024
+# The protocol's exit code of a command killed on its deadline (as `subprocess` reports SIGKILL).
+KILLED = -signal.SIGKILL
+# Appended to a stream that hit its cap, so a model reading it knows it saw only the start.
+TRUNCATION_NOTE = "\n[agentrl: output truncated, {n} bytes dropped]"
 
 
-class Limits(BaseModel):
-    """Resource limits of one sandbox. Frozen and hashable: a warm pool is keyed by it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    memory_mb: int = Field(
-        1024, gt=0, description="Memory cap for everything in the sandbox, in MiB (no swap)."
-    )
-    cpus: float = Field(1.0, gt=0, description="CPU quota, in cores.")
-    pids: int = Field(256, gt=0, description="Most processes/threads alive at once (stops fork bombs).")
-    disk_mb: int = Field(
-        512, gt=0, description="Size cap of the writable workspace and of /tmp, in MiB each."
-    )
-    network: bool = Field(False, description="Allow network access. Off by default: no egress at all.")
-    exec_timeout_s: float = Field(30.0, gt=0, description="Default per-exec wall-clock timeout, in seconds.")
-    output_limit_bytes: int = Field(
-        64 * 1024,
-        gt=0,
-        description="Cap on each of stdout and stderr per exec; the rest is dropped and `truncated` set.",
-    )
-    read_limit_bytes: int = Field(
-        DEFAULT_READ_LIMIT_BYTES,
-        gt=0,
-        description=(
-            "Largest file `read_file` returns, in bytes (unless the caller passes `max_bytes`); a larger "
-            "one raises `FileTooLargeError`, so no path the agent names can make the host read without bound."
-        ),
-    )
+# --------------------------------------------------------------------------------------
+# Results and errors
+# --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -90,6 +128,20 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def captured(
+        cls, exit_code: int, stdout: CappedOutput, stderr: CappedOutput, *, timed_out: bool, duration_s: float
+    ) -> ExecResult:
+        """The result of a command whose streams were capped while read; a timed-out one reads `KILLED`."""
+        return cls(
+            exit_code=KILLED if timed_out and exit_code >= 0 else exit_code,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            timed_out=timed_out,
+            duration_s=duration_s,
+            truncated=bool(stdout.dropped or stderr.dropped),
+        )
 
 
 class SandboxError(RuntimeError):
@@ -137,7 +189,12 @@ class FileTooLargeError(SandboxError, OSError):
         return self.strerror
 
 
+# --------------------------------------------------------------------------------------
+# The protocol
+# --------------------------------------------------------------------------------------
+
 Command = str | Sequence[str]
+Identity = Literal["agent", "privileged", "verifier"]
 
 
 @runtime_checkable
@@ -148,6 +205,10 @@ class Sandbox(Protocol):
     id: str
     workdir: str
     limits: Limits
+    spec: SandboxSpec
+    capabilities: Capabilities
+    """What this sandbox promises (isolation, a protected dir, a verifier identity, ...); ask it,
+    not `backend`."""
 
     def exec(
         self,
@@ -209,13 +270,107 @@ class Sandbox(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-# Backends register lazily by module path: importing the docker SDK or probing bwrap costs
-# nothing until that backend is asked for.
-BACKENDS: dict[str, str] = {
-    "docker": "agentrl.sandbox.docker:DockerSandbox",
-    "bwrap": "agentrl.sandbox.bwrap:BwrapSandbox",
-    "local": "agentrl.sandbox.local:LocalSandbox",
-}
+# --------------------------------------------------------------------------------------
+# What the built-in backends share
+# --------------------------------------------------------------------------------------
+
+
+def as_argv(cmd: Command) -> tuple[str, ...]:
+    """An argv from the protocol's `cmd`: a string runs under `/bin/sh -c`; paths become strings."""
+    if isinstance(cmd, str):
+        return ("/bin/sh", "-c", cmd)
+    if isinstance(cmd, bytes) or not isinstance(cmd, Sequence):
+        raise ValueError(f"cmd must be a shell string or a non-empty list of strings, got {cmd!r}")
+    argv = tuple(os.fspath(a) if isinstance(a, os.PathLike) else a for a in cmd)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"cmd must be a shell string or a non-empty list of strings, got {cmd!r}")
+    return argv
+
+
+class ExecOptions(TypedDict, total=False):
+    """`Sandbox.exec`'s keyword arguments; the protocol's `exec` says what each does."""
+
+    timeout: float | None
+    stdin: str | bytes | None
+    env: Mapping[str, str] | None
+    privileged: bool
+    as_verifier: bool
+    output_limit: int | None
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """One `exec` call, checked, with every default resolved: what a backend's `_exec` runs."""
+
+    argv: tuple[str, ...]
+    timeout: float
+    """Seconds; the sandbox's `limits.exec_timeout_s` unless the call gave one."""
+    stdin: bytes | None
+    env: Mapping[str, str]
+    """The call's own variables (on top of the sandbox's `spec.env`)."""
+    identity: Identity
+    output_limit: int
+    """Bytes kept of each of stdout and stderr."""
+
+    @classmethod
+    def make(cls, cmd: Command, limits: Limits, options: ExecOptions) -> ExecRequest:
+        """The request of `exec(cmd, **options)` on a sandbox with `limits`, or a clear error."""
+        unknown = sorted(set(options) - ExecOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(
+                f"exec() got unknown keyword(s) {unknown}; it takes {sorted(ExecOptions.__optional_keys__)}"
+            )
+        privileged, as_verifier = options.get("privileged", False), options.get("as_verifier", False)
+        if privileged and as_verifier:
+            raise ValueError("privileged and as_verifier are two different identities; pick one")
+        timeout = options.get("timeout")
+        timeout = limits.exec_timeout_s if timeout is None else timeout
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        output_limit = options.get("output_limit")
+        output_limit = limits.output_limit_bytes if output_limit is None else output_limit
+        if output_limit < 1:
+            raise ValueError(f"output_limit must be >= 1 byte, got {output_limit}")
+        stdin = options.get("stdin")
+        return cls(
+            argv=as_argv(cmd),
+            timeout=float(timeout),
+            stdin=stdin.encode() if isinstance(stdin, str) else None if stdin is None else bytes(stdin),
+            env=check_string_map(options.get("env"), "the exec's env"),
+            identity="privileged" if privileged else "verifier" if as_verifier else "agent",
+            output_limit=output_limit,
+        )
+
+
+class CappedOutput:
+    """One output stream, kept up to `cap` bytes while it is read; the rest is counted, not kept
+    (100 MB of output costs no memory)."""
+
+    __slots__ = ("cap", "data", "dropped")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes | memoryview) -> None:
+        room = max(self.cap - len(self.data), 0)
+        if len(chunk) > room:
+            self.dropped += len(chunk) - room
+            chunk = chunk[:room]
+        self.data += chunk
+
+    def text(self) -> str:
+        """The kept bytes as text, with the truncation note when anything was dropped."""
+        text = self.data.decode("utf-8", errors="replace")
+        return text + TRUNCATION_NOTE.format(n=self.dropped) if self.dropped else text
+
+
+def signal_exit(code: int) -> int:
+    """The protocol's exit code from a runtime that reports "killed by signal N" as 128+N (docker,
+    bwrap): -N, as `subprocess` says. A program that itself exits 129..159 reads the same: such a
+    runtime cannot tell the two apart."""
+    return 128 - code if 128 < code < 160 else code
 
 
 def read_limit(limits: Limits, max_bytes: int | None) -> int:
@@ -227,6 +382,139 @@ def read_limit(limits: Limits, max_bytes: int | None) -> int:
     return max_bytes
 
 
+class FileAccess(Protocol):
+    """How a backend reaches the sandbox's files (`SandboxBase`'s file methods call it).
+
+    Paths are as the sandbox sees them (relative ones under the workdir). `local` and `bwrap`
+    use `agentrl.sandbox.hostfs.HostView` (host side); docker works inside the container.
+    """
+
+    def write(self, path: str, data: bytes, *, mode: int, privileged: bool) -> None: ...
+
+    def read(self, path: str, *, limit: int) -> bytes:
+        """A regular file's first `limit + 1` bytes at most: one over tells "larger" apart."""
+        ...
+
+    def copy_in(self, host_path: Path, path: str, *, privileged: bool) -> None: ...
+
+    def lost(self) -> str | None:
+        """Why the sandbox's files are gone (deleted from outside), or None."""
+        ...
+
+
+class SandboxBase:
+    """The `Sandbox` protocol's shared half: checked calls, defaults, read bounds, `with`, `close`.
+
+    A backend sets `backend`, `capabilities` and `self.files` (a `FileAccess`), and implements
+    `_exec(request)`, `_close()`, `kill_agent_processes()` and `alive()`.
+    """
+
+    backend: ClassVar[str]
+    capabilities: ClassVar[Capabilities] = NO_CAPABILITIES
+
+    def __init__(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> None:
+        self.spec = SandboxSpec.of(spec, **fields)
+        self.image = self.spec.image
+        self.limits = self.spec.limits
+        self.workdir = self.spec.workdir
+        self.env = dict(self.spec.env)
+        self.labels = dict(self.spec.labels)
+        self.id = f"{self.backend}-{uuid.uuid4().hex[:12]}"
+        self.files: FileAccess | None = None
+        self._closed = False
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def exec(self, cmd: Command, **options: Unpack[ExecOptions]) -> ExecResult:
+        """`Sandbox.exec`: the call checked, its defaults resolved (`ExecRequest`), then the backend's `_exec`."""
+        request = ExecRequest.make(cmd, self.limits, options)
+        self._check_open()
+        return self._exec(request)
+
+    def write_file(
+        self, path: str, data: str | bytes, *, mode: int = 0o644, privileged: bool = False
+    ) -> None:
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        self._open_files().write(path, payload, mode=mode, privileged=privileged)
+
+    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
+        limit = read_limit(self.limits, max_bytes)
+        data = self._open_files().read(path, limit=limit)
+        if len(data) > limit:
+            if not truncate:
+                raise FileTooLargeError(path, limit, f"sandbox {self.id}")
+            data = data[:limit]
+        return data
+
+    def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
+        host_path = Path(host_path)
+        if not host_path.exists() and not host_path.is_symlink():
+            raise FileNotFoundError(
+                errno.ENOENT, "copy_in: no such file or directory on the host", str(host_path)
+            )
+        self._open_files().copy_in(host_path, path, privileged=privileged)
+
+    def close(self) -> None:
+        """Destroy the sandbox and everything in it. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close()
+
+    def __enter__(self) -> SandboxBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"{type(self).__name__}(id={self.id!r}, image={self.image!r}, {state})"
+
+    # -- for backends -----------------------------------------------------------------------
+
+    def _exec(self, request: ExecRequest) -> ExecResult:
+        """Run one checked request (the sandbox is open); never raise for what the command does."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Destroy everything the sandbox holds; called once, by `close`."""
+        raise NotImplementedError
+
+    def kill_agent_processes(self) -> None:
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxDead(
+                f"sandbox {self.id} is closed; open a new one with open_sandbox({self.backend!r})"
+            )
+        why = self.files.lost() if self.files is not None else None
+        if why is not None:
+            raise SandboxDead(f"sandbox {self.id} {why}")
+
+    def _open_files(self) -> FileAccess:
+        self._check_open()
+        assert self.files is not None, f"{type(self).__name__} set no FileAccess"
+        return self.files
+
+
+# --------------------------------------------------------------------------------------
+# Backends and the factory
+# --------------------------------------------------------------------------------------
+
+# Backends register lazily by module path: importing the docker SDK or probing bwrap costs
+# nothing until that backend is asked for.
+BACKENDS: dict[str, str] = {
+    "docker": "agentrl.sandbox.docker:DockerSandbox",
+    "bwrap": "agentrl.sandbox.bwrap:BwrapSandbox",
+    "local": "agentrl.sandbox.local:LocalSandbox",
+}
+
+
 def backend_class(name: str) -> type:
     if name not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {name!r}; expected one of {sorted(BACKENDS)}")
@@ -234,25 +522,20 @@ def backend_class(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
+def backend_capabilities(name: str) -> Capabilities:
+    """What every sandbox of backend `name` promises, known before one is opened."""
+    return capabilities_of(backend_class(name))
+
+
 def open_sandbox(
-    backend: str = "docker",
-    *,
-    image: str = DEFAULT_IMAGE,
-    limits: Limits | None = None,
-    workdir: str = DEFAULT_WORKDIR,
-    env: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
+    backend: str = "docker", spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]
 ) -> Sandbox:
     """Start a fresh sandbox on `backend` ("docker", "bwrap" or "local") and return it started.
 
-    `labels` are recorded on the sandbox (docker: container labels) next to the run id, so a
-    reaper can find what a crashed run left behind.
+    Give a `SandboxSpec`, or its fields as keywords (`image=`, `limits=`, `workdir=`, `env=`,
+    `labels=`), or both (the keywords replace the spec's fields). `labels` are recorded on the
+    sandbox (docker: container labels) next to the run id, so a reaper can find what a crashed
+    run left behind.
     """
     cls = backend_class(backend)
-    return cls(
-        image=image,
-        limits=limits or Limits(),
-        workdir=workdir,
-        env=dict(env or {}),
-        labels=dict(labels or {}),
-    )
+    return cls(SandboxSpec.of(spec, **fields))

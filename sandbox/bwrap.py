@@ -120,21 +120,27 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Unpack
 
 from agentrl.sandbox.base import (
     AGENT_UID,
     AGENT_USER,
     DEFAULT_IMAGE,
-    DEFAULT_WORKDIR,
     PROTECTED_DIR,
-    Command,
+    Capabilities,
+    ExecRequest,
     ExecResult,
+    Identity,
     Limits,
+    SandboxBase,
     SandboxDead,
     SandboxError,
-    read_limit,
+    SandboxSpec,
+    SpecFields,
+    signal_exit,
 )
-from agentrl.sandbox.local import HostView, Mount, as_argv, run_capped
+from agentrl.sandbox.hostfs import HostView, Mount
+from agentrl.sandbox.process import kill_group, run_capped
 
 ROOTFS_ENV = "AGENTRL_BWRAP_ROOTFS"
 _COMPLETE_MARK = ".agentrl-rootfs-complete"
@@ -593,37 +599,21 @@ class Enforcement:
 # --------------------------------------------------------------------------------------
 
 
-class BwrapSandbox:
+class BwrapSandbox(SandboxBase):
     """A bubblewrap sandbox: one fresh bwrap (own namespaces) per exec over persistent dirs."""
 
     backend = "bwrap"
-    # File system, network and process isolation; no separate verifier user, but a verifier
-    # identity by mount view (see the module docstring).
-    capabilities: frozenset[str] = frozenset(
-        {"fs_isolation", "net_isolation", "pid_isolation", "verifier_identity"}
+    # One uid, so no separate users, but a verifier identity by mount view; every process of an
+    # exec dies with it (see the module docstring).
+    capabilities = Capabilities(
+        isolated=True, network_isolation=True, protected_dir=True, verifier_identity=True
     )
 
-    def __init__(
-        self,
-        *,
-        image: str = DEFAULT_IMAGE,
-        limits: Limits | None = None,
-        workdir: str = DEFAULT_WORKDIR,
-        env: Mapping[str, str] | None = None,
-        labels: Mapping[str, str] | None = None,
-    ) -> None:
-        if not workdir.startswith("/") or workdir.rstrip("/") in ("", "/proc", "/dev", PROTECTED_DIR, "/tmp"):
-            raise ValueError(
-                f"workdir must be an absolute path of its own like '/workspace', got {workdir!r}"
-            )
-        self.image = image
-        self.limits = limits or Limits()
-        self.workdir = workdir
-        self.env = dict(env or {})
-        self.labels = dict(labels or {})
-        self.id = f"bwrap-{uuid.uuid4().hex[:12]}"
+    def __init__(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> None:
+        super().__init__(spec, **fields)
+        workdir = self.workdir
         self._bwrap = bwrap_binary()
-        self.rootfs = find_rootfs(image)
+        self.rootfs = find_rootfs(self.image)
         self._private = private_paths(self.rootfs)
         self._prlimit = next((f"/{p}" for p in _PRLIMIT_PATHS if (self.rootfs / p).exists()), None)
         if self._prlimit is None:
@@ -669,7 +659,7 @@ class BwrapSandbox:
             network="shared with host (limits.network)" if self.limits.network else "namespace (none)",
         )
         self._finalizer = weakref.finalize(self, _cleanup, self._root, self._holder, self._cgroups)
-        self._view = HostView(
+        self.files = HostView(
             [
                 Mount("/", self.rootfs, agent_writable=False, privileged_writable=False),
                 Mount(workdir, self.host_workdir, agent_writable=True, privileged_writable=True),
@@ -685,7 +675,6 @@ class BwrapSandbox:
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._closed = False
         # One trial run, so a broken setup fails here, with bwrap's own words, not at the first tool call.
         try:
             trial = self.exec(["/bin/true"], timeout=30)
@@ -735,7 +724,7 @@ class BwrapSandbox:
 
     # -- commands -------------------------------------------------------------------------
 
-    def _options(self, env: Mapping[str, str], identity: str, scratch: Path | None) -> list[str]:
+    def _options(self, env: Mapping[str, str], identity: Identity, scratch: Path | None) -> list[str]:
         """bwrap's options for one exec. They reach bwrap through a file descriptor
         (`--args`), never its argv: bwrap's own process is PID 1 inside the sandbox, and its
         command line (host paths, environment values) is readable at /proc/1/cmdline."""
@@ -811,23 +800,7 @@ class BwrapSandbox:
             args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "agentrl-cgroup-join", *args]
         return args
 
-    def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        privileged: bool = False,
-        as_verifier: bool = False,
-        output_limit: int | None = None,
-    ) -> ExecResult:
-        self._check_open()
-        if privileged and as_verifier:
-            raise ValueError("privileged and as_verifier are two different identities; pick one")
-        timeout = self.limits.exec_timeout_s if timeout is None else timeout
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    def _exec(self, request: ExecRequest) -> ExecResult:
         full_env = {
             "PATH": _PATH,
             "HOME": self.workdir,
@@ -835,52 +808,37 @@ class BwrapSandbox:
             "LOGNAME": AGENT_USER,
             "LANG": "C.UTF-8",
             **self.env,
-            **(env or {}),
+            **request.env,
         }
-        identity = "privileged" if privileged else "verifier" if as_verifier else "agent"
         scratch = None
-        if as_verifier:
+        if request.identity == "verifier":
             # Made from the host side (the verifier's exec cannot write /verifier), in the capped tmpfs.
             name = f".verifier-tmp-{uuid.uuid4().hex[:12]}"
             (self.host_protected / name).mkdir(mode=0o700)
             scratch = self._prot_dir / name
-        options = self._options(full_env, identity, scratch)
+        options = self._options(full_env, request.identity, scratch)
         # A memfd, not a pipe: the options can outgrow a pipe's buffer (a large environment).
         options_fd = os.memfd_create("agentrl-bwrap-args", 0)  # close-on-exec unless passed
         try:
             os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")
             os.lseek(options_fd, 0, os.SEEK_SET)
-            argv = self._argv(as_argv(cmd), options_fd)
-            result = self._run(argv, stdin, timeout, options_fd, output_limit)
+            result = self._run(self._argv(list(request.argv), options_fd), request, options_fd)
         finally:
             os.close(options_fd)
             if scratch is not None:
                 shutil.rmtree(self.host_protected / scratch.name, ignore_errors=True)
-        if 128 < result.exit_code < 160 and not result.timed_out:
-            result = replace(result, exit_code=128 - result.exit_code)
+        if not result.timed_out:
+            result = replace(result, exit_code=signal_exit(result.exit_code))
         if not self.alive():
             raise SandboxDead(
                 f"sandbox {self.id} went away during exec (closed, or its directories were removed)"
             )
         return result
 
-    def _run(
-        self,
-        argv: list[str],
-        stdin: str | bytes | None,
-        timeout: float,
-        options_fd: int,
-        output_limit: int | None,
-    ) -> ExecResult:
+    def _run(self, argv: list[str], request: ExecRequest, options_fd: int) -> ExecResult:
         def on_start(proc: subprocess.Popen[bytes]) -> None:
             with self._lock:
                 self._running.add(proc)
-
-        def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-            # bwrap dies; --die-with-parent takes its pid-1 along, and the kernel then kills
-            # every process left in that pid namespace.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
 
         with self._lock:  # a drain in progress (below) finishes before a new exec starts
             self._in_flight += 1
@@ -892,10 +850,12 @@ class BwrapSandbox:
                 # Nothing of the host's environment: bwrap's own environment is readable inside
                 # at /proc/1/environ. Every program here is called by absolute path.
                 env={},
-                stdin=stdin,
-                timeout=timeout,
-                output_limit=self.limits.output_limit_bytes if output_limit is None else output_limit,
-                kill_tree=kill_tree,
+                stdin=request.stdin,
+                timeout=request.timeout,
+                output_limit=request.output_limit,
+                # bwrap dies; --die-with-parent takes its pid-1 along, and the kernel then kills
+                # every process left in that pid namespace.
+                kill_tree=kill_group,
                 on_start=on_start,
                 pass_fds=(options_fd,),
             )
@@ -914,27 +874,9 @@ class BwrapSandbox:
         with self._lock:
             running = list(self._running)
         for proc in running:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc)
         if self._cgroups is not None:
             self._cgroups.kill_all()
-
-    # -- files (host side; confined to the sandbox's view) --------------------------------
-
-    def write_file(
-        self, path: str, data: str | bytes, *, mode: int = 0o644, privileged: bool = False
-    ) -> None:
-        self._check_open()
-        payload = data.encode() if isinstance(data, str) else bytes(data)
-        self._view.write(path, payload, mode=mode, privileged=privileged)
-
-    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
-        self._check_open()
-        return self._view.read(path, limit=read_limit(self.limits, max_bytes), truncate=truncate)
-
-    def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
-        self._check_open()
-        self._view.copy_in(host_path, path, privileged=privileged)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -946,10 +888,7 @@ class BwrapSandbox:
             and self.rootfs.is_dir()
         )
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         self.kill_agent_processes()
         with self._lock:
             running = list(self._running)
@@ -957,23 +896,6 @@ class BwrapSandbox:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         self._finalizer()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxDead(f"sandbox {self.id} is closed; open a new one with open_sandbox('bwrap')")
-        if not self.host_workdir.is_dir():
-            raise SandboxDead(
-                f"sandbox {self.id} lost its workspace {self.host_workdir} (deleted from outside)"
-            )
-
-    def __enter__(self) -> BwrapSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"BwrapSandbox(id={self.id!r}, image={self.image!r}, root={str(self._root)!r})"
 
 
 def main(argv: list[str] | None = None) -> int:

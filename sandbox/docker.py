@@ -50,25 +50,28 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, Unpack
 
 from agentrl.sandbox import reaper
 from agentrl.sandbox.base import (
     AGENT_UID,
-    DEFAULT_IMAGE,
-    DEFAULT_WORKDIR,
+    KILLED,
     PROTECTED_DIR,
     VERIFIER_UID,
-    Command,
+    Capabilities,
+    CappedOutput,
     EngineUnavailable,
+    ExecRequest,
     ExecResult,
-    FileTooLargeError,
-    Limits,
+    Identity,
     NotRegularFileError,
+    SandboxBase,
     SandboxDead,
     SandboxError,
     SandboxPathError,
-    read_limit,
+    SandboxSpec,
+    SpecFields,
+    signal_exit,
 )
 from agentrl.sandbox.engine import Engine, is_engine_failure
 from agentrl.sandbox.engine import engine as engine_for
@@ -80,6 +83,7 @@ ROOT_USER = "0:0"
 # Neither root nor the agent: it reads the agent's (world-readable) workspace, cannot read the
 # image's root-only files, and cannot write the workspace (0755, uid 1000) or /verifier (root's).
 VERIFIER_USER = f"{VERIFIER_UID}:{VERIFIER_UID}"
+_USERS: dict[Identity, str] = {"agent": AGENT_USER, "privileged": ROOT_USER, "verifier": VERIFIER_USER}
 # Every exec's processes inherit this variable (value: a fresh uuid per exec); on timeout the
 # killer finds the command's whole tree by it, including children that left its session.
 EXEC_MARKER = "AGENTRL_EXEC"
@@ -94,7 +98,6 @@ _DRAIN_AFTER_KILL_S = 3.0
 # Bound on file transfers and the killer itself (they are ours, not the agent's commands).
 _INTERNAL_TIMEOUT_S = 60.0
 _OCI_EXEC_FAILED = "OCI runtime exec failed"
-TRUNCATION_NOTE = "\n[agentrl: output truncated, {n} bytes dropped]"
 
 # Runs inside the container, as the user of the timed-out exec (only that user may signal its
 # processes: root here has no CAP_KILL). It stops, then kills, every process that carries the
@@ -222,10 +225,8 @@ class _Demux:
     """Splits docker's multiplexed stream (8-byte frame headers) into stdout and stderr,
     keeping at most `cap` bytes of each and counting the rest, so memory stays bounded."""
 
-    def __init__(self, cap: int | None) -> None:
-        self.cap = cap
-        self.out = {1: bytearray(), 2: bytearray()}
-        self.dropped = {1: 0, 2: 0}
+    def __init__(self, cap: int) -> None:
+        self.out = {1: CappedOutput(cap), 2: CappedOutput(cap)}
         self._header = bytearray()
         self._left = 0  # bytes still to come in the current frame
         self._kind = 1
@@ -245,31 +246,23 @@ class _Demux:
                 self._kind = 2 if kind == 2 else 1
                 continue
             take = min(self._left, n - i)
-            self._store(view[i : i + take])
+            self.out[self._kind].feed(view[i : i + take])
             i += take
             self._left -= take
-
-    def _store(self, chunk: memoryview) -> None:
-        buf = self.out[self._kind]
-        room = len(chunk) if self.cap is None else max(self.cap - len(buf), 0)
-        if room >= len(chunk):
-            buf += chunk
-        else:
-            buf += chunk[:room]
-            self.dropped[self._kind] += len(chunk) - room
 
 
 @dataclass(frozen=True)
 class _Raw:
-    """An exec's outcome in bytes, before `ExecResult` decodes it."""
+    """An exec's outcome in bytes, before `ExecResult` decodes it. `exit_code` as docker says it."""
 
     exit_code: int
-    stdout: bytes
-    stderr: bytes
-    dropped_stdout: int
-    dropped_stderr: int
+    stdout: CappedOutput
+    stderr: CappedOutput
     timed_out: bool
     duration_s: float
+
+    def err(self) -> str:
+        return self.stderr.data.decode(errors="replace").strip()
 
 
 def _chunks(stdin: bytes | IO[bytes] | None) -> Iterator[bytes] | None:
@@ -298,39 +291,25 @@ def _buffered_prefix(sio: Any) -> bytes:
 # --- the sandbox ---------------------------------------------------------------------------
 
 
-class DockerSandbox:
+class DockerSandbox(SandboxBase):
     """One container, started in the constructor; use it as a context manager or call `close()`."""
 
     backend = "docker"
-    # What this backend isolates, in the vocabulary of `agentrl.sandbox.bwrap`, plus
-    # "user_switch": privileged execs run as a different user (root) than the agent;
-    # "verifier_identity": `as_verifier` execs run unprivileged, apart from both (base.py).
-    capabilities: frozenset[str] = frozenset(
-        {"fs_isolation", "net_isolation", "pid_isolation", "user_switch", "verifier_identity"}
+    capabilities = Capabilities(
+        isolated=True,
+        network_isolation=True,
+        protected_dir=True,
+        verifier_identity=True,
+        separate_users=True,
+        background_processes=True,
     )
 
-    def __init__(
-        self,
-        *,
-        image: str = DEFAULT_IMAGE,
-        limits: Limits | None = None,
-        workdir: str = DEFAULT_WORKDIR,
-        env: Mapping[str, str] | None = None,
-        labels: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> None:
         import docker.errors
 
-        self.limits = limits or Limits()
-        self.image = image
-        workdir = posixpath.normpath(workdir)
-        if not workdir.startswith("/") or workdir == "/":
-            raise ValueError(f"workdir must be an absolute directory other than '/', got {workdir!r}")
-        if workdir == PROTECTED_DIR or workdir.startswith(PROTECTED_DIR + "/"):
-            raise ValueError(
-                f"workdir {workdir!r} would be inside {PROTECTED_DIR}, which the agent must not own"
-            )
-        self.workdir = workdir
-        self._closed = False
+        super().__init__(spec, **fields)
+        image, workdir = self.image, self.workdir
+        self.files = _ContainerFiles(self)
         # First sandbox of this process: exit handlers for our containers, reap of dead runs.
         reaper.install_exit_handlers()
         if reaper.pending_removals():
@@ -350,7 +329,7 @@ class DockerSandbox:
         self.labels: dict[str, str] = {
             reaper.LABEL_RUN_ID: owner[reaper.LABEL_RUN_ID],
             LABEL_CREATED_AT: datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
-            **dict(labels or {}),
+            **self.spec.labels,
             **{k: v for k, v in owner.items() if k != reaper.LABEL_RUN_ID},
         }
         size = f"size={self.limits.disk_mb}m"
@@ -377,7 +356,7 @@ class DockerSandbox:
                     init=True,
                     user=ROOT_USER,
                     working_dir=workdir,
-                    environment=dict(env or {}),
+                    environment=self.env,
                     labels=self.labels,
                     network_mode="bridge" if self.limits.network else "none",
                     mem_limit=memory,
@@ -424,35 +403,14 @@ class DockerSandbox:
 
     # --- commands --------------------------------------------------------------------------
 
-    def exec(
-        self,
-        cmd: Command,
-        *,
-        timeout: float | None = None,
-        stdin: str | bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        privileged: bool = False,
-        as_verifier: bool = False,
-        output_limit: int | None = None,
-    ) -> ExecResult:
-        if privileged and as_verifier:
-            raise ValueError("privileged and as_verifier are two different identities; pick one")
-        if isinstance(cmd, str):
-            argv = ["/bin/sh", "-c", cmd]
-        else:
-            argv = [str(a) for a in cmd]
-            if not argv:
-                raise ValueError("cmd is an empty argv list; pass at least the program to run")
-        timeout = self.limits.exec_timeout_s if timeout is None else timeout
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+    def _exec(self, request: ExecRequest) -> ExecResult:
         raw = self._run(
-            argv,
-            user=ROOT_USER if privileged else VERIFIER_USER if as_verifier else AGENT_USER,
-            env=env,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            timeout=timeout,
-            cap=self.limits.output_limit_bytes if output_limit is None else output_limit,
+            list(request.argv),
+            user=_USERS[request.identity],
+            env=request.env,
+            stdin=request.stdin,
+            timeout=request.timeout,
+            cap=request.output_limit,
         )
         if raw.exit_code == 128 + 9 and not raw.timed_out and self._stopped_from_outside():
             # SIGKILL can be the command's own fate (kill -9, the OOM killer) or the container's:
@@ -461,31 +419,20 @@ class DockerSandbox:
             self._dead(
                 "its container was killed or stopped from outside (docker kill/stop) during the command"
             )
-        stdout = raw.stdout.decode("utf-8", errors="replace")
-        stderr = raw.stderr.decode("utf-8", errors="replace")
         exit_code = raw.exit_code
-        if exit_code == 126 and stdout.startswith(_OCI_EXEC_FAILED):
+        if exit_code == 126 and raw.stdout.data.startswith(_OCI_EXEC_FAILED.encode()):
             # runc could not start the program; docker reports that as exit 126 with its error
             # on stdout. Say it the way a shell would: on stderr, 127 when there is no such program.
-            stdout, stderr = "", stdout.strip() + "\n"
-            if "not found" in stderr or "no such file" in stderr:
+            raw.stderr.data[:] = raw.stdout.data.strip() + b"\n"
+            raw.stdout.data.clear()
+            if b"not found" in raw.stderr.data or b"no such file" in raw.stderr.data:
                 exit_code = 127
-        if 128 < exit_code < 160 and not raw.timed_out:
-            # Docker reports a command killed by signal N as 128+N; the protocol (like
-            # `subprocess` and the bwrap backend) says -N. A program that itself exits with
-            # 129..159 reads the same: docker cannot tell the two apart.
-            exit_code = 128 - exit_code
-        if raw.dropped_stdout:
-            stdout += TRUNCATION_NOTE.format(n=raw.dropped_stdout)
-        if raw.dropped_stderr:
-            stderr += TRUNCATION_NOTE.format(n=raw.dropped_stderr)
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
+        return ExecResult.captured(
+            exit_code if raw.timed_out else signal_exit(exit_code),
+            raw.stdout,
+            raw.stderr,
             timed_out=raw.timed_out,
             duration_s=raw.duration_s,
-            truncated=bool(raw.dropped_stdout or raw.dropped_stderr),
         )
 
     def _run(
@@ -496,7 +443,7 @@ class DockerSandbox:
         env: Mapping[str, str] | None,
         stdin: bytes | IO[bytes] | None,
         timeout: float,
-        cap: int | None,
+        cap: int,
         kill_on_timeout: bool = True,
     ) -> _Raw:
         """One docker exec: create, start (hijacked socket), inspect, the same three API calls
@@ -532,13 +479,10 @@ class DockerSandbox:
                     self._pump(sock, demux, None, time.monotonic() + _DRAIN_AFTER_KILL_S)
         finally:
             self._close_stream(sio)
-        exit_code = -9 if timed_out else self._exit_code(exec_id)
         return _Raw(
-            exit_code=exit_code,
-            stdout=bytes(demux.out[1]),
-            stderr=bytes(demux.out[2]),
-            dropped_stdout=demux.dropped[1],
-            dropped_stderr=demux.dropped[2],
+            exit_code=KILLED if timed_out else self._exit_code(exec_id),
+            stdout=demux.out[1],
+            stderr=demux.out[2],
             timed_out=timed_out,
             duration_s=time.monotonic() - start,
         )
@@ -626,10 +570,10 @@ class DockerSandbox:
             return False  # still running when the wait ran out: the command alone was killed
         return True
 
-    def _kill_tree(self, marker: str, user: str, elapsed_s: float) -> None:
-        """Kill what a timed-out exec started (see `_KILLER`), as the exec's own user."""
-        raw = self._run(
-            ["python3", "-c", _KILLER, marker, f"{elapsed_s:.3f}"],
+    def _internal(self, argv: list[str], user: str) -> _Raw:
+        """One of our own short commands (the killers): bounded, never killed on timeout itself."""
+        return self._run(
+            argv,
             user=user,
             env=None,
             stdin=None,
@@ -637,6 +581,10 @@ class DockerSandbox:
             cap=4096,
             kill_on_timeout=False,
         )
+
+    def _kill_tree(self, marker: str, user: str, elapsed_s: float) -> None:
+        """Kill what a timed-out exec started (see `_KILLER`), as the exec's own user."""
+        raw = self._internal(["python3", "-c", _KILLER, marker, f"{elapsed_s:.3f}"], user)
         if raw.exit_code != 0 and user == AGENT_USER:
             # The killer could not run (no python3 in the image, or a fork bomb left no pid
             # for it) or could not finish: take down every agent process rather than leave
@@ -646,167 +594,16 @@ class DockerSandbox:
     def kill_agent_processes(self) -> None:
         deadline = time.monotonic() + _KILL_ALL_DEADLINE_S
         while True:
-            raw = self._run(
-                ["/bin/sh", "-c", _KILL_ALL_AGENT],
-                user=AGENT_USER,
-                env=None,
-                stdin=None,
-                timeout=_INTERNAL_TIMEOUT_S,
-                cap=4096,
-                kill_on_timeout=False,
-            )
+            raw = self._internal(["/bin/sh", "-c", _KILL_ALL_AGENT], AGENT_USER)
             if raw.exit_code == 0:
                 return
             if time.monotonic() > deadline:
                 raise SandboxError(
                     f"could not kill the agent's processes in sandbox {self.id} within "
                     f"{_KILL_ALL_DEADLINE_S:.0f}s (last attempt: exit {raw.exit_code}, "
-                    f"{raw.stdout.decode(errors='replace').strip()!r}); close the sandbox instead"
+                    f"{raw.stdout.data.decode(errors='replace').strip()!r}); close the sandbox instead"
                 )
             time.sleep(0.05)
-
-    # --- files -----------------------------------------------------------------------------
-
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.workdir, str(path)))
-
-    def write_file(
-        self, path: str, data: str | bytes, *, mode: int = 0o644, privileged: bool = False
-    ) -> None:
-        target = self._path(path)
-        payload = data.encode() if isinstance(data, str) else bytes(data)
-        uid = 0 if privileged else AGENT_UID
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            info = tarfile.TarInfo(target.lstrip("/"))
-            info.size, info.mode, info.mtime = len(payload), mode, int(time.time())
-            info.uid = info.gid = uid
-            tar.addfile(info, io.BytesIO(payload))
-        self._untar(buf.getvalue(), target, privileged)
-
-    def copy_in(self, host_path: str | Path, path: str, *, privileged: bool = False) -> None:
-        host_path = Path(host_path)
-        if not host_path.exists():
-            raise FileNotFoundError(errno.ENOENT, "no such file or directory on the host", str(host_path))
-        target = self._path(path)
-        uid = 0 if privileged else AGENT_UID
-
-        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid = info.gid = uid
-            info.uname = info.gname = ""
-            return info
-
-        # Spooled: small trees stay in memory, a large dataset goes through a temporary file.
-        with tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024) as spool:
-            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(host_path, arcname=target.lstrip("/"), recursive=True, filter=owned)
-            spool.seek(0)
-            self._untar(spool, target, privileged)  # type: ignore[arg-type]
-
-    def _untar(self, archive: bytes | IO[bytes], target: str, privileged: bool) -> None:
-        """Extract a tar streamed into `tar -x` inside the container.
-
-        `put_archive` (docker cp) writes to the container's root layer and cannot reach tmpfs
-        mounts such as the workspace, so the archive goes through an exec's stdin instead.
-        """
-        raw = self._run(
-            # -p keeps the modes we set; -m skips mtimes (utime fails on dirs we do not own);
-            # --no-overwrite-dir leaves existing directories such as the workspace as they are.
-            ["tar", "-x", "-p", "-m", "--no-same-owner", "--no-overwrite-dir", "-C", "/", "-f", "-"],
-            user=ROOT_USER if privileged else AGENT_USER,
-            env=None,
-            stdin=archive,
-            timeout=max(self.limits.exec_timeout_s, _INTERNAL_TIMEOUT_S),
-            cap=self.limits.output_limit_bytes,
-        )
-        if raw.timed_out:
-            raise SandboxError(f"copying into {target} in sandbox {self.id} timed out")
-        if raw.exit_code != 0:
-            lines = raw.stderr.decode(errors="replace").strip().splitlines()
-            message = "; ".join(ln for ln in lines if "Exiting with failure status" not in ln)
-            self._raise_fs_error(message or f"tar exited {raw.exit_code}", target, privileged)
-
-    def _raise_fs_error(self, message: str, target: str, privileged: bool) -> NoReturn:
-        if "No space left" in message or "Disk quota" in message:
-            raise OSError(
-                errno.ENOSPC,
-                f"no space left writing {target} (the workspace and /tmp are capped at "
-                f"{self.limits.disk_mb} MiB each: raise Limits.disk_mb): {message}",
-            )
-        if any(
-            s in message for s in ("Permission denied", "Read-only file system", "Operation not permitted")
-        ):
-            who = "root (privileged)" if privileged else "the agent"
-            raise PermissionError(
-                errno.EACCES,
-                f"{who} cannot write {target}: {message}. The agent writes {self.workdir} and /tmp; "
-                f"privileged=True writes {PROTECTED_DIR}; the rest of the file system is read-only",
-            )
-        if "File exists" in message:
-            # tar replaces an existing file by unlinking it first (never writing through a
-            # symlink); that fails on the read-only root and where a directory is in the way.
-            raise FileExistsError(
-                errno.EEXIST,
-                f"cannot replace what is already at {target} (a directory, or a file on the "
-                f"read-only root): {message}",
-            )
-        raise SandboxError(f"could not write {target} in sandbox {self.id}: {message}")
-
-    def read_file(self, path: str, *, max_bytes: int | None = None, truncate: bool = False) -> bytes:
-        target = self._path(path)
-        limit = read_limit(self.limits, max_bytes)
-        message = ""
-        # As the agent: it owns the workspace. Root is tried only for paths under
-        # PROTECTED_DIR, where the agent cannot plant anything: reading an agent-chosen path
-        # (say a symlink to a root-only file) as root would make us a confused deputy.
-        users = [AGENT_USER]
-        if target.startswith(PROTECTED_DIR + "/"):
-            users.append(ROOT_USER)
-        raw = None
-        for user in users:
-            raw = self._run(
-                ["/bin/sh", "-c", _READ_SCRIPT, "agentrl-read", target, str(limit + 1), user],
-                user=user,
-                env=None,
-                stdin=None,
-                timeout=min(self.limits.exec_timeout_s, _READ_TIMEOUT_S),
-                # One byte over the limit tells "exactly at the limit" from "larger": never more.
-                cap=limit + 1,
-            )
-            if raw.exit_code == 0 and not raw.timed_out:
-                break
-            message = raw.stderr.decode(errors="replace").strip()
-            # The agent may not even see into PROTECTED_DIR (then the file looks missing to it).
-            if "Permission denied" not in message and "agentrl-read: missing" not in message:
-                break
-        assert raw is not None
-        if raw.exit_code == 0 and not raw.timed_out:
-            data = raw.stdout
-            if len(data) > limit:
-                if not truncate:
-                    raise FileTooLargeError(target, limit, f"sandbox {self.id}")
-                data = data[:limit]
-            return data
-        if "agentrl-read: special" in message:
-            raise NotRegularFileError(
-                f"{target} in sandbox {self.id} is not a regular file (a device, FIFO or socket); refused"
-            )
-        if "agentrl-read: outside" in message:
-            raise SandboxPathError(
-                f"{target} in sandbox {self.id} resolves outside {PROTECTED_DIR}; refused (it is read as the agent)"
-            )
-        if "No such file" in message or "Not a directory" in message or "agentrl-read: missing" in message:
-            raise FileNotFoundError(errno.ENOENT, f"no such file in sandbox {self.id}", target)
-        if "agentrl-read: directory" in message or "Is a directory" in message:
-            raise IsADirectoryError(errno.EISDIR, f"is a directory in sandbox {self.id}", target)
-        if "Permission denied" in message:
-            raise PermissionError(errno.EACCES, f"unreadable in sandbox {self.id}", target)
-        if raw.timed_out:
-            message = (
-                f"timed out after {min(self.limits.exec_timeout_s, _READ_TIMEOUT_S):g}s "
-                "(was it swapped for a FIFO while being read?)"
-            )
-        raise SandboxError(f"could not read {target} in sandbox {self.id}: {message}")
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -824,13 +621,10 @@ class DockerSandbox:
         except Exception:
             return False
 
-    def close(self) -> None:
-        """Remove the container. Safe to call twice. With the engine down or hung, the removal is
-        owed, not forgotten (`reaper.pending_removals()`): retried when the next sandbox opens, at
-        exit, and, after this process ends, by the next start-up reap (the labels name it)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
+        """Remove the container. With the engine down or hung, the removal is owed, not forgotten
+        (`reaper.pending_removals()`): retried when the next sandbox opens, at exit, and, after
+        this process ends, by the next start-up reap (the labels name it)."""
         import docker.errors
 
         try:
@@ -849,16 +643,6 @@ class DockerSandbox:
             log.warning("container %s is owed a removal: %s", self.name, exc)
             return
         reaper.unregister(self.name)
-
-    def __enter__(self) -> DockerSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"DockerSandbox({self.name}, image={self.image!r}, {state})"
 
 
 class _DockerErrors:
@@ -892,3 +676,140 @@ class _DockerErrors:
         if isinstance(exc, docker.errors.DockerException):
             raise SandboxError(f"docker sandbox {self.sandbox.id}: {exc}") from exc
         return False
+
+
+class _ContainerFiles:
+    """The sandbox's `FileAccess`: every file operation runs inside the container, as the user it
+    is for (the agent, or root for `privileged`), so the kernel's permission checks apply."""
+
+    def __init__(self, sandbox: DockerSandbox) -> None:
+        self.sandbox = sandbox
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.sandbox.workdir, str(path)))
+
+    def lost(self) -> str | None:
+        return None  # a container that went away says so at the next engine call
+
+    def write(self, path: str, data: bytes, *, mode: int, privileged: bool) -> None:
+        target = self._path(path)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            info = tarfile.TarInfo(target.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            info.uid = info.gid = 0 if privileged else AGENT_UID
+            tar.addfile(info, io.BytesIO(data))
+        self._untar(buf.getvalue(), target, privileged)
+
+    def copy_in(self, host_path: Path, path: str, *, privileged: bool) -> None:
+        target = self._path(path)
+        uid = 0 if privileged else AGENT_UID
+
+        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = uid
+            info.uname = info.gname = ""
+            return info
+
+        # Spooled: small trees stay in memory, a large dataset goes through a temporary file.
+        with tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024) as spool:
+            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(host_path, arcname=target.lstrip("/"), recursive=True, filter=owned)
+            spool.seek(0)
+            self._untar(spool, target, privileged)  # type: ignore[arg-type]
+
+    def _untar(self, archive: bytes | IO[bytes], target: str, privileged: bool) -> None:
+        """Extract a tar streamed into `tar -x` inside the container.
+
+        `put_archive` (docker cp) writes to the container's root layer and cannot reach tmpfs
+        mounts such as the workspace, so the archive goes through an exec's stdin instead.
+        """
+        limits = self.sandbox.limits
+        raw = self.sandbox._run(
+            # -p keeps the modes we set; -m skips mtimes (utime fails on dirs we do not own);
+            # --no-overwrite-dir leaves existing directories such as the workspace as they are.
+            ["tar", "-x", "-p", "-m", "--no-same-owner", "--no-overwrite-dir", "-C", "/", "-f", "-"],
+            user=ROOT_USER if privileged else AGENT_USER,
+            env=None,
+            stdin=archive,
+            timeout=max(limits.exec_timeout_s, _INTERNAL_TIMEOUT_S),
+            cap=limits.output_limit_bytes,
+        )
+        if raw.timed_out:
+            raise SandboxError(f"copying into {target} in sandbox {self.sandbox.id} timed out")
+        if raw.exit_code != 0:
+            lines = raw.err().splitlines()
+            message = "; ".join(ln for ln in lines if "Exiting with failure status" not in ln)
+            self._raise_write_error(message or f"tar exited {raw.exit_code}", target, privileged)
+
+    def _raise_write_error(self, message: str, target: str, privileged: bool) -> NoReturn:
+        if "No space left" in message or "Disk quota" in message:
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left writing {target} (the workspace and /tmp are capped at "
+                f"{self.sandbox.limits.disk_mb} MiB each: raise Limits.disk_mb): {message}",
+            )
+        if any(
+            s in message for s in ("Permission denied", "Read-only file system", "Operation not permitted")
+        ):
+            who = "root (privileged)" if privileged else "the agent"
+            raise PermissionError(
+                errno.EACCES,
+                f"{who} cannot write {target}: {message}. The agent writes {self.sandbox.workdir} and /tmp; "
+                f"privileged=True writes {PROTECTED_DIR}; the rest of the file system is read-only",
+            )
+        if "File exists" in message:
+            # tar replaces an existing file by unlinking it first (never writing through a
+            # symlink); that fails on the read-only root and where a directory is in the way.
+            raise FileExistsError(
+                errno.EEXIST,
+                f"cannot replace what is already at {target} (a directory, or a file on the "
+                f"read-only root): {message}",
+            )
+        raise SandboxError(f"could not write {target} in sandbox {self.sandbox.id}: {message}")
+
+    def read(self, path: str, *, limit: int) -> bytes:
+        target = self._path(path)
+        where = f"sandbox {self.sandbox.id}"
+        timeout = min(self.sandbox.limits.exec_timeout_s, _READ_TIMEOUT_S)
+        message = ""
+        # As the agent: it owns the workspace. Root is tried only for paths under
+        # PROTECTED_DIR, where the agent cannot plant anything: reading an agent-chosen path
+        # (say a symlink to a root-only file) as root would make us a confused deputy.
+        users = [AGENT_USER]
+        if target.startswith(PROTECTED_DIR + "/"):
+            users.append(ROOT_USER)
+        raw = None
+        for user in users:
+            raw = self.sandbox._run(
+                ["/bin/sh", "-c", _READ_SCRIPT, "agentrl-read", target, str(limit + 1), user],
+                user=user,
+                env=None,
+                stdin=None,
+                timeout=timeout,
+                # One byte over the limit tells "exactly at the limit" from "larger": never more.
+                cap=limit + 1,
+            )
+            if raw.exit_code == 0 and not raw.timed_out:
+                return bytes(raw.stdout.data)
+            message = raw.err()
+            # The agent may not even see into PROTECTED_DIR (then the file looks missing to it).
+            if "Permission denied" not in message and "agentrl-read: missing" not in message:
+                break
+        assert raw is not None
+        if "agentrl-read: special" in message:
+            raise NotRegularFileError(
+                f"{target} in {where} is not a regular file (a device, FIFO or socket); refused"
+            )
+        if "agentrl-read: outside" in message:
+            raise SandboxPathError(
+                f"{target} in {where} resolves outside {PROTECTED_DIR}; refused (it is read as the agent)"
+            )
+        if "No such file" in message or "Not a directory" in message or "agentrl-read: missing" in message:
+            raise FileNotFoundError(errno.ENOENT, f"no such file in {where}", target)
+        if "agentrl-read: directory" in message or "Is a directory" in message:
+            raise IsADirectoryError(errno.EISDIR, f"is a directory in {where}", target)
+        if "Permission denied" in message:
+            raise PermissionError(errno.EACCES, f"unreadable in {where}", target)
+        if raw.timed_out:
+            message = f"timed out after {timeout:g}s (was it swapped for a FIFO while being read?)"
+        raise SandboxError(f"could not read {target} in {where}: {message}")

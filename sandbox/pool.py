@@ -2,9 +2,9 @@
 
 Starting a sandbox costs hundreds of milliseconds (a docker container) to tens (bwrap, local).
 An environment resets once per episode, so that cost is paid on the rollout's critical path.
-The pool pays it ahead of time instead: for each distinct configuration (a `PoolKey`: backend,
-image, limits, workdir, env, labels) it keeps `size` sandboxes started, hands one out on
-`acquire`, and starts a replacement in the background on a small thread pool.
+The pool pays it ahead of time instead: for each distinct configuration (a `PoolKey`: a backend
+and a `SandboxSpec`) it keeps `size` sandboxes started, hands one out on `acquire`, and starts a
+replacement in the background on a small thread pool.
 
     pool = SandboxPool(size=4)
     with pool.acquire("docker", limits=Limits(memory_mb=512)) as sb:   # ~ms when one is warm
@@ -39,19 +39,12 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Unpack
 
-from agentrl.sandbox.base import (
-    BACKENDS,
-    DEFAULT_IMAGE,
-    DEFAULT_WORKDIR,
-    Limits,
-    Sandbox,
-    SandboxError,
-    open_sandbox,
-)
+from agentrl.sandbox.base import BACKENDS, Sandbox, SandboxError, SandboxSpec, SpecFields, open_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -65,51 +58,26 @@ class SandboxPoolError(SandboxError):
 
 @dataclass(frozen=True)
 class PoolKey:
-    """Everything that makes two sandboxes interchangeable. Hashable: the pool's dict key."""
+    """Everything that makes two sandboxes interchangeable: a backend and a spec. The pool's dict key."""
 
     backend: str
-    image: str
-    limits: Limits
-    workdir: str
-    env: tuple[tuple[str, str], ...]
-    labels: tuple[tuple[str, str], ...]
+    spec: SandboxSpec
 
     @classmethod
     def make(
-        cls,
-        backend: str = "docker",
-        *,
-        image: str = DEFAULT_IMAGE,
-        limits: Limits | None = None,
-        workdir: str = DEFAULT_WORKDIR,
-        env: Mapping[str, str] | None = None,
-        labels: Mapping[str, str] | None = None,
+        cls, backend: str = "docker", spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]
     ) -> PoolKey:
-        """Normalise `open_sandbox`'s arguments into a key (mappings become sorted tuples)."""
+        """A key from `open_sandbox`'s arguments (a spec, its fields as keywords, or both)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {sorted(BACKENDS)}")
-        return cls(
-            backend=backend,
-            image=image,
-            limits=limits if limits is not None else Limits(),
-            workdir=workdir,
-            env=tuple(sorted(dict(env or {}).items())),
-            labels=tuple(sorted(dict(labels or {}).items())),
-        )
+        return cls(backend, SandboxSpec.of(spec, **fields))
 
     def open(self) -> Sandbox:
         """Start one fresh sandbox of this configuration (blocking)."""
-        return open_sandbox(
-            self.backend,
-            image=self.image,
-            limits=self.limits,
-            workdir=self.workdir,
-            env=dict(self.env),
-            labels=dict(self.labels),
-        )
+        return open_sandbox(self.backend, self.spec)
 
     def describe(self) -> str:
-        return f"{self.backend} sandbox (image {self.image!r}, workdir {self.workdir!r})"
+        return f"{self.backend} sandbox (image {self.spec.image!r}, workdir {self.spec.workdir!r})"
 
 
 @dataclass(frozen=True)
@@ -242,26 +210,21 @@ class SandboxPool:
     # ---- public API -------------------------------------------------------------------------
 
     def acquire(
-        self,
-        backend: str = "docker",
-        *,
-        image: str = DEFAULT_IMAGE,
-        limits: Limits | None = None,
-        workdir: str = DEFAULT_WORKDIR,
-        env: Mapping[str, str] | None = None,
-        labels: Mapping[str, str] | None = None,
+        self, backend: str = "docker", spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]
     ) -> Sandbox:
         """Hand out a started, never-used sandbox of this configuration; the caller must close it.
 
+        The configuration is a `SandboxSpec`, its fields as keywords, or both, as for `open_sandbox`.
         Takes a warm one when there is one (milliseconds). Otherwise waits for a background start
         already in flight, or starts one in this thread. Either way a replacement is started in
         the background. Raises `SandboxPoolError` when a background start of this configuration
         failed since the last acquire (the cause is chained), or when the pool is closed.
         """
-        key = PoolKey.make(backend, image=image, limits=limits, workdir=workdir, env=env, labels=labels)
-        return self.acquire_key(key)
+        return self.acquire_key(PoolKey.make(backend, spec, **fields))
 
-    async def acquire_async(self, backend: str = "docker", **key_kwargs: object) -> Sandbox:
+    async def acquire_async(
+        self, backend: str = "docker", spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]
+    ) -> Sandbox:
         """`acquire` for asyncio code: runs in a worker thread so the event loop never blocks.
 
         If the awaiting task is cancelled, the sandbox the thread still produces is closed
@@ -271,7 +234,7 @@ class SandboxPool:
         import functools
 
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, functools.partial(self.acquire, backend, **key_kwargs))
+        future = loop.run_in_executor(None, functools.partial(self.acquire, backend, spec, **fields))
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -320,18 +283,15 @@ class SandboxPool:
         wait: bool = True,
         timeout_s: float | None = None,
         backend: str = "docker",
-        image: str = DEFAULT_IMAGE,
-        limits: Limits | None = None,
-        workdir: str = DEFAULT_WORKDIR,
-        env: Mapping[str, str] | None = None,
-        labels: Mapping[str, str] | None = None,
+        spec: SandboxSpec | None = None,
+        **fields: Unpack[SpecFields],
     ) -> int:
         """Keep `n` (default: `size`) warm sandboxes of this configuration from now on.
 
         With `wait`, blocks until `n` are warm (or `timeout_s` passes) and raises the first
         background failure. Returns how many are warm.
         """
-        key = PoolKey.make(backend, image=image, limits=limits, workdir=workdir, env=env, labels=labels)
+        key = PoolKey.make(backend, spec, **fields)
         target = self.size if n is None else n
         if target < 0:
             raise ValueError(f"n must be >= 0 warm sandboxes, got {target}")
@@ -454,12 +414,9 @@ class SandboxPool:
         with self._cond:
             self._check_open()
             state = self._state_locked(key, to_close)
-            if state.error is not None:
-                error, state.error = state.error, None
-                state.reported_round = state.failures
-                raise self._background_error(key, state, error)
-            if state.ready:
-                return state.ready.popleft(), False
+            warm = self._ready_locked(key, state)
+            if warm is not None:
+                return warm, False
             # A start already running finishes sooner than a new one would, and costs nothing
             # extra; wait for it unless other callers already wait for every running one.
             if state.running <= state.waiting:
@@ -476,13 +433,16 @@ class SandboxPool:
                         break  # evicted while waiting
             finally:
                 state.waiting -= 1
-            if state.error is not None:
-                error, state.error = state.error, None
-                state.reported_round = state.failures
-                raise self._background_error(key, state, error)
-            if state.ready:
-                return state.ready.popleft(), False
-            return None, True
+            warm = self._ready_locked(key, state)
+            return warm, warm is None
+
+    def _ready_locked(self, key: PoolKey, state: _KeyState) -> _Warm | None:
+        """The next warm sandbox of `key`, or None; first raises a background failure no caller has seen."""
+        if state.error is not None:
+            error, state.error = state.error, None
+            state.reported_round = state.failures
+            raise self._background_error(key, state, error)
+        return state.ready.popleft() if state.ready else None
 
     def _usable(self, sandbox: Sandbox) -> bool:
         if not self.check_alive:

@@ -94,6 +94,26 @@ def test_stop_token_is_kept_and_ends_the_turn(policy) -> None:
 
 
 @pytest.mark.vllm
+def test_a_result_for_a_caller_whose_event_loop_closed_is_dropped(policy) -> None:
+    """Ctrl-C closes the rollout's event loop while a request is in flight: the engine thread must
+    drop that result and keep serving (and later shut down cleanly), not die on 'Event loop is closed'."""
+    from vllm.inputs import TokensPrompt
+
+    gone = asyncio.new_event_loop()
+    fut = gone.create_future()
+    gone.close()
+    greedy = SamplingConfig(temperature=0.0, max_tokens=4)
+    prompt = TokensPrompt(prompt_token_ids=PROMPTS[0])
+    policy._commands.put(("add", "orphan", prompt, policy.sampling_params(greedy), gone, fut))
+
+    async def after() -> int:  # bounded: a dead engine thread would leave it waiting forever
+        return len((await asyncio.wait_for(policy.generate(PROMPTS[1], greedy), 120)).token_ids)
+
+    assert asyncio.run(after()) == 4  # served after the orphan finished
+    assert policy._thread.is_alive() and not fut.done()
+
+
+@pytest.mark.vllm
 def test_update_weights_reaches_the_engine(policy, tiny_model_dir: Path, other_model_dir: Path) -> None:
     greedy = SamplingConfig(temperature=0.0, max_tokens=8)
     before = gather(policy, greedy)
@@ -160,8 +180,9 @@ def test_a_weight_push_does_not_report_failed_loads_for_layers_with_nothing_to_l
     policy, tiny_model_dir: Path
 ) -> None:
     """vLLM's layer-wise reload warns "RotaryEmbedding: Failed to load weights" on every push (its only
-    tensor is a computed, non-persistent buffer, in no checkpoint, which the reload restores): that
-    record is dropped; the layers are found by their structure, not by name."""
+    tensor is a computed, non-persistent buffer, in no checkpoint, which the reload restores), and
+    "ParallelLMHead: ..." for a head tied to the embedding: those records are dropped; the layers are
+    found by their structure, not by name."""
     import logging
 
     from agentrl.policy import _ExpectedReloadWarnings
@@ -181,6 +202,8 @@ def test_a_weight_push_does_not_report_failed_loads_for_layers_with_nothing_to_l
         logger.removeHandler(handler)
     (quiet,) = [f for f in logger.filters if isinstance(f, _ExpectedReloadWarnings)]
     assert "RotaryEmbedding" in quiet.layer_classes
+    assert "ParallelLMHead" in quiet.layer_classes  # the tiny model ties its head to the embedding
+    assert "VocabParallelEmbedding" not in quiet.layer_classes  # the layer the checkpoint does load
     assert not [r for r in records if "Failed to load weights" in r.getMessage()]
     # A layer with parameters that loaded nothing still warns.
     real = logging.LogRecord(

@@ -4,6 +4,11 @@ A verifier scores an episode from what the agent left behind: `verify(sandbox, t
 -> Verdict`. Verifiers run after the agent's last action. `run_verifier` is the only way the
 environment calls one: a verifier that times out or crashes gives reward 0 with the reason in
 `details`, never an exception out of the environment.
+
+A verifier that relies on what a sandbox promises declares it by name in a class attribute
+`needs_capabilities` (fields of `agentrl.sandbox.Capabilities`, e.g. `("isolated",
+"protected_dir", "verifier_identity")`): `run_verifier` then gives reward 0, with the reason,
+on a sandbox that lacks one, without calling `verify`. Never test a sandbox's backend name.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from agentrl.episode import Episode
-from agentrl.sandbox.base import Sandbox
+from agentrl.sandbox.base import BACKENDS, Sandbox, backend_capabilities, capabilities_of
 from agentrl.task import Task
 
 ENTRY_POINT_GROUP = "agentrl.verifiers"
@@ -40,6 +45,23 @@ class Verifier(Protocol):
     name: str
 
     def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict: ...
+
+
+def capability_refusal(verifier: object, sandbox: Sandbox | None) -> str | None:
+    """Why `verifier` cannot run on `sandbox`: the capabilities in its `needs_capabilities` that the
+    sandbox lacks, with the backends that have them; None when nothing is missing (or needed)."""
+    needed = tuple(getattr(verifier, "needs_capabilities", ()))
+    if not needed or sandbox is None:
+        return None
+    missing = capabilities_of(sandbox).lacking(*needed)
+    if not missing:
+        return None
+    having = [name for name in BACKENDS if not backend_capabilities(name).lacking(*needed)]
+    return (
+        f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} needs a sandbox with "
+        f"{', '.join(needed)}; this {getattr(sandbox, 'backend', type(sandbox).__name__)} sandbox lacks "
+        f"{', '.join(missing)} (backends that have them: {', '.join(having) or 'none registered'})"
+    )
 
 
 _REGISTRY: dict[str, Callable[..., Verifier]] = {}
@@ -101,8 +123,12 @@ def get(name: str, **kwargs: Any) -> Verifier:
 def run_verifier(
     verifier: Verifier, sandbox: Sandbox | None, task: Task, episode: Episode, timeout_s: float = 300.0
 ) -> Verdict:
-    """Run a verifier with a wall-clock timeout; a crash or timeout is reward 0 with the reason."""
+    """Run a verifier with a wall-clock timeout; a crash, a timeout or a sandbox without the
+    capabilities it needs is reward 0 with the reason."""
     t0 = time.perf_counter()
+    refusal = capability_refusal(verifier, sandbox)
+    if refusal is not None:
+        return _checked(verifier, Verdict(0.0, False, refusal), t0)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
     future = pool.submit(verifier.verify, sandbox, task, episode)
     try:
@@ -142,6 +168,9 @@ async def arun_verifier(
     if averify is None:
         return await asyncio.to_thread(run_verifier, verifier, sandbox, task, episode, timeout_s)
     t0 = time.perf_counter()
+    refusal = capability_refusal(verifier, sandbox)
+    if refusal is not None:
+        return _checked(verifier, Verdict(0.0, False, refusal), t0)
     try:
         verdict = await asyncio.wait_for(averify(sandbox, task, episode), timeout=timeout_s)
     except TimeoutError:

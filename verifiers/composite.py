@@ -50,6 +50,19 @@ class CompositeVerifier:
             raise ValueError(f"composite weights must sum to > 0, got {total}")
         self._total = total
 
+    @property
+    def needs_sandbox(self) -> bool:
+        """Whether any part or gate needs a sandbox (the env starts one for the episode if so)."""
+        return any(getattr(v, "needs_sandbox", False) for v in self._members())
+
+    @property
+    def needs_capabilities(self) -> tuple[str, ...]:
+        """Every sandbox capability a part or gate needs (`run_verifier` checks them)."""
+        return tuple(dict.fromkeys(c for v in self._members() for c in getattr(v, "needs_capabilities", ())))
+
+    def _members(self) -> list[Verifier]:
+        return [*self._gates, *(v for v, _ in self._parts)]
+
     def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict:
         lines = []
         for gate in self._gates:

@@ -126,7 +126,8 @@ Known limits (honest ones):
   workspace finds it in the `AGENTRL_WORKSPACE` environment variable (or imports from it). A
   module of the agent's that has the name of a standard or system module is not importable
   by the tests: pick task module names that do not collide.
-- local: no /verifier and no isolation, so this verifier refuses to run (reward 0, reason).
+- It needs a sandbox whose `capabilities` have `isolated`, `protected_dir` and
+  `verifier_identity` (docker, bwrap); on any other (local) it refuses to run (reward 0, reason).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ from typing import Any, ClassVar, Literal
 from agentrl.episode import Episode
 from agentrl.sandbox.base import PROTECTED_DIR, ExecResult, Sandbox
 from agentrl.task import Task
-from agentrl.verifiers.base import Verdict
+from agentrl.verifiers.base import Verdict, capability_refusal
 
 Outcome = Literal["passed", "failed", "error", "skipped"]
 _SEVERITY: dict[str, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -689,6 +690,9 @@ class HiddenTestsVerifier:
     """Cap on the result stream (and on pytest's output) read back from the run; past it, reward 0."""
     name: str = "hidden-tests"
     needs_sandbox: ClassVar[bool] = True
+    # The agent's code runs under the tests: apart from the host, from a place it could not
+    # write, as an identity that cannot write what it judges.
+    needs_capabilities: ClassVar[tuple[str, ...]] = ("isolated", "protected_dir", "verifier_identity")
 
     def __post_init__(self) -> None:
         if self.mode not in ("all", "fraction"):
@@ -721,13 +725,9 @@ class HiddenTestsVerifier:
     def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict:
         if sandbox is None:
             return Verdict(0.0, False, "the hidden-tests verifier needs a sandbox; this episode had none")
-        if getattr(sandbox, "backend", None) == "local":
-            return Verdict(
-                0.0,
-                False,
-                "the hidden-tests verifier needs the docker or bwrap backend: the local backend has no "
-                f"{PROTECTED_DIR} its commands can see (and no isolation to defend)",
-            )
+        # Also checked by run_verifier; here too for callers of verify() itself.
+        if (refusal := capability_refusal(self, sandbox)) is not None:
+            return Verdict(0.0, False, refusal)
         if task.hidden_tests is None:
             return Verdict(
                 0.0, False, f"task {task.id} has no hidden_tests; set Task.hidden_tests to a host path"

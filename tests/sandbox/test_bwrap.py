@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.sandbox import Limits, Sandbox, SandboxDead, open_sandbox
+from agentrl.sandbox import Limits, Sandbox, SandboxDead, SandboxPathError, open_sandbox
 from agentrl.sandbox.bwrap import ROOTFS_ENV, BwrapSandbox, export_rootfs, find_rootfs
-from agentrl.sandbox.local import SandboxPathError
 
 pytestmark = pytest.mark.docker
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.sandbox import Limits, Sandbox, SandboxDead, SandboxError, open_sandbox
-from agentrl.sandbox.local import LocalSandbox, SandboxPathError
+from agentrl.sandbox import Limits, Sandbox, SandboxDead, SandboxError, SandboxPathError, open_sandbox
+from agentrl.sandbox.local import LocalSandbox
 
 
 @pytest.fixture

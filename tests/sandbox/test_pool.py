@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.sandbox import Limits, Sandbox
+from agentrl.sandbox import Limits, Sandbox, SandboxSpec
 from agentrl.sandbox.pool import PoolKey, SandboxPool, SandboxPoolError, get_default_pool
 
 TEST_LABEL = "agentrl.test.pool"
@@ -214,20 +214,30 @@ def test_close_removes_every_warm_sandbox(backend: Backend) -> None:
         pool.acquire(**backend.kwargs())
 
 
+# Backends that can refuse a valid spec when they start it (local starts whatever the spec says).
+REFUSING = pytest.mark.parametrize(
+    "backend", ["bwrap", pytest.param("docker", marks=pytest.mark.docker)], indirect=True
+)
+
+
+def refused_by(backend: Backend) -> dict:
+    """A configuration the spec accepts and the backend refuses at start: docker has no such
+    image; bwrap cannot bind a workspace over a directory its root file system lacks."""
+    if backend.name == "docker":
+        return {"image": f"agentrl/no-such-image:{backend.tag}"}
+    return {"workdir": f"/nowhere-{backend.tag}"}
+
+
+@REFUSING
 def test_a_background_start_failure_surfaces_on_the_next_acquire(backend: Backend) -> None:
-    # A configuration the backend refuses: docker has no such image; the others want an absolute workdir.
-    broken = (
-        {"image": f"agentrl/no-such-image:{backend.tag}"}
-        if backend.name == "docker"
-        else {"workdir": "relative"}
-    )
+    broken = refused_by(backend)
     with SandboxPool(size=3, backoff_initial_s=30.0) as pool:
         pool.prewarm(**backend.kwargs(**broken), wait=False)
         wait_until(lambda: pool.stats().start_failures >= 1, 60, "the background start to fail")
         with pytest.raises(SandboxPoolError, match="in the background failed") as info:
             pool.acquire(**backend.kwargs(**broken))
         assert info.value.__cause__ is not None
-        assert (broken.get("image") or "relative") in str(info.value)
+        assert next(iter(broken.values())) in str(info.value)
         # Back-off, not a retry loop: at most the starts already running together failed, and
         # the queued ones did not run.
         failures = pool.stats().start_failures
@@ -275,14 +285,20 @@ def test_starts_that_fail_together_raise_once(monkeypatch: pytest.MonkeyPatch) -
             pool.acquire(backend="local")  # tries a start itself: the backend's own error
 
 
+@REFUSING
 def test_prewarm_with_wait_raises_a_background_failure(backend: Backend) -> None:
-    broken = (
-        {"image": f"agentrl/no-such-image:{backend.tag}"}
-        if backend.name == "docker"
-        else {"workdir": "relative"}
-    )
     with SandboxPool(size=2) as pool, pytest.raises(SandboxPoolError, match="in the background failed"):
-        pool.prewarm(**backend.kwargs(**broken), timeout_s=60)
+        pool.prewarm(**backend.kwargs(**refused_by(backend)), timeout_s=60)
+
+
+def test_a_spec_that_cannot_be_is_refused_at_acquire_before_any_start() -> None:
+    with SandboxPool(size=2) as pool:
+        with pytest.raises(ValueError, match="workdir must be an absolute sandbox path"):
+            pool.acquire(backend="local", workdir="relative")
+        with pytest.raises(ValueError, match="inside /verifier"):
+            pool.prewarm(backend="local", workdir="/verifier/ws", wait=False)
+        stats = pool.stats()
+        assert (stats.started, stats.start_failures, stats.keys) == (0, 0, 0)
 
 
 def test_acquire_async(pool: SandboxPool, backend: Backend) -> None:
@@ -314,6 +330,11 @@ def test_keys_normalise_mappings_and_reject_unknown_backends() -> None:
     b = PoolKey.make("local", env={"B": "2", "A": "1"}, labels={"x": "y"}, limits=Limits())
     assert a == b and hash(a) == hash(b)
     assert a != PoolKey.make("local", limits=Limits(memory_mb=512))
+    # A spec and its keyword form are one key; keywords given with a spec replace its fields.
+    spec = SandboxSpec(env={"A": "1", "B": "2"}, labels={"x": "y"})
+    assert PoolKey.make("local", spec) == a
+    assert PoolKey.make("local", spec, workdir="/work/../workspace") == a
+    assert PoolKey.make("local", spec, image="other") != a
     with pytest.raises(ValueError, match="expected one of"):
         PoolKey.make("dockr")
 

@@ -1,6 +1,8 @@
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from agentrl.episode import Episode
 from agentrl.task import Task
 from agentrl.verifiers import Verdict, run_verifier
@@ -95,3 +97,72 @@ def test_async_verifiers_are_awaited_with_the_same_guards():
     # A synchronous verifier runs in a thread: the event loop is not blocked by it.
     v = asyncio.run(arun_verifier(Crashy(), None, T, E))
     assert v.reward == 0 and "crashed" in v.details
+
+
+# --- capabilities: a verifier says what it needs of a sandbox; the backend's name never counts ---
+
+
+@dataclass
+class Needs:
+    """Records whether verify ran; needs what it is given."""
+
+    needs_capabilities: tuple[str, ...]
+    name: str = "needs"
+    calls: int = 0
+
+    def verify(self, sandbox, task, episode):
+        self.calls += 1
+        return Verdict(1.0, True)
+
+    async def averify(self, sandbox, task, episode):
+        return self.verify(sandbox, task, episode)
+
+
+@pytest.fixture
+def local_sandbox():
+    import warnings
+
+    from agentrl.sandbox import open_sandbox
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = open_sandbox("local")
+    with sb:
+        yield sb
+
+
+def test_a_sandbox_lacking_a_needed_capability_is_refused_without_calling_verify(local_sandbox):
+    verifier = Needs(("isolated", "verifier_identity", "background_processes"))
+    v = run_verifier(verifier, local_sandbox, T, E)
+    assert verifier.calls == 0 and v.reward == 0 and not v.passed
+    assert v.details == (
+        "verifier 'needs' needs a sandbox with isolated, verifier_identity, background_processes; this "
+        "local sandbox lacks isolated, verifier_identity (backends that have them: docker)"
+    )
+
+
+def test_a_sandbox_with_every_needed_capability_is_verified(local_sandbox):
+    verifier = Needs(("background_processes",))  # what even local promises
+    assert run_verifier(verifier, local_sandbox, T, E).passed and verifier.calls == 1
+
+
+def test_the_async_path_refuses_alike(local_sandbox):
+    import asyncio
+
+    from agentrl.verifiers import arun_verifier
+
+    verifier = Needs(("protected_dir",))
+    v = asyncio.run(arun_verifier(verifier, local_sandbox, T, E))
+    assert verifier.calls == 0 and v.reward == 0 and "lacks protected_dir" in v.details
+
+
+def test_a_composite_needs_what_its_parts_and_gates_need():
+    from agentrl.verifiers.composite import CompositeVerifier
+
+    composite = CompositeVerifier(
+        parts=[(Needs(("isolated", "protected_dir")), 1.0), ("exact-match", 1.0)],
+        gates=[Needs(("protected_dir", "verifier_identity"))],
+    )
+    assert composite.needs_capabilities == ("protected_dir", "verifier_identity", "isolated")
+    assert not composite.needs_sandbox
+    assert CompositeVerifier(parts=[("hidden-tests", 1.0)]).needs_sandbox

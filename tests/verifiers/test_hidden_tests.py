@@ -583,6 +583,20 @@ def test_python_must_be_an_absolute_path():
         HiddenTestsVerifier(python="python3")
 
 
+def test_a_sandbox_without_isolation_is_refused_and_nothing_is_staged(task, recwarn):
+    from agentrl.episode import Episode
+    from agentrl.sandbox import open_sandbox
+
+    with open_sandbox("local") as sb:  # promises no isolation, protected dir or verifier identity
+        sb.write_file("mathlib.py", FIXED)
+        verdict = HiddenTestsVerifier().verify(sb, task, Episode(task_id=task.id))
+        assert list(sb.host_protected.iterdir()) == []  # type: ignore[attr-defined]
+    assert (verdict.reward, verdict.passed) == (0.0, False)
+    assert "lacks isolated, protected_dir, verifier_identity (backends that have them: docker, bwrap)" in (
+        verdict.details
+    )
+
+
 # --- bwrap: the same verifier without a second user (see the module docstring's limits) ----
 
 
