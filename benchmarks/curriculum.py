@@ -1,6 +1,6 @@
 """The learnability band against uniform sampling and DAPO dynamic sampling alone, at equal generation.
 
-    .venv/bin/python benchmarks/curriculum.py                 # 3 seeds x 4 arms, ~90 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/curriculum.py                 # 3 seeds x 4 arms (how long: benchmarks/RESULTS.md)
     .venv/bin/python benchmarks/curriculum.py --quick         # the same code path in 1-3 minutes (CI)
     .venv/bin/python benchmarks/curriculum.py --arms band,uniform --seeds 0 --budget-tokens 20000
 
