@@ -744,6 +744,10 @@ def eval_cmd(
         raise typer.Exit(130) from None
     for s in summaries:
         typer.echo(f"{s.model}: " + ", ".join(f"{key} {v:.3f}" for key, v in s.pass_at_dict().items()))
+    from agentrl.eval.paired import load_comparisons
+
+    for c in load_comparisons(Path(cfg.out) / "summary.json"):  # each later model against the first
+        typer.echo(c.verdict)
     typer.echo(f"report: {cfg.out}/report.md")
 
 

@@ -5,16 +5,26 @@ KV cache sizes, deprecation notes), its Python warnings, transformers' "Loading 
 PyTorch's C++ warnings would bury them, so `quiet_libraries(log_file)` sends vLLM's logger to
 `log_file` (in the engine's own processes too: they read VLLM_LOGGING_CONFIG_PATH) and turns the
 rest off. `agentrl --debug` leaves everything as the libraries set it.
+
+A pipeline of stages (the demo) goes one step further: `console_to_file` sends the whole process's
+output, children included, to a log in the run directory, and `Stage` prints one line per stage on
+the console with its progress, elapsed time and ETA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import logging.config
 import os
+import sys
+import threading
+import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TextIO
 
 
 def debug_mode() -> bool:
@@ -75,3 +85,168 @@ def quiet_libraries(log_file: Path | None) -> None:
         hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
     except Exception:  # pragma: no cover - transformers is a dependency
         pass
+
+
+@contextlib.contextmanager
+def console_to_file(log_file: Path) -> Iterator[TextIO]:
+    """Send this process's stdout and stderr, at the file-descriptor level, to `log_file`; yield a
+    stream on the original console.
+
+    Everything the libraries print (vLLM's engine logs, torch's C++ warnings, progress bars) and
+    every child process (torchrun and its ranks, SFT, measurements: they inherit descriptors 1 and 2)
+    then writes to the log, and only what is written to the yielded stream reaches the terminal.
+    The descriptors are restored on exit, also on an exception. In debug mode (`agentrl --debug`)
+    nothing is redirected and the stream is `sys.stdout`.
+    """
+    if debug_mode():
+        yield sys.stdout
+        return
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    console = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    try:
+        yield console
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for d in saved:
+            os.close(d)
+        console.close()
+
+
+def fmt_duration(seconds: float) -> str:
+    """`75` -> "1m15s", `3725` -> "1h02m", `9` -> "9s"."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta(elapsed: float, done: int, total: int) -> float | None:
+    """Seconds left at the pace so far (None before the first unit of work is done)."""
+    if done <= 0 or total <= 0:
+        return None
+    return elapsed * max(total - done, 0) / done
+
+
+# -> (done, total, unit): "step 1/4"; total 0: not countable, and `unit` is the latest milestone instead
+Progress = Callable[[], tuple[int, int, str]]
+
+
+class Stage:
+    """One stage line on the console, repeated when its progress moves (and every `heartbeat` seconds
+    while it does not), with the elapsed time and an ETA at the pace so far:
+
+        [demo] 2/3 GRPO: step 1/4, 2m10s, ETA 6m30s
+
+    `progress()` is polled from a background thread every `poll` seconds; it reads the stage's own
+    files (metrics rows, episodes written), so the stage itself needs no hook.
+    """
+
+    def __init__(
+        self,
+        console: TextIO,
+        label: str,
+        progress: Progress | None = None,
+        *,
+        prefix: str = "[demo]",
+        poll: float = 2.0,
+        heartbeat: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.console, self.label, self.progress, self.prefix = console, label, progress, prefix
+        self.poll, self.heartbeat, self.clock = poll, heartbeat, clock
+        self.t0 = clock()
+        self.last: tuple[int, int, str] | None = None
+        self.last_print = self.t0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def line(self) -> str:
+        elapsed = self.clock() - self.t0
+        parts = [f"{self.prefix} {self.label}:"]
+        state = self._read()
+        if state is not None and state[1] > 0:
+            done, total, unit = state
+            parts.append(f"{unit} {done}/{total},")
+            left = eta(elapsed, done, total)
+            parts.append(fmt_duration(elapsed) + (f", ETA {fmt_duration(left)}" if left is not None else ""))
+        else:
+            if state is not None and state[2]:  # not countable: the stage's latest milestone instead
+                parts.append(f"{state[2]},")
+            parts.append(fmt_duration(elapsed))
+        return " ".join(parts)
+
+    def _read(self) -> tuple[int, int, str] | None:
+        if self.progress is None:
+            return None
+        try:
+            return self.progress()
+        except Exception:  # a progress file being written or not there yet: no count this time
+            return None
+
+    def tick(self) -> None:
+        """Print the line if the progress moved or the heartbeat is due."""
+        key = self._read()
+        now = self.clock()
+        if key != self.last or now - self.last_print >= self.heartbeat:
+            self.last = key
+            self.last_print = now
+            self.say(self.line())
+
+    def say(self, msg: str) -> None:
+        with contextlib.suppress(ValueError, OSError):  # a console closed under us: nothing to tell
+            print(msg, file=self.console, flush=True)
+
+    def __enter__(self) -> Stage:
+        self.t0 = self.last_print = self.clock()
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name=f"stage-{self.label}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            self.tick()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if exc_type is None:
+            self.tick()  # the final count (e.g. the last step), which the poll may not have seen yet
+        took = fmt_duration(self.clock() - self.t0)
+        self.say(
+            f"{self.prefix} {self.label}: {'done in ' + took if exc_type is None else 'stopped after ' + took}"
+        )
+
+
+def count_lines(*paths: Path) -> int:
+    """Lines in the files that exist among `paths` (rows of a metrics or episodes JSONL)."""
+    n = 0
+    for p in paths:
+        if p.is_file():
+            with p.open("rb") as f:
+                n += sum(1 for _ in f)
+    return n
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a text file ("" when there is none)."""
+    if not Path(path).is_file():
+        return ""
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])

@@ -3,6 +3,7 @@
 | id | what | tools | verifier |
 |---|---|---|---|
 | `agentrl/calc-v0` | arithmetic and word problems | python, submit | numeric, gated on using python |
+| `agentrl/calc-levels-v0` | calc-v0's arithmetic in difficulty levels (curriculum benchmarks) | python, submit | numeric, gated on using python |
 | `agentrl/sqlite-v0` | query or change a SQLite database | bash, python, submit | answer or database state |
 | `agentrl/guess-number-v0` | find a secret number from higher/lower feedback | guess | exact match |
 | `agentrl/python-repair-v0` | fix a bug planted in a real PyPI package (toolz, inflection, parse, semver) | bash, python, read_file, write_file, str_replace, submit | hidden tests (FAIL_TO_PASS + PASS_TO_PASS, all or nothing) |
@@ -17,6 +18,12 @@ def register_builtins() -> None:
         "agentrl.envs.calc:CalcEnv",
         max_turns=4,
         description="Arithmetic and word problems; compute with python, then submit the number.",
+    )
+    register(
+        "agentrl/calc-levels-v0",
+        "agentrl.envs.calc_levels:CalcLevelsEnv",
+        max_turns=4,
+        description="calc-v0's arithmetic in 6 difficulty levels: a mixed pool, or one level with level=N.",
     )
     register(
         "agentrl/sqlite-v0",

@@ -25,6 +25,12 @@ Layout of `<out>`:
     report.md                 the Markdown summary
     pass_at_k.png             pass@k against k, every model
     task_scatter.png          per-task pass rate, first model (x) against last model (y)
+    paired_diff.png           per-task pass-rate difference of each later model against the first
+
+**Paired comparison.** With two or more models, each later model is compared with the first on
+the same episodes (`agentrl.eval.paired`): per-task differences, a paired bootstrap interval of the
+pass@1 difference and McNemar's exact test, with a one-line verdict, in `summary.json` ("paired"),
+`report.md` and `paired_diff.png`.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentrl.errors import UserError
+from agentrl.eval.paired import PairedComparison, compare_trajectories, markdown_section, plot_differences
 from agentrl.eval.report import (
     ModelSummary,
     markdown_report,
@@ -453,7 +460,14 @@ def _discard(out: Path) -> None:
     for child in out.iterdir():
         if child.is_dir() and (child / MODEL_FILE).exists():
             shutil.rmtree(child)
-    for name in (CONFIG_FILE, "summary.json", "report.md", "pass_at_k.png", "task_scatter.png"):
+    for name in (
+        CONFIG_FILE,
+        "summary.json",
+        "report.md",
+        "pass_at_k.png",
+        "task_scatter.png",
+        "paired_diff.png",
+    ):
         (out / name).unlink(missing_ok=True)
 
 
@@ -573,12 +587,30 @@ def evaluate(
     summaries = [
         summarize(name, trajs, cfg.ks, wall_s=wall, seed=cfg.seed) for name, trajs, wall in per_model
     ]
-    write_report(out, summaries, budget, {n: p for n, p in zip(names, cfg.models, strict=True)})
+    # Same keys, same seeds: each later model against the first, episode by episode.
+    base_name, base_trajs, _ = per_model[0]
+    paired = [
+        compare_trajectories(
+            base_name,
+            dict(zip(all_keys, base_trajs, strict=True)),
+            name,
+            dict(zip(all_keys, trajs, strict=True)),
+            seed=cfg.seed,
+        )
+        for name, trajs, _ in per_model[1:]
+    ]
+    write_report(out, summaries, budget, {n: p for n, p in zip(names, cfg.models, strict=True)}, paired)
+    for c in paired:
+        log(c.verdict)
     return summaries
 
 
 def write_report(
-    out: Path, summaries: Sequence[ModelSummary], budget: EvalBudget, models: dict[str, str]
+    out: Path,
+    summaries: Sequence[ModelSummary],
+    budget: EvalBudget,
+    models: dict[str, str],
+    paired: Sequence[PairedComparison] = (),
 ) -> dict[str, Path]:
     """summary.json, report.md and the plots for finished summaries."""
     budget_json = {k: v for k, v in budget.record().items() if k != "task_ids"}
@@ -591,6 +623,7 @@ def write_report(
             budget=budget_json,
             task_ids=budget.task_ids,
             checkpoints={n: str(Path(p).resolve()) for n, p in models.items()},
+            paired=[c.as_dict() for c in paired],
         ),
         "pass_at_k": plot_pass_at_k(
             summaries,
@@ -600,7 +633,11 @@ def write_report(
     }
     if len(summaries) >= 2:
         paths["task_scatter"] = plot_task_scatter(summaries[0], summaries[-1], out / "task_scatter.png")
+    if paired:
+        paths["paired_diff"] = plot_differences(paired, out / "paired_diff.png")
     md = markdown_report(summaries, env_id=budget.env, split=budget.split, budget=budget_json)
+    if paired:
+        md += "\n" + markdown_section(paired)
     (out / "report.md").write_text(md)
     paths["report"] = out / "report.md"
     return paths

@@ -8,10 +8,16 @@
    docker sandboxes, vLLM rollouts, the learnability-band curriculum;
 3. held-out evaluation of the warm start and the trained model under one budget
    (`agentrl.eval.evaluate`: same tasks, seeds, decoding and limits): pass@1 and pass@k with CIs;
-4. plots: reward and band occupancy during training, pass@k before/after, per-task scatter; a
-   Markdown report and `demo.json` with every number.
+4. plots: reward and band occupancy during training, pass@k before/after, per-task scatter and
+   per-task differences; a Markdown report and `demo.json` with every number, the paired verdict
+   (difference of pass@1 on the same episodes, its paired bootstrap interval, McNemar's p) included.
 
 Every stage writes under `--out` (default runs/demo) and a second run reuses what is there.
+
+The console shows one line per stage, repeated as it progresses, with an ETA at the pace so far
+("[demo] 2/3 GRPO: step 1/4, 2m10s, ETA 6m30s"), then the results. Everything else (engine
+logs, library warnings, the training ranks' output) goes to `--out`/demo.log, whose last lines are
+shown if a stage fails; `agentrl --debug demo` leaves it all on the console.
 """
 
 from __future__ import annotations
@@ -19,13 +25,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "calc_grpo.yaml"
-
-
-def _say(msg: str) -> None:
-    print(f"[demo] {msg}", flush=True)
 
 
 def run_demo(
@@ -37,22 +41,62 @@ def run_demo(
     eval_samples: int | None = None,
     steps: int | None = None,
 ) -> int:
+    from agentrl.runlog import console_to_file, tail
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = out / "demo.log"
+    with console_to_file(log_file) as console:
+        print(
+            f"[demo] {out}: stage lines here, engine and library logs in {log_file}", file=console, flush=True
+        )
+        try:
+            return _run(out, console, log_file, quick, nproc, eval_tasks, eval_samples, steps)
+        except KeyboardInterrupt:
+            print(
+                f"[demo] interrupted; run it again to resume (what was saved: {log_file})",
+                file=console,
+                flush=True,
+            )
+            raise
+        except Exception as e:
+            from agentrl.errors import UserError
+
+            if not isinstance(e, UserError):  # a one-line error says it all; anything else needs the log
+                print(f"[demo] failed; the last lines of {log_file}:", file=console)
+                print(tail(log_file, 30), file=console, flush=True)
+            raise
+
+
+def _run(
+    out: Path,
+    console: TextIO,
+    log_file: Path,
+    quick: bool,
+    nproc: int,
+    eval_tasks: int | None,
+    eval_samples: int | None,
+    steps: int | None,
+) -> int:
     from agentrl.eval.evaluate import EvalConfig, evaluate
     from agentrl.eval.report import plot_training
     from agentrl.kit.warm_start import WarmStartRecipe, warm_start
     from agentrl.rollout.config import RolloutConfig
+    from agentrl.runlog import Stage, count_lines
     from agentrl.train.config import load_config
     from agentrl.train.trainer import launch
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    def _say(msg: str) -> None:
+        print(f"[demo] {msg}", file=console, flush=True)
+
     t_all = time.time()
     report: dict = {"quick": quick}
 
     # 1. warm start (cached)
     t0 = time.time()
     recipe = WarmStartRecipe(short_demos=64, demos=32, eval_tasks=0) if quick else WarmStartRecipe()
-    ws = warm_start(out / "warm-start", recipe, threads=2)
+    with Stage(console, "1/3 warm start", _milestones(log_file, "[warm-start] ")):
+        ws = warm_start(out / "warm-start", recipe, threads=2)
     report["warm_start"] = {
         "path": ws.path,
         "reused": ws.reused,
@@ -85,7 +129,9 @@ def run_demo(
         _say(
             f"GRPO: {cfg.steps} steps on {cfg.env} with {nproc} processes (FSDP2), vLLM rollouts, docker sandboxes"
         )
-        launch(cfg, nproc=nproc)
+        metrics = out / "train" / "metrics.jsonl"
+        with Stage(console, "2/3 GRPO", _counted(lambda: count_lines(metrics), cfg.steps, "step")):
+            launch(cfg, nproc=nproc)
     report["train"] = {"steps": cfg.steps, "seconds": round(time.time() - t0, 1), "out": str(out / "train")}
     plot_training(out / "train" / "metrics.jsonl", out / "training.png")
 
@@ -108,7 +154,10 @@ def run_demo(
         out=str(out / "eval"),
         progress=False,
     )
-    before, after = evaluate(ecfg)
+    episodes = 2 * ecfg.num_tasks * ecfg.n  # two models, every (task, sample) pair
+    written = lambda: count_lines(*(out / "eval").glob("*/episodes.jsonl"))  # noqa: E731
+    with Stage(console, "3/3 evaluation", _counted(written, episodes, "episode")):
+        before, after = evaluate(ecfg)
     report["eval"] = {
         "seconds": round(time.time() - t0, 1),
         "tasks": ecfg.num_tasks,
@@ -116,6 +165,11 @@ def run_demo(
         "before": before.pass_at_dict(),
         "after": after.pass_at_dict(),
     }
+    # The paired verdict (same episodes, same seeds): interval of the difference and McNemar's p.
+    from agentrl.eval.paired import load_comparisons
+
+    (paired,) = load_comparisons(out / "eval" / "summary.json")
+    report["paired"] = paired.as_dict(per_task=False)
     report["total_s"] = round(time.time() - t_all, 1)
     delta = after.pass_at_dict()["pass@1"] - before.pass_at_dict()["pass@1"]
     report["pass_at_1_gain_points"] = round(100 * delta, 1)
@@ -127,11 +181,44 @@ def run_demo(
         cells = "  ".join(f"pass@{p.k} {p.pass_at_k:.3f} [{p.ci_low:.2f},{p.ci_high:.2f}]" for p in s.pass_at)
         _say(f"  {s.model:10s} {cells}")
     _say(f"  pass@1 change: {100 * delta:+.1f} points")
+    _say(f"  {paired.verdict}")
     _say(
         f"plots: {out / 'training.png'}, {out / 'eval'}; report: {out / 'eval'}/report.md; numbers: {out / 'demo.json'}"
     )
     _say(f"total {report['total_s']:.0f}s")
     return 0
+
+
+def _counted(count: Callable[[], int], total: int, unit: str) -> Callable[[], tuple[int, int, str]]:
+    """A `Stage` progress: what `count()` has added since now, out of what is left of `total` (a resumed
+    stage's ETA is the pace of this session's work, not of what an earlier one finished)."""
+    start = count()
+
+    def progress() -> tuple[int, int, str]:
+        return count() - start, max(total - start, 0), unit
+
+    return progress
+
+
+def _milestones(log_file: Path, prefix: str) -> Callable[[], tuple[int, int, str]]:
+    """A `Stage` progress for a stage that cannot be counted: its latest line starting with `prefix`
+    written to the log from now on (e.g. "main: 40 SFT steps, loss 1.2 -> 0.3")."""
+    offset = log_file.stat().st_size if log_file.is_file() else 0
+    latest = ""
+
+    def progress() -> tuple[int, int, str]:
+        nonlocal offset, latest
+        with log_file.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        cut = chunk.rfind(b"\n") + 1  # whole lines only; the rest is read next time
+        offset += cut
+        for line in chunk[:cut].decode(errors="replace").splitlines():
+            if line.startswith(prefix):
+                latest = line[len(prefix) :].strip()
+        return 0, 0, latest
+
+    return progress
 
 
 def _finished_steps(train_dir: Path) -> int:

@@ -17,7 +17,11 @@ all-equal rewards, zero advantages and no gradient. So the curriculum
    draw meant as a probe goes to the band, else to a re-probe;
 4. (`DynamicBatch`, DAPO dynamic sampling, Yu et al. 2025 §3.2) drops groups whose rewards
    are all equal and keeps asking for groups until the batch has `batch_groups` informative
-   ones or `max_gen_factor × batch_groups` groups were requested.
+   ones or `max_gen_factor × batch_groups` groups were requested (`dynamic_sampling=False`
+   keeps every group instead);
+5. optionally (`difficulty.adaptive`, `agentrl.train.difficulty`) draws its probes from a leveled task
+   generator at a level it raises when probed tasks come out too easy and lowers when too hard,
+   so the band keeps filling as the policy improves.
 
 p̂ is the posterior mean (α / (α + β)) by default. `sampling="thompson"` draws p̃ ~ Beta(α, β)
 per task at each `sample` call instead; it is not the default because exploration already
@@ -47,6 +51,35 @@ DrawKind = Literal["probe", "reprobe", "band"]
 Group = Sequence[Trajectory]
 
 _STATE_VERSION = 1
+
+
+class DifficultySettings(BaseModel):
+    """Probes at a difficulty level that rises with the policy (`agentrl.train.difficulty`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adaptive: bool = Field(
+        False,
+        description="Probe new tasks at a difficulty level the curriculum moves up when its probes pass too "
+        "often and down when too rarely; needs a leveled task generator (levels, generate_at).",
+    )
+    start_level: int = Field(0, ge=0, description="The level of the first probes.")
+    min_probes: int = Field(
+        6, ge=1, description="Probes judged at the current level before the level may move again."
+    )
+    target: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="Pass rate the level is steered to: p(1-p), the reward variance, is largest at 0.5.",
+    )
+    tolerance: float = Field(
+        0.15,
+        ge=0.0,
+        lt=0.5,
+        description="Move up when the last min_probes probes at the level passed more than target + this "
+        "on average, down when less than target - this.",
+    )
 
 
 class CurriculumConfig(BaseModel):
@@ -99,6 +132,11 @@ class CurriculumConfig(BaseModel):
     batch_groups: int = Field(
         8, ge=1, description="Informative (non-zero reward variance) groups per training batch."
     )
+    dynamic_sampling: bool = Field(
+        True,
+        description="Drop zero-variance groups and refill the batch (DAPO); off: a batch is the first "
+        "batch_groups groups generated, zero-variance ones included (they add no gradient).",
+    )
     max_gen_factor: float = Field(
         3.0,
         ge=1.0,
@@ -110,6 +148,10 @@ class CurriculumConfig(BaseModel):
     first_index: int = Field(0, ge=0, description="Generator index of the first probe task.")
     histogram_bins: int = Field(
         10, ge=1, description="Number of equal-width bins of the logged p̂ histogram over [0, 1]."
+    )
+    difficulty: DifficultySettings = Field(
+        default_factory=DifficultySettings,
+        description="Difficulty that rises with the policy: probes at a level steered by their outcomes.",
     )
 
     @model_validator(mode="after")
@@ -234,6 +276,10 @@ class Curriculum:
         (unbounded), or a list, JSONL file or `datasets.Dataset` (a finite pool)."""
         from agentrl.tasksource import as_task_source
 
+        if cls is Curriculum and config is not None and config.difficulty.adaptive:
+            from agentrl.train.difficulty import LeveledCurriculum
+
+            return LeveledCurriculum.from_source(source, config, split)
         src = as_task_source(source)
         return cls(lambda index: src.get(index, split), config, pool_size=src.size(split))
 
@@ -544,7 +590,10 @@ class DynamicBatch:
                 self.all_pass += 1
             elif trainable and all(t.reward < threshold for t in trainable):
                 self.all_fail += 1
-            kept, dropped = filter_groups([trainable])
+            if self.curriculum.config.dynamic_sampling:
+                kept, dropped = filter_groups([trainable])
+            else:  # keep what was generated; a group whose every episode broke has nothing to train on
+                kept, dropped = ([trainable], []) if trainable else ([], [trainable])
             self.kept.extend(kept)
             self.dropped.extend(dropped)
 

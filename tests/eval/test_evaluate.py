@@ -229,9 +229,18 @@ def test_budget_control_same_tasks_seeds_and_limits_for_every_model(two_model_ru
     assert [m["model"] for m in summary["models"]] == ["before", "after"]
     assert [s.model for s in summaries] == ["before", "after"]
     assert [p.k for p in summaries[0].pass_at] == [1, 2]
-    for name in ("pass_at_k.png", "task_scatter.png"):
+    for name in ("pass_at_k.png", "task_scatter.png", "paired_diff.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Budget (identical for every model)" in (out / "report.md").read_text()
+    # The second model against the first, pair by pair (the same 4 episodes).
+    (paired,) = summary["paired"]
+    assert (paired["baseline"], paired["model"], paired["episodes"], paired["num_tasks"]) == (
+        "before",
+        "after",
+        4,
+        2,
+    )
+    assert paired["verdict"] in (out / "report.md").read_text()
 
 
 @pytest.mark.vllm
@@ -349,6 +358,7 @@ def test_calc_two_checkpoints_sigint_restart_then_summary_and_plots(
 
     # 3. The two-model summary, plots and report.
     assert "warm-start: pass@1" in res.stdout and "trained: pass@1" in res.stdout
+    assert "trained vs warm-start: " in res.stdout and "McNemar exact" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env"] == "agentrl/calc-v0" and summary["budget"]["max_turns"] == 2
     assert [m["model"] for m in summary["models"]] == ["warm-start", "trained"]

@@ -40,8 +40,43 @@ def test_quick_demo_runs_every_stage_and_a_second_run_reuses_them(tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG"
     assert (out / "eval" / "report.md").read_text().startswith("# Evaluation")
     assert "pass@1 change" in proc.stdout
+    # A quiet console: stage lines and results only; the engines' and libraries' output is in demo.log.
+    assert all(line.startswith("[demo]") for line in proc.stdout.splitlines())
+    assert "vllm" not in proc.stderr.lower() and "warning" not in proc.stderr.lower()
+    assert "[demo] 2/3 GRPO: step 2/2" in proc.stdout and "[demo] 3/3 evaluation: done in" in proc.stdout
+    assert "[warm-start]" in (out / "demo.log").read_text()
+    assert "grpo vs warm-start: " in proc.stdout  # the paired verdict
+    paired = report["paired"]
+    assert paired["verdict"] in proc.stdout and 0.0 <= paired["p_value"] <= 1.0
+    assert paired["ci_low"] <= paired["difference"] <= paired["ci_high"] and paired["episodes"] == 8
     # Second run: warm start, training and evaluation episodes are all reused.
     proc2, second_s = run_demo(out)
     assert proc2.returncode == 0, proc2.stderr[-4000:]
     assert "reused" in proc2.stdout and "GRPO: reusing" in proc2.stdout
     assert second_s < first_s
+
+
+def test_counted_progress_counts_from_where_a_resumed_stage_starts():
+    from agentrl.kit.demo import _counted
+
+    rows = [3]  # 3 of 8 steps finished by an earlier session
+    progress = _counted(lambda: rows[0], 8, "step")
+    rows[0] = 4
+    assert progress() == (1, 5, "step")
+
+
+def test_milestones_reads_only_whole_lines_written_after_the_stage_started(tmp_path):
+    from agentrl.kit.demo import _milestones
+
+    log = tmp_path / "demo.log"
+    log.write_text("[warm-start] from an earlier run\n")
+    progress = _milestones(log, "[warm-start] ")
+    assert progress() == (0, 0, "")
+    with log.open("a") as f:
+        f.write(
+            "INFO vllm noise\n[warm-start] main: 40 SFT steps\n[warm-start] built"
+        )  # last line unfinished
+    assert progress() == (0, 0, "main: 40 SFT steps")
+    with log.open("a") as f:
+        f.write(" runs/demo/warm-start in 300s\n")
+    assert progress() == (0, 0, "built runs/demo/warm-start in 300s")

@@ -276,6 +276,20 @@ def test_refill_requests_the_shortfall_scaled_by_the_keep_rate() -> None:
     assert sum(s.groups for s in cur.tasks.values()) == 8
 
 
+def test_without_dynamic_sampling_every_group_is_kept_and_nothing_refilled() -> None:
+    # Uniform GRPO: the batch is the first batch_groups groups, zero-variance ones included.
+    cur = Curriculum(make_task, CurriculumConfig(batch_groups=4, dynamic_sampling=False))
+    calls: list[int] = []
+
+    def generate(draws: list[TaskDraw]) -> list[list[Trajectory]]:
+        calls.append(len(draws))
+        return [group(d.task_id, [1.0, 1.0] if i % 2 else [0.0, 1.0]) for i, d in enumerate(draws)]
+
+    result = build_batch(cur, generate)
+    assert calls == [4] and result.full and result.refill_cost == 1.0
+    assert len(result.groups) == 4 and result.dropped == [] and result.all_pass_groups == 2
+
+
 def test_surplus_informative_groups_are_cut_to_batch_groups_and_untrainable_removed() -> None:
     cur = Curriculum(make_task, CurriculumConfig(batch_groups=2))
     builder = DynamicBatch(cur)

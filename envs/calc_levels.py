@@ -1,0 +1,98 @@
+"""`agentrl/calc-levels-v0`: calc-v0's arithmetic in difficulty levels, for curricula that need a range.
+
+The same environment as `agentrl/calc-v0` (instructions, tools, verifier, oracle), so a calc-v0
+warm start plays it as it is; only the tasks differ: "What is <expression>?", the expression
+longer at each level (`LADDER`):
+
+    level 0: 47 + 12                                1 operation, 2-digit operands
+    level 1: 347 - 912                              1 operation, calc-v0's operands (2..999)
+    level 2: (507 + 771) * 40                       2 operations
+    level 3: (327) * 29 - 901 - 301                 3 operations (calc-v0's longest)
+    level 4: 152 + 513 - 235 + 599 + 327            4 operations
+    level 5: (144 + 217) * 74 + 822 - 391 - 18      5 operations
+
+A tiny model's failures on calc are copying slips (a digit of the expression into the python call,
+a digit of the printed number into `submit`), so its pass rate falls with the length it must copy;
+beyond the lengths it was trained on it falls off a cliff. For the calc-v0 warm start, levels 0-1
+are mostly solved, 2-3 are in the learnability band and 4-5 are not solved at all (measured in
+benchmarks/RESULTS.md).
+
+`LeveledCalcTasks.generate_at(index, split, level)` is task `index` at `level`: a pure function of
+(seed, split, index, level). `generate(index, split)` is the *mixed pool*: task `index` picks its own
+level, uniformly and as a pure function of (seed, split, index), so every consumer of the generator
+(every arm of a benchmark) sees the same tasks; with `level=` set, every task has that level. Ids
+name the level: `calc-levels/train/L3/17`.
+
+A generator with `levels` and `generate_at` is a *leveled generator* (`agentrl.train.difficulty`): the
+curriculum can steer its level with its probes (`curriculum.difficulty.adaptive`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from agentrl.envs.calc import CalcEnv
+from agentrl.task import Split, Task, split_rng_seed
+
+# level -> (operations, range of the first number and of the + and - operands). Multiplication's
+# operand is 2..99 and products inside longer expressions are parenthesised, as calc-v0 writes them.
+LADDER: tuple[tuple[int, tuple[int, int]], ...] = (
+    (1, (10, 99)),
+    (1, (2, 999)),
+    (2, (2, 999)),
+    (3, (2, 999)),
+    (4, (2, 999)),
+    (5, (2, 999)),
+)
+
+
+class LeveledCalcTasks:
+    """Arithmetic tasks by difficulty level (see the module docstring); `levels` takes the ladder's first N."""
+
+    def __init__(self, seed: int = 0, levels: int = len(LADDER), level: int | None = None):
+        if not 1 <= levels <= len(LADDER):
+            raise ValueError(f"levels must be in 1..{len(LADDER)}, got {levels}")
+        if level is not None and not 0 <= level < levels:
+            raise ValueError(f"level must be in 0..{levels - 1} (levels={levels}), got {level}")
+        self.seed = seed
+        self.levels = levels
+        self.level = level
+
+    def level_of(self, index: int, split: Split = "train") -> int:
+        """The level of task `index` of the mixed pool (the fixed `level` when one is set)."""
+        if self.level is not None:
+            return self.level
+        return random.Random(split_rng_seed(self.seed, split, index) ^ 0x5EED).randrange(self.levels)
+
+    def generate(self, index: int, split: Split = "train") -> Task:
+        return self.generate_at(index, split, self.level_of(index, split))
+
+    def generate_at(self, index: int, split: Split, level: int) -> Task:
+        if not 0 <= level < self.levels:
+            raise ValueError(f"level must be in 0..{self.levels - 1}, got {level}")
+        rng = random.Random(split_rng_seed(self.seed, split, index) * 64 + level)
+        ops, (low, high) = LADDER[level]
+        expression = str(rng.randint(low, high))
+        for _ in range(ops):
+            op = rng.choice(["+", "-", "*"])
+            operand = rng.randint(2, 99) if op == "*" else rng.randint(low, high)
+            expression = (
+                f"({expression}) {op} {operand}" if op == "*" and ops > 1 else f"{expression} {op} {operand}"
+            )
+        answer = eval(expression, {"__builtins__": {}})  # our own generated arithmetic, never model text
+        return Task(
+            id=f"calc-levels/{split}/L{level}/{index}",
+            prompt=f"What is {expression}?\nUse the python tool to compute the answer, then submit just the number.",
+            answer=str(answer),
+            split=split,
+            metadata={"kind": "arithmetic", "level": level, "expression": expression},
+        )
+
+
+class CalcLevelsEnv(CalcEnv):
+    """calc-v0 with `LeveledCalcTasks`: `level=None` (default) is the mixed pool, an int fixes the level."""
+
+    def __init__(self, *, seed: int = 0, levels: int = len(LADDER), level: int | None = None, **kwargs: Any):
+        kwargs.setdefault("tasks", LeveledCalcTasks(seed, levels, level))
+        super().__init__(seed=seed, **kwargs)

@@ -1,0 +1,44 @@
+"""Smoke run of `benchmarks/curriculum.py --quick`: every arm through the real loop, one JSON object and a PNG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "curriculum.py"
+
+
+@pytest.mark.vllm
+@pytest.mark.docker  # the bwrap sandboxes run in a root file system exported from the Docker image
+@pytest.mark.slow
+def test_quick_run_compares_every_arm_at_equal_generation(tmp_path: Path, bwrap_path: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path / "bench")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)  # stdout holds the JSON object only
+    assert result["benchmark"] == "curriculum_band_vs_uniform" and result["quick"] is True
+    arms = ["band", "uniform", "dapo", "adaptive"]
+    assert list(result["arms"]) == arms
+    assert sorted(r["arm"] for r in result["runs"]) == sorted(arms)
+    for run in result["runs"]:
+        assert run["tokens"] >= result["budget_tokens"]  # each stops once its budget is generated
+        assert run["evals"] and 0.0 <= run["final_pass_at_1"] <= 1.0
+        assert run["steps"] and all("band_occupancy" in s for s in run["steps"])
+    # The uniform arm trains on every group: the trainer's step and the weight push ran.
+    (uniform,) = [r for r in result["runs"] if r["arm"] == "uniform"]
+    assert all("loss" in s for s in uniform["steps"])
+    (adaptive,) = [r for r in result["runs"] if r["arm"] == "adaptive"]
+    assert all("level" in s for s in adaptive["steps"])
+    paired = result["paired_vs_band"]
+    assert [c["baseline"] for c in paired] == ["uniform", "dapo", "adaptive"]
+    assert all(c["model"] == "band" and 0.0 <= c["p_value"] <= 1.0 for c in paired)
+    assert Path(result["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "bench" / "curriculum.json").read_text())["arms"] == result["arms"]
