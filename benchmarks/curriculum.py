@@ -112,6 +112,7 @@ class HeldOut:
 
     def __init__(self, args: argparse.Namespace):
         from agentrl.eval.evaluate import EvalBudget, resolve_tasks
+        from agentrl.rollout.config import RolloutConfig
 
         env_kwargs = {"backend": args.backend}
         self.tasks, turns = resolve_tasks(ENV, "test", args.eval_tasks, env_kwargs, None)
@@ -121,14 +122,17 @@ class HeldOut:
             split="test",
             num_tasks=args.eval_tasks,
             n=args.eval_samples,
-            temperature=1.0,
-            top_p=1.0,
             max_turns=turns,
-            max_tokens_per_turn=args.max_tokens_per_turn,
-            max_total_tokens=1024,
-            episode_timeout_s=120,
             seed=12345,
             task_ids=[t.id for t in self.tasks],
+            rollout=RolloutConfig(
+                temperature=1.0,
+                top_p=1.0,
+                max_tokens_per_turn=args.max_tokens_per_turn,
+                max_total_tokens=1024,
+                episode_timeout_s=120,
+                concurrency=32,
+            ),
         )
         self.keys = [(i, j) for i in range(args.eval_tasks) for j in range(args.eval_samples)]
         self.task_of = {k: self.tasks[k[0]].id for k in self.keys}
@@ -143,7 +147,7 @@ class HeldOut:
         def keep(rec: Any) -> None:
             outcomes[rec.key] = rec.trajectory.reward >= 1.0
 
-        asyncio.run(run_episodes(policy, self.budget, self.tasks, self.keys, concurrency=32, on_episode=keep))
+        asyncio.run(run_episodes(policy, self.budget, self.tasks, self.keys, on_episode=keep))
         return outcomes
 
     def levels(self, outcomes: dict[tuple[int, int], bool]) -> dict[str, float]:

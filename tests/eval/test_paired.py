@@ -21,6 +21,7 @@ from agentrl.eval.paired import (
     plot_differences,
 )
 from agentrl.eval.report import summarize
+from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.trajectory import Trajectory
 
 # --- McNemar ---------------------------------------------------------------------------------------------
@@ -206,13 +207,9 @@ def test_report_json_markdown_and_plot(tmp_path):
         split="test",
         num_tasks=3,
         n=4,
-        temperature=1.0,
-        top_p=1.0,
         max_turns=4,
-        max_tokens_per_turn=64,
-        max_total_tokens=1024,
-        episode_timeout_s=60,
         seed=0,
+        rollout=RolloutConfig(max_tokens_per_turn=64, max_total_tokens=1024, episode_timeout_s=60),
         task_ids=list(PAIRS),
     )
     paths = write_report(tmp_path, summaries, budget, {"warm-start": "a", "grpo": "b"}, [comparison])
