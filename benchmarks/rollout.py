@@ -18,10 +18,7 @@ machine weighs on both sides; the reported ratio is the median over `--repeats`.
 with other jobs single measurements still swing widely, so the in-process engine also reports its
 engine-step counts (`engine_steps_ratio_median`: plain steps / rollout steps for the same tokens, a
 load-independent view of how well the rollout keeps the batch full) and process CPU time.
-Measured here (2 shared cores, load average 12-17, tiny model, defaults, 3 repeats): wall ratio median
-1.21 (repeats 1.21, 1.92, 1.11), CPU-time ratio 0.96, engine-step ratio 0.96 (150 rollout steps vs 144
-for the same 1.7k tokens). Before the CPU engine used 32-token KV blocks (vLLM's CPU default is 128, and
-prefix caching reuses whole blocks only), every turn recomputed up to 127 context tokens: ratio 0.63.
+Results: benchmarks/RESULTS.md.
 
 Without `--model`, the tiny Qwen2 model of `agentrl.kit.tiny_model` is built in a cache directory.
 The engine runs in process on CPU machines and as AsyncLLM (its own process) with a GPU; `--engine`

@@ -34,6 +34,7 @@ from typing import Any
 
 from agentrl.envs.calc import CalcEnv
 from agentrl.task import Split, Task, split_rng_seed
+from agentrl.tasksource import TaskSource
 
 # level -> (operations, range of the first number and of the + and - operands). Multiplication's
 # operand is 2..99 and products inside longer expressions are parenthesised, as calc-v0 writes them.
@@ -96,3 +97,21 @@ class CalcLevelsEnv(CalcEnv):
     def __init__(self, *, seed: int = 0, levels: int = len(LADDER), level: int | None = None, **kwargs: Any):
         kwargs.setdefault("tasks", LeveledCalcTasks(seed, levels, level))
         super().__init__(seed=seed, **kwargs)
+
+    @classmethod
+    def make_tasks(
+        cls,
+        *,
+        tasks: Any = None,
+        seed: int = 0,
+        levels: int = len(LADDER),
+        level: int | None = None,
+        env_id: str | None = None,
+        **kwargs: Any,
+    ) -> TaskSource | None:
+        """The leveled pool (not calc-v0's generator) for `agentrl.task_source`, as the constructor builds it."""
+        return super().make_tasks(
+            tasks=tasks if tasks is not None else LeveledCalcTasks(seed, levels, level),
+            seed=seed,
+            env_id=env_id,
+        )

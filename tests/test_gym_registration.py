@@ -14,7 +14,13 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 import agentrl
 from agentrl.envs.python_repair.synth import SynthConfig, synthesize
 
-BUILTIN_IDS = ["agentrl/calc-v0", "agentrl/sqlite-v0", "agentrl/guess-number-v0", "agentrl/python-repair-v0"]
+BUILTIN_IDS = [
+    "agentrl/calc-v0",
+    "agentrl/calc-levels-v0",
+    "agentrl/sqlite-v0",
+    "agentrl/guess-number-v0",
+    "agentrl/python-repair-v0",
+]
 
 
 def test_every_builtin_id_is_registered_with_gymnasium():

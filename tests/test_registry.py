@@ -161,9 +161,12 @@ def test_third_party_env_and_verifier_found_through_entry_points(plugin_package)
     assert "demo-plugin/Echo-v0" in listing.stdout and "third-party echo env" in listing.stdout
 
 
-def test_module_prefix_imports_the_module_that_registers():
+def test_module_prefix_imports_the_module_that_registers(monkeypatch):
     """`"pkg.module:ns/Env-v0"` imports pkg.module first, as gymnasium.make does."""
-    registry.pop("test/Coin-v0", None)
+    # As if never imported (another test may have imported it already): the prefix must import it.
+    monkeypatch.delitem(sys.modules, "tests.coin_env", raising=False)
+    for env_id in ("test/Coin-v0", "test/CoinBox-v0"):
+        monkeypatch.delitem(registry, env_id, raising=False)
     env = agentrl.make("tests.coin_env:test/Coin-v0")
     assert env.spec.id == "test/Coin-v0"
     with pytest.raises(ImportError, match="cannot import 'no_such_module_xyz'"):

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+import agentrl
 from agentrl.envs.calc_levels import LADDER, LeveledCalcTasks
 
 from .conftest import oracle_rewards
@@ -61,3 +62,16 @@ def test_a_fixed_level_and_bad_levels():
 def test_the_oracle_solves_every_level_through_docker():
     rewards = oracle_rewards("agentrl/calc-levels-v0", 12)
     assert rewards == [1.0] * 12
+
+
+def test_the_task_source_poses_the_leveled_pool_without_building_the_env():
+    """`agentrl.task_source` (evaluation, the curriculum) reads the same leveled tasks an env poses."""
+    source = agentrl.task_source("agentrl/calc-levels-v0", split="test", level=3)
+    env = agentrl.make("agentrl/calc-levels-v0", split="test", level=3, backend="local", use_pool=False)
+    try:
+        for i in range(4):
+            task = source.get(i, "test")
+            assert task.metadata["level"] == 3
+            assert task == env.tasks.get(i, "test")
+    finally:
+        env.close()

@@ -192,3 +192,11 @@ def test_dynamic_batches_drive_it_like_any_curriculum():
     result = builder.result()
     assert result.generated_groups == 4 and result.groups == []  # all-pass groups are dropped
     assert cur.level == 1  # and every one of them was a too-easy probe
+
+
+def test_the_trainers_task_source_for_calc_levels_steers_levels():
+    """`train` builds its curriculum from `agentrl.task_source(cfg.env)`: for calc-levels-v0 that must be
+    the leveled generator (not calc-v0's, which the env class inherits), or adaptive difficulty fails."""
+    source = agentrl.task_source("agentrl/calc-levels-v0")
+    curriculum = Curriculum.from_source(source, CurriculumConfig(difficulty={"adaptive": True}))
+    assert isinstance(curriculum, LeveledCurriculum) and curriculum.num_levels == 6
