@@ -17,7 +17,9 @@ rollout (A-B-B-A; the seeded rollout samples the same episodes twice) so that a 
 machine weighs on both sides; the reported ratio is the median over `--repeats`. On a CPU box shared
 with other jobs single measurements still swing widely, so the in-process engine also reports its
 engine-step counts (`engine_steps_ratio_median`: plain steps / rollout steps for the same tokens, a
-load-independent view of how well the rollout keeps the batch full) and process CPU time.
+load-independent view of how well the rollout keeps the batch full), the wall time spent inside
+`engine.step` on each side (`engine_time_ratio_median`: how much of the gap is the engine's own work,
+e.g. prefilling observations, rather than ours between steps) and process CPU time.
 Results: benchmarks/RESULTS.md.
 
 Without `--model`, the tiny Qwen2 model of `agentrl.kit.tiny_model` is built in a cache directory.
@@ -114,37 +116,41 @@ def main() -> None:
     _plain(policy, warm, args.concurrency)
 
     # Engine steps (in-process engine only): a load-independent view of batching efficiency.
-    steps = {"n": 0}
+    steps = {"n": 0, "s": 0.0}
     if in_process:
         engine, engine_step = policy._engine, policy._engine.step
 
         def counted_step() -> Any:
             steps["n"] += 1
-            return engine_step()
+            t = time.perf_counter()
+            try:
+                return engine_step()
+            finally:
+                steps["s"] += time.perf_counter() - t
 
         engine.step = counted_step
 
-    def rollout(seed: int) -> tuple[list[Any], float, float, int]:
-        steps["n"] = 0
+    def rollout(seed: int) -> tuple[list[Any], float, float, int, float]:
+        steps["n"], steps["s"] = 0, 0.0
         t0, c0 = time.perf_counter(), time.process_time()
         trajs = collect_sync(
             args.env, tasks, policy, cfg.model_copy(update={"seed": seed}), env_kwargs=env_kwargs
         )
-        return trajs, time.perf_counter() - t0, time.process_time() - c0, steps["n"]
+        return trajs, time.perf_counter() - t0, time.process_time() - c0, steps["n"], steps["s"]
 
-    def plain(trajs: list[Any]) -> tuple[float, float, int, int]:
-        steps["n"] = 0
+    def plain(trajs: list[Any]) -> tuple[float, float, int, int, float]:
+        steps["n"], steps["s"] = 0, 0.0
         wall, cpu, tokens = _plain(policy, trajs, args.concurrency)
-        return wall, cpu, tokens, steps["n"]
+        return wall, cpu, tokens, steps["n"], steps["s"]
 
     runs = []
     for r in range(args.repeats):
         # A-B-B-A: rollout, plain, plain, rollout (the same seeded episodes again), so a load trend on
         # the machine weighs on both sides alike.
-        trajs, r1_s, r1_cpu, r_steps = rollout(r)
-        p1_s, p1_cpu, plain_tokens, p_steps = plain(trajs)
-        p2_s, p2_cpu, _, _ = plain(trajs)
-        trajs2, r2_s, r2_cpu, _ = rollout(r)
+        trajs, r1_s, r1_cpu, r_steps, r_step_s = rollout(r)
+        p1_s, p1_cpu, plain_tokens, p_steps, p_step_s = plain(trajs)
+        p2_s, p2_cpu, _, _, _ = plain(trajs)
+        trajs2, r2_s, r2_cpu, _, _ = rollout(r)
         sampled = sum(sum(t.loss_mask) for t in trajs)
         if plain_tokens != sampled or sum(sum(t.loss_mask) for t in trajs2) != sampled:
             raise RuntimeError(f"plain generation produced {plain_tokens} tokens, the rollout {sampled}")
@@ -167,6 +173,9 @@ def main() -> None:
             "ratio_cpu_time": round((p1_cpu + p2_cpu) / (r1_cpu + r2_cpu), 3),
             "engine_steps_rollout": r_steps if in_process else None,
             "engine_steps_plain": p_steps if in_process else None,
+            # Wall time inside engine.step (first rollout, first plain): what the engine itself took.
+            "engine_step_s_rollout": round(r_step_s, 3) if in_process else None,
+            "engine_step_s_plain": round(p_step_s, 3) if in_process else None,
             "load_average_1m": os.getloadavg()[0],
         }
         print(json.dumps(run), file=sys.stderr)
@@ -192,6 +201,11 @@ def main() -> None:
         "ratio_cpu_time_median": statistics.median(r["ratio_cpu_time"] for r in runs) if in_process else None,
         "engine_steps_ratio_median": (
             statistics.median(r["engine_steps_plain"] / r["engine_steps_rollout"] for r in runs)
+            if in_process
+            else None
+        ),
+        "engine_time_ratio_median": (
+            statistics.median(r["engine_step_s_plain"] / r["engine_step_s_rollout"] for r in runs)
             if in_process
             else None
         ),
