@@ -319,10 +319,9 @@ def plot_differences(comparisons: Sequence[PairedComparison], path: str | Path) 
     Green bars: tasks the model does better on; red: worse; a grey tick: the same. The black line is
     the mean (the pass@1 difference) with its paired-bootstrap interval shaded; the title is the verdict.
     """
-    import matplotlib
+    from agentrl.eval.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if not comparisons:
         raise ValueError("no paired comparison to plot")
@@ -357,7 +356,4 @@ def plot_differences(comparisons: Sequence[PairedComparison], path: str | Path) 
             f"({c.b_only} vs {c.a_only} discordant episodes)",
             fontsize=10,
         )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)

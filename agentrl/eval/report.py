@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,24 @@ class ModelSummary:
 
     def pass_at_dict(self) -> dict[str, float]:
         return {f"pass@{p.k}": p.pass_at_k for p in self.pass_at}
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write and close `fig`; returns `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return Path(path)
 
 
 def summarize(
@@ -113,10 +132,7 @@ def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: s
     models are nudged apart along k (a few percent on the log axis), so equal curves and
     overlapping intervals stay visible side by side instead of merging into one shaded area.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     n = len(summaries)
@@ -151,10 +167,7 @@ def plot_pass_at_k(summaries: Sequence[ModelSummary], path: str | Path, title: s
     ax.legend(loc="lower right")
     tasks = summaries[0].num_tasks if summaries else 0
     ax.set_title(title or f"pass@k on {tasks} tasks (bars: 95% bootstrap CI over tasks)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_task_scatter(before: ModelSummary, after: ModelSummary, path: str | Path) -> Path:
@@ -163,10 +176,7 @@ def plot_task_scatter(before: ModelSummary, after: ModelSummary, path: str | Pat
     Pass rates are multiples of 1/samples, so many tasks share a point: each point's area grows
     with the number of tasks on it, and that number is written on it.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tasks = sorted(set(before.task_pass_rate) & set(after.task_pass_rate))
     pairs = Counter((round(before.task_pass_rate[t], 6), round(after.task_pass_rate[t], 6)) for t in tasks)
@@ -194,10 +204,7 @@ def plot_task_scatter(before: ModelSummary, after: ModelSummary, path: str | Pat
         f"improved {better} (green), worse {worse} (red), same {len(tasks) - better - worse}",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_training(metrics_path: str | Path, out_png: str | Path) -> Path:
@@ -206,10 +213,7 @@ def plot_training(metrics_path: str | Path, out_png: str | Path) -> Path:
     Steps are integers on the x axis; a step without an update (no informative group) has no loss
     and is marked with a grey x on the loss panel.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     rows = [json.loads(x) for x in Path(metrics_path).read_text().splitlines() if x.strip()]
@@ -242,10 +246,7 @@ def plot_training(metrics_path: str | Path, out_png: str | Path) -> Path:
         if steps:
             ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return Path(out_png)
+    return save_figure(fig, out_png, dpi=110)
 
 
 def markdown_report(
