@@ -5,7 +5,8 @@
 1. warm start: the tiny Qwen2 model, SFT on oracle demonstrations of `agentrl/calc-v0` into the
    learnability band (cached by recipe hash; `agentrl.kit.warm_start`);
 2. GRPO (`agentrl train`, examples/calc_grpo.yaml) under torchrun with 2 processes (FSDP2, gloo),
-   docker sandboxes, vLLM rollouts, the learnability-band curriculum;
+   bubblewrap sandboxes (the config's `env_kwargs.backend`; docker works too, slower on 2 cores),
+   vLLM rollouts, the learnability-band curriculum;
 3. held-out evaluation of the warm start and the trained model under one budget
    (`agentrl.eval.evaluate`: same tasks, seeds, decoding and limits): pass@1 and pass@k with CIs;
 4. plots: reward and band occupancy during training, pass@k before/after, per-task scatter and
@@ -127,7 +128,8 @@ def _run(
         _say(f"GRPO: reusing {final}")
     else:
         _say(
-            f"GRPO: {cfg.steps} steps on {cfg.env} with {nproc} processes (FSDP2), vLLM rollouts, docker sandboxes"
+            f"GRPO: {cfg.steps} steps on {cfg.env} with {nproc} processes (FSDP2), vLLM rollouts, "
+            f"{cfg.env_kwargs.get('backend', 'docker')} sandboxes"
         )
         metrics = out / "train" / "metrics.jsonl"
         with Stage(console, "2/3 GRPO", _counted(lambda: count_lines(metrics), cfg.steps, "step")):
@@ -140,6 +142,7 @@ def _run(
     n = eval_samples or (2 if quick else 4)
     ecfg = EvalConfig(
         env=cfg.env,
+        env_kwargs=cfg.env_kwargs,  # the training's sandbox backend
         models=[ws.path, str(final)],
         names=["warm-start", "grpo"],
         n=n,
