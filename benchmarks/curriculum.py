@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ENV = "agentrl/calc-levels-v0"
+ENV = "agentrl/calc-levels-v0"  # the default pool; `--env agentrl/calc-v0` compares the arms on the demo's
 
 # The arms: `curriculum.*` overrides on top of the base config below (the demo's GRPO settings).
 ARMS: dict[str, dict[str, Any]] = {
@@ -60,7 +60,7 @@ def base_config(args: argparse.Namespace, model: str, out: Path, seed: int, arm:
     from agentrl.train.config import TrainConfig
 
     return TrainConfig(
-        env=ENV,
+        env=args.env,
         env_kwargs={"backend": args.backend},
         model=model,
         out=str(out),
@@ -115,9 +115,9 @@ class HeldOut:
         from agentrl.rollout.config import RolloutConfig
 
         env_kwargs = {"backend": args.backend}
-        self.tasks, turns = resolve_tasks(ENV, "test", args.eval_tasks, env_kwargs, None)
+        self.tasks, turns = resolve_tasks(args.env, "test", args.eval_tasks, env_kwargs, None)
         self.budget = EvalBudget(
-            env=ENV,
+            env=args.env,
             env_kwargs=env_kwargs,
             split="test",
             num_tasks=args.eval_tasks,
@@ -151,10 +151,12 @@ class HeldOut:
         return outcomes
 
     def levels(self, outcomes: dict[tuple[int, int], bool]) -> dict[str, float]:
-        by: dict[int, list[bool]] = {}
+        """Pass@1 by difficulty level (calc-levels-v0), or by task kind for a pool without levels."""
+        by: dict[str, list[bool]] = {}
         for (i, _), ok in outcomes.items():
-            by.setdefault(int(self.tasks[i].metadata["level"]), []).append(ok)
-        return {str(level): round(sum(v) / len(v), 3) for level, v in sorted(by.items())}
+            meta = self.tasks[i].metadata
+            by.setdefault(str(meta.get("level", meta.get("kind", "all"))), []).append(ok)
+        return {key: round(sum(v) / len(v), 3) for key, v in sorted(by.items())}
 
 
 # --- one run ------------------------------------------------------------------------------------------------
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         del r["_outcomes"]
     result = {
         "benchmark": "curriculum_band_vs_uniform",
-        "env": ENV,
+        "env": args.env,
         "quick": args.quick,
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "model": model_dir,
@@ -525,6 +527,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens-per-turn", type=int, default=None)
     p.add_argument(
         "--target-points", type=float, default=5.0, help="Target: warm-start pass@1 + this many points."
+    )
+    p.add_argument(
+        "--env", default=ENV, help="Task pool (the adaptive arm needs an environment with a difficulty knob)."
     )
     p.add_argument("--backend", default="bwrap", help="Sandbox backend of the python tool (bwrap, docker).")
     p.add_argument("--model", default=None, help="Start from this checkpoint instead of the calc warm start.")

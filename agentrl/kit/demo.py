@@ -16,7 +16,7 @@
 Every stage writes under `--out` (default runs/demo) and a second run reuses what is there.
 
 The console shows one line per stage, repeated as it progresses, with an ETA at the pace so far
-("[demo] 2/3 GRPO: step 1/4, 2m10s, ETA 6m30s"), then the results. Everything else (engine
+("[demo] 2/3 GRPO: step 2/12, 1m43s, ETA 8m35s"), then the results. Everything else (engine
 logs, library warnings, the training ranks' output) goes to `--out`/demo.log, whose last lines are
 shown if a stage fails; `agentrl --debug demo` leaves it all on the console.
 """
