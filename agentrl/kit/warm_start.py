@@ -48,7 +48,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 RECORD_FILE = "agentrl_warm_start.json"
 # Bump when a stage changes in a way the recipe fields do not capture (a new masker, a new SFT loss).
-WARM_START_VERSION = 1
+# 2: the SFT on the trainer's token-budget micro-batches builds another model from the same recipe
+# than version 1 did (benchmarks/RESULTS.md, the curriculum runs), so version-1 caches are rebuilt.
+WARM_START_VERSION = 2
 _EVAL_FIELDS = ("eval_tasks", "eval_samples", "eval_temperature", "eval_split", "eval_seed")
 
 

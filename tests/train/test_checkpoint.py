@@ -62,7 +62,15 @@ def test_resume_after_ctrl_c_reproduces_the_uninterrupted_run_exactly(tiny_model
     assert done.returncode == 0, done.stderr[-3000:]
 
     proc = subprocess.Popen(
-        train_cmd(cfg, cut), cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        train_cmd(cfg, cut),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A suite started as a background job inherits Ctrl-C ignored, and `agentrl train` keeps an
+        # ignored Ctrl-C ignored (as under nohup): give the run a terminal's default disposition.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 600
     while not ((cut / "metrics.jsonl").exists() and len(rows(cut)) >= 1):
