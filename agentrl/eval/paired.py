@@ -54,6 +54,7 @@ def mcnemar_exact(b_only: int, a_only: int) -> float:
 def paired_bootstrap_ci(
     task_differences: Sequence[float] | np.ndarray,
     *,
+    weights: Sequence[float] | np.ndarray | None = None,
     confidence: float = 0.95,
     reps: int = 10_000,
     seed: int = 0,
@@ -61,7 +62,8 @@ def paired_bootstrap_ci(
     """Percentile bootstrap interval of the mean per-task difference, resampling tasks.
 
     `task_differences[t]` is task t's difference in pass rate (B - A) over its paired episodes;
-    resampling whole tasks keeps every task's episodes, and their pairing, together.
+    resampling whole tasks keeps every task's episodes, and their pairing, together. `weights[t]`
+    (its episodes) weighs each resampled task when tasks have unequal samples; None: equal weights.
     """
     d = np.asarray(task_differences, dtype=np.float64)  # [T]
     if d.size == 0:
@@ -70,7 +72,11 @@ def paired_bootstrap_ci(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, d.size, size=(reps, d.size))  # [reps, T]
-    means = d[idx].mean(axis=1)  # [reps]
+    if weights is None:
+        means = d[idx].mean(axis=1)  # [reps]
+    else:
+        w = np.asarray(weights, dtype=np.float64)  # [T]
+        means = (d[idx] * w[idx]).sum(axis=1) / w[idx].sum(axis=1)  # [reps]
     alpha = (1.0 - confidence) / 2
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
 
@@ -201,10 +207,14 @@ def compare(
     both = sum(1 for a, b in pairs if a and b)
     diffs = np.array([t.difference for t in tasks])  # [T]
     weights = np.array([t.episodes for t in tasks], dtype=np.float64)  # [T]
-    if np.all(weights == weights[0]):
-        lo, hi = paired_bootstrap_ci(diffs, confidence=confidence, reps=reps, seed=seed)
-    else:  # unequal samples per task: resample tasks, weigh each by its episodes
-        lo, hi = _weighted_bootstrap(diffs, weights, confidence, reps, seed)
+    lo, hi = paired_bootstrap_ci(
+        diffs,
+        # Unequal samples per task: each resampled task weighs as many as its episodes.
+        weights=None if np.all(weights == weights[0]) else weights,
+        confidence=confidence,
+        reps=reps,
+        seed=seed,
+    )
     eps = 1e-12  # rates are ratios of small integers; a float tie is a tie
     return PairedComparison(
         baseline=baseline,
@@ -229,16 +239,6 @@ def compare(
         bootstrap_reps=reps,
         seed=seed,
     )
-
-
-def _weighted_bootstrap(
-    diffs: np.ndarray, weights: np.ndarray, confidence: float, reps: int, seed: int
-) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, diffs.size, size=(reps, diffs.size))  # [reps, T]
-    means = (diffs[idx] * weights[idx]).sum(axis=1) / weights[idx].sum(axis=1)  # [reps]
-    alpha = (1.0 - confidence) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1.0 - alpha))
 
 
 def compare_trajectories(

@@ -13,25 +13,11 @@ from agentrl.errors import UserError
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.curriculum import Curriculum, CurriculumConfig, DynamicBatch
 from agentrl.train.difficulty import LeveledCurriculum, LeveledTaskGenerator
+from tests.train.test_curriculum import traj
 
 
 def group(task_id: str, successes: int, n: int = 8) -> list[Trajectory]:
-    gid = f"{task_id}#g"
-    return [
-        Trajectory(
-            task_id=task_id,
-            group_id=gid,
-            token_ids=[1, 2],
-            loss_mask=[0, 1],
-            behavior_logprobs=[0.0, -0.1],
-            prompt_len=1,
-            reward=float(i < successes),
-            passed=i < successes,
-            finish_reason="submitted",
-            policy_version=0,
-        )
-        for i in range(n)
-    ]
+    return [traj(task_id, f"{task_id}#g", float(i < successes)) for i in range(n)]
 
 
 def adaptive(**difficulty) -> LeveledCurriculum:
