@@ -16,6 +16,10 @@ The last `keep_last` checkpoints are kept; only the newest carries `trainer_stat
 needs; the optimizer state is the large part). A checkpoint is written to a temporary directory
 and renamed into place, so a crash mid-save leaves the previous one intact.
 
+`trainer_state/optimizer.pt` holds plain tensors, numbers, strings, lists and dicts only, and is
+loaded with `torch.load(weights_only=True)`: a run directory may come from anywhere (a shared
+filesystem, a downloaded run), and a pickle that asks to call anything is refused before it runs.
+
 A resume is exact: on CPU, with the same seed, the resumed run's metrics and weights are bit for
 bit those of the uninterrupted run (tests/test_resume.py), because everything the next step
 depends on is in `trainer_state/`.
@@ -24,9 +28,11 @@ depends on is in `trainer_state/`.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +69,18 @@ def latest_resumable(out: str | Path) -> Path | None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every RNG a step may draw from: torch (CPU and CUDA), Python's `random`, numpy's global one."""
+    """Every RNG a step may draw from: torch (CPU and CUDA), Python's `random`, numpy's global one.
+
+    Plain types only (tensors, lists, ints, floats, strings): the checkpoint that holds it must load
+    with `torch.load(weights_only=True)`, which refuses numpy arrays."""
     import numpy as np
 
+    version, internal, gauss_next = random.getstate()
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(internal), gauss_next],
+        "numpy": [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian)],
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -77,13 +88,94 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned (or, from an older checkpoint, the numpy array it held)."""
     import numpy as np
 
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _numpy_array_globals() -> list[Any]:
+    """What a checkpoint written before the RNG states were plain types needs beyond plain tensors:
+    numpy's MT19937 key array (a uint32 ndarray), under the names numpy 1 and 2 pickle it by."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    rebuild = core.multiarray._reconstruct
+    return [
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        (rebuild, "numpy.core.multiarray._reconstruct"),
+        (rebuild, "numpy._core.multiarray._reconstruct"),
+    ]
+
+
+def _global_name(obj: Any) -> str:
+    return obj[1] if isinstance(obj, tuple) else f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _not_plain(path: Path, fix: str) -> UserError | None:
+    """The refusal for a file whose pickle asks for more than plain tensors and numpy's key array,
+    or None. Reads the pickle's opcodes only: nothing in the file runs."""
+    try:
+        wanted = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip that torch.save wrote: a bare pickle, say
+        return _refusal(path, "it is a bare pickle, not the zip file torch.save writes", fix)
+    legacy = {_global_name(g) for g in _numpy_array_globals()}
+    unsafe = [name for name in wanted if name not in legacy]
+    if not unsafe:
+        return None
+    shown = ", ".join(unsafe[:3]) + (f" and {len(unsafe) - 3} more" if len(unsafe) > 3 else "")
+    return _refusal(path, f"loading it would call {shown}", fix)
+
+
+def _refusal(path: Path, what: str, fix: str) -> UserError:
+    return UserError(
+        one_line(
+            f"{path} is not a plain-tensor checkpoint ({what}), so nothing in it was loaded or run; {fix}"
+        )
+    )
+
+
+def check_plain(path: str | Path, fix: str) -> None:
+    """Refuse (a `UserError`) a file `load_plain` would refuse for what it asks to call, without
+    loading it: cheap (the pickle's opcodes, not the tensors), for checks before any process starts."""
+    if (refused := _not_plain(Path(path), fix)) is not None:
+        raise refused
+
+
+def load_plain(path: str | Path, fix: str) -> Any:
+    """`torch.load` that runs nothing from the file: plain tensors, dicts, lists, numbers, strings
+    (an optimizer state dict is those). A pickle that asks for anything else (a function to call,
+    a class to build) is a `UserError` naming the file, raised before any of it runs; `fix` says
+    what to do instead.
+
+    Checkpoints from before the RNG states were stored as plain types also hold numpy's key array;
+    those still load, with numpy's array rebuilding allowed by name and only when the file asks for
+    nothing else (rebuilding an array of numbers calls no code the file chooses)."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            # A bare pickle (not torch.save's zip) draws a warning about its protocol before it is
+            # refused; the refusal says what matters.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        pass
+    if (refused := _not_plain(path, fix)) is not None:
+        raise refused from None
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # Only globals we allow, yet refused: opcodes the weights-only unpickler does not take.
+        raise _refusal(path, "it holds pickle instructions a plain-tensor load refuses", fix) from None
 
 
 def save(
@@ -136,6 +228,13 @@ def _prune(out: Path, keep: Path, keep_last: int) -> None:
             shutil.rmtree(path / STATE_DIR, ignore_errors=True)
 
 
+def _resume_fix(path: Path) -> str:
+    return (
+        f"resume only from checkpoints agentrl train wrote: delete {path} if you do not trust it, "
+        "or train into another out="
+    )
+
+
 def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Load a checkpoint written by `save` into a (sharded) model and its optimizer; returns its state,
     with this rank's RNG state under "rng" (restore it with `set_rng_state` when the loop starts)."""
@@ -151,7 +250,7 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
             embed = [k for k in model_sd if k.endswith("embed_tokens.weight")]
             if embed:
                 model_sd[key] = model_sd[embed[0]]
-    blob = torch.load(path / STATE_DIR / "optimizer.pt", map_location="cpu", weights_only=False)
+    blob = load_plain(path / STATE_DIR / "optimizer.pt", fix=_resume_fix(path))
     set_state_dict(
         model,
         optimizer,
@@ -235,6 +334,10 @@ def prepare_run_dir(cfg: Any, force: bool = False) -> str:
         config_path.write_text(json.dumps(wanted, indent=2))
         return f"starting a new run in {out}"
     step = _step_of(ckpt)
+    # Before any process starts (and before this directory changes): a trainer state that would run
+    # code when loaded stops here, as it would stop every rank in `load`.
+    if (ckpt / STATE_DIR / "optimizer.pt").is_file():
+        check_plain(ckpt / STATE_DIR / "optimizer.pt", fix=_resume_fix(ckpt))
     if recorded is not None and recorded != wanted:
         changes = config_changes(recorded, wanted)
         if changes and not force:

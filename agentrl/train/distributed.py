@@ -291,13 +291,21 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load what `save_checkpoint` wrote into a sharded model and its optimizer; returns `state`."""
+    """Load what `save_checkpoint` wrote into a sharded model and its optimizer; returns `state`.
+
+    `weights.pt` must hold plain tensors and state dicts (what `save_checkpoint` writes): a file that
+    asks to run code while loading is a `UserError`, and nothing in it runs."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    from agentrl.train.checkpoint import load_plain
 
     path = Path(path)
     if not (path / "weights.pt").exists():
         raise FileNotFoundError(f"no checkpoint at {path} (expected {path / 'weights.pt'})")
-    blob = torch.load(path / "weights.pt", map_location="cpu", weights_only=False)
+    blob = load_plain(
+        path / "weights.pt",
+        fix="load only checkpoints save_checkpoint wrote, from a source you trust; delete this one",
+    )
     set_state_dict(
         model,
         optimizer,
