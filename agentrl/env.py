@@ -13,6 +13,9 @@ The contract is Gymnasium's, exactly:
   observations the model can read; `step` does not raise for anything the model writes.
 - One message runs at most `max_tool_calls_per_step` tool calls, within `step_timeout_s` in
   all; the calls past either are not run, and the observation says so.
+- Nothing the env runs can stall it: every tool call has a deadline (`tool_timeout_s`), host-side
+  Python included; a call past it is abandoned and ends the episode `env_error`. The verifier has
+  one too (`verifier_timeout_s`): past it, reward 0 with the reason.
 - `close()` is idempotent; `reset()` after `close()` works; `with env:` closes.
 
 Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and an oracle.
@@ -44,9 +47,10 @@ from agentrl.sandbox.base import (
 from agentrl.spaces import Messages, UnicodeText
 from agentrl.task import Task, TaskGenerator
 from agentrl.tasksource import TaskSource, as_task_source, coerce_task
-from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, run_tool
+from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, ToolTimeout, run_tool
 from agentrl.types import FinishReason, Message, Split, StepInfo
 from agentrl.verifiers import Verdict, Verifier, get, run_verifier
+from agentrl.verifiers.base import verifier_deadline
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,10 @@ class EnvError(RuntimeError):
 DEFAULT_MAX_TOOL_CALLS_PER_STEP = 4
 # Longest tool name echoed back in an error: a model may write a megabyte where a name belongs.
 _NAME_ECHO = 80
+# What `tool_timeout_s` adds to `exec_timeout_s` when unset. A built-in tool runs one command,
+# killed at `exec_timeout_s`; the margin covers starting it, killing it and reading its output on
+# a loaded engine, and the tool's own work around it. Only a tool that hangs ever reaches it.
+TOOL_DEADLINE_MARGIN_S = 30.0
 
 
 class ToolEnv(gymnasium.Env[list, str]):
@@ -92,10 +100,11 @@ class ToolEnv(gymnasium.Env[list, str]):
         parser: str = "hermes",
         tools_in_prompt: bool = True,
         exec_timeout_s: float = 30.0,
-        verifier_timeout_s: float = 300.0,
+        verifier_timeout_s: float | None = None,
         max_action_chars: int = 65536,
         max_tool_calls_per_step: int | None = None,
         step_timeout_s: float | None = None,
+        tool_timeout_s: float | None = None,
         sandbox_env: dict[str, str] | None = None,
         env_id: str | None = None,
         render_mode: str | None = None,
@@ -108,6 +117,15 @@ class ToolEnv(gymnasium.Env[list, str]):
         step_timeout_s: wall-clock budget of all the tool calls of one message (None: twice
             `exec_timeout_s`). Each call's command timeout is cut to what is left of it; calls that
             find it spent are not run. The verifier's time is not part of it.
+        tool_timeout_s: wall-clock deadline of one tool call, whatever the tool does (host-side
+            Python included; None: `exec_timeout_s` + `TOOL_DEADLINE_MARGIN_S`). A call past it is
+            abandoned and ends the episode `env_error`, with the reason in `error`; the call's
+            thread cannot be stopped, so it is left to finish and its result is dropped. Raise it
+            for a tool that runs several long commands.
+        verifier_timeout_s: wall-clock deadline of the verifier (None: the verifier's own
+            `timeout_s` + `agentrl.verifiers.base.VERIFIER_DEADLINE_MARGIN_S` when it declares one,
+            else `DEFAULT_VERIFIER_TIMEOUT_S`, 300 s). Past it the verifier is abandoned and the
+            episode scores 0, the reason in the verdict's `details`.
         """
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -115,6 +133,14 @@ class ToolEnv(gymnasium.Env[list, str]):
             raise ValueError(f"max_tool_calls_per_step must be >= 1, got {max_tool_calls_per_step}")
         if step_timeout_s is not None and step_timeout_s <= 0:
             raise ValueError(f"step_timeout_s must be > 0 seconds, got {step_timeout_s}")
+        if tool_timeout_s is not None and tool_timeout_s <= 0:
+            raise ValueError(
+                f"tool_timeout_s must be > 0 seconds (or None for the default), got {tool_timeout_s}"
+            )
+        if verifier_timeout_s is not None and verifier_timeout_s <= 0:
+            raise ValueError(
+                f"verifier_timeout_s must be > 0 seconds (or None for the default), got {verifier_timeout_s}"
+            )
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
         # Generators, lists, JSONL paths, datasets: one validated view (agentrl.tasksource).
@@ -143,6 +169,7 @@ class ToolEnv(gymnasium.Env[list, str]):
             else max_tool_calls_per_step
         )
         self.step_timeout_s = step_timeout_s
+        self.tool_timeout_s = tool_timeout_s
         # Environment variables every sandbox of this env starts with (the agent can change them
         # in its own commands; verifiers run with their own clean environment).
         self.sandbox_env = dict(sandbox_env or {})
@@ -165,6 +192,18 @@ class ToolEnv(gymnasium.Env[list, str]):
     def step_budget_s(self) -> float:
         """The wall-clock budget of one message's tool calls: `step_timeout_s`, else 2 x `exec_timeout_s`."""
         return self.step_timeout_s if self.step_timeout_s is not None else 2 * self.exec_timeout_s
+
+    @property
+    def tool_deadline_s(self) -> float:
+        """The deadline of one tool call: `tool_timeout_s`, else `exec_timeout_s` + `TOOL_DEADLINE_MARGIN_S`."""
+        if self.tool_timeout_s is not None:
+            return self.tool_timeout_s
+        return self.exec_timeout_s + TOOL_DEADLINE_MARGIN_S
+
+    @property
+    def verifier_deadline_s(self) -> float:
+        """The verifier's deadline: `verifier_timeout_s`, else its own `timeout_s` plus a margin, else 300 s."""
+        return verifier_deadline(self.verifier, self.verifier_timeout_s)
 
     # --- hooks for subclasses ---------------------------------------------------------
     @property
@@ -365,6 +404,26 @@ class ToolEnv(gymnasium.Env[list, str]):
                 ep.calls.append(ToolCallRecord(_name(call), "ran", is_error=True))
                 obs.append({"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": content})
                 break
+            except ToolTimeout as exc:
+                # The call goes on in its abandoned thread and may still touch this episode's tool
+                # state (`ctx.state`, the sandbox): the episode cannot go on, and is not scored.
+                # Nothing of the call reaches the episode's record but this.
+                ep.error = str(exc)
+                ep.finish_reason = "env_error"
+                ep.tool_errors += 1
+                ep.tool_timeouts += 1
+                step_errors += 1
+                step_timeouts += 1
+                ep.calls.append(
+                    ToolCallRecord(
+                        _name(call), "ran", is_error=True, timed_out=True, duration_s=exc.timeout_s
+                    )
+                )
+                content = (
+                    f"Error: tool '{_name(call)}' did not finish within {exc.timeout_s:g}s; the episode ends."
+                )
+                obs.append({"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": content})
+                break
             finally:
                 self._ctx.exec_timeout_s = self.exec_timeout_s
             ep.calls.append(record)
@@ -453,7 +512,7 @@ class ToolEnv(gymnasium.Env[list, str]):
                 ran=False,
             )
             return outcome, ToolCallRecord(_name(call), "unknown_tool", is_error=True)
-        outcome = run_tool(tool, self._ctx, call.arguments)
+        outcome = run_tool(tool, self._ctx, call.arguments, timeout_s=self.tool_deadline_s)
         status = "ran" if outcome.ran else "invalid_arguments"
         record = ToolCallRecord(tool.name, status, outcome.is_error, outcome.timed_out, outcome.duration_s)
         return outcome, record
@@ -465,7 +524,7 @@ class ToolEnv(gymnasium.Env[list, str]):
             verdict = Verdict(0.0, False, f"episode ended by an environment error: {self.episode.error}")
         else:
             verdict = run_verifier(
-                self.verifier, self.sandbox, self.task, self.episode, self.verifier_timeout_s
+                self.verifier, self.sandbox, self.task, self.episode, self.verifier_deadline_s
             )
         self.episode.verdict = verdict
         self._release_sandbox()

@@ -11,13 +11,21 @@
 The first parameter is always the `ToolContext` (the sandbox, the task, the episode's
 state); it is not part of the schema. Everything that goes wrong inside a tool (bad arguments,
 an exception, a timeout) becomes a `ToolOutcome` with `is_error=True` that the model reads as
-an observation: a tool never raises out of `run_tool`.
+an observation: a tool never raises out of `run_tool`, except `SandboxDead` and `ToolTimeout`,
+which end the episode.
+
+A tool may be `async def`. With a deadline (`run_tool(..., timeout_s=...)`, which `ToolEnv` always
+gives: `tool_timeout_s`) a call runs on a thread of its own, and one that overruns it is abandoned:
+Python cannot stop a thread, so it is left to finish and whatever it returns is dropped (an async
+tool is cancelled at the deadline too, through `asyncio.timeout`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
+import threading
 import time
 import typing
 from collections.abc import Callable, Mapping
@@ -40,6 +48,56 @@ from agentrl.task import Task
 
 class ToolError(Exception):
     """Raised by a tool for an error the model should read (bad path, no match, ...)."""
+
+
+class ToolTimeout(Exception):
+    """A tool call ran past its deadline and was abandoned; like `SandboxDead`, it ends the episode.
+
+    The call is not stopped (a thread cannot be): it is left to finish and its result is dropped,
+    so the episode that made it must not go on reading or writing state the call may still touch.
+    """
+
+    def __init__(self, tool: str, timeout_s: float):
+        super().__init__(
+            f"tool '{tool}' did not return within its {timeout_s:g}s deadline (tool_timeout_s), so the call "
+            "was abandoned; make the tool return sooner, or raise the environment's tool_timeout_s"
+        )
+        self.tool, self.timeout_s = tool, timeout_s
+
+
+class DeadlineExceeded(TimeoutError):
+    """`call_with_deadline`'s call overran: a `TimeoutError` of its own, never one the call raised."""
+
+
+def call_with_deadline(
+    fn: Callable[..., Any], /, *args: Any, timeout_s: float, name: str = "deadline"
+) -> Any:
+    """`fn(*args)` on a thread of its own, waited for at most `timeout_s` seconds: its result, or the
+    exception it raised (raised here, with its traceback). Past the deadline, `DeadlineExceeded`.
+
+    An overrunning call is abandoned, not stopped (Python cannot stop a thread): it is left to
+    finish, and what it returns or raises then is dropped. The thread is a daemon, so an abandoned
+    one never keeps the process from exiting (a `ThreadPoolExecutor`'s workers are joined at exit:
+    one stuck in `time.sleep(3600)` would hang the command that started it for an hour).
+    """
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            box.append((True, fn(*args)))
+        except BaseException as exc:  # handed to the caller, whatever it is
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    if not done.wait(min(timeout_s, threading.TIMEOUT_MAX)):  # inf: no deadline (wait() refuses inf)
+        raise DeadlineExceeded(f"{name} did not return within {timeout_s:g}s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 @dataclass
@@ -130,6 +188,7 @@ def tool(
     needs_sandbox: bool | None = None,
 ) -> Any:
     """Turn a typed function `(ctx, **args) -> str` into a `Tool`. Usable bare or with options.
+    The function may be `async def` (awaited on the call's own thread, cancelled at its deadline).
 
     `needs_sandbox`: whether an episode must start a sandbox for this tool. Left unset, it is
     inferred from the body: a tool that touches `ctx.sandbox` (or calls a helper whose name
@@ -189,8 +248,25 @@ def _format_validation_error(tool: Tool, exc: ValidationError) -> str:
     )
 
 
-def run_tool(t: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolOutcome:
-    """Validate `arguments` and run the tool. Never raises, except `SandboxDead`, which ends the episode."""
+def run_tool(
+    t: Tool, ctx: ToolContext, arguments: Mapping[str, Any], timeout_s: float | None = None
+) -> ToolOutcome:
+    """Validate `arguments` and run the tool, within `timeout_s` seconds when given (see the module
+    docstring; None: in this thread, unbounded). Never raises, except `SandboxDead` and
+    `ToolTimeout`, which end the episode."""
+    if timeout_s is None:
+        return _run_tool(t, ctx, arguments, None)
+    try:
+        return call_with_deadline(
+            _run_tool, t, ctx, arguments, timeout_s, timeout_s=timeout_s, name=f"tool-{t.name}"
+        )
+    except DeadlineExceeded:
+        raise ToolTimeout(t.name, timeout_s) from None
+
+
+def _run_tool(
+    t: Tool, ctx: ToolContext, arguments: Mapping[str, Any], timeout_s: float | None
+) -> ToolOutcome:
     t0 = time.perf_counter()
     if not isinstance(arguments, Mapping):
         return ToolOutcome(
@@ -208,7 +284,10 @@ def run_tool(t: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolOut
         )
     try:
         result = t.fn(ctx, **{k: getattr(args, k) for k in t.params_model.model_fields})
-    except SandboxDead:
+        if inspect.isawaitable(result):
+            # With a deadline, on run_tool's own thread: no event loop runs there.
+            result = asyncio.run(_awaited(result, t.name, timeout_s))
+    except (SandboxDead, ToolTimeout):
         raise
     except ToolError as exc:
         return ToolOutcome(f"Error: {exc}", is_error=True, duration_s=time.perf_counter() - t0)
@@ -229,6 +308,18 @@ def run_tool(t: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolOut
             "Submitted.", terminal=True, submission=str(result), duration_s=time.perf_counter() - t0
         )
     return ToolOutcome(str(result), duration_s=time.perf_counter() - t0)
+
+
+async def _awaited(awaitable: Any, name: str, timeout_s: float | None) -> Any:
+    """An async tool's result, cancelled at `timeout_s` (unlike a thread, a coroutine can be stopped).
+    A `TimeoutError` the tool raises itself stays the tool's error, not an overrun."""
+    try:
+        async with asyncio.timeout(timeout_s) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise ToolTimeout(name, timeout_s or 0.0) from None
+        raise
 
 
 # --- built-in tools ----------------------------------------------------------------------

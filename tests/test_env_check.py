@@ -1,3 +1,8 @@
+import os
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 
 import agentrl
@@ -6,6 +11,8 @@ from agentrl.env_check import check_env, garbage_actions
 from agentrl.parsers import get_parser
 from agentrl.registry import all_specs
 from agentrl.task import Task
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.docker
@@ -57,3 +64,35 @@ def test_check_env_passes_a_pure_env_in_llama3_json():
         use_pool=False,
     )
     check_env(env)
+
+
+# --- `agentrl env check` on an environment whose tool or verifier hangs: it finishes -------------
+
+
+def run_env_check(env_id: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "env", "check", env_id, "--backend", "local", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    return res, time.monotonic() - t0
+
+
+def test_env_check_finishes_on_a_hanging_host_tool_and_says_why_the_oracle_failed():
+    """The oracle calls a tool that sleeps an hour: each episode ends at the tool's deadline, and the
+    command exits (the abandoned call's thread does not hold the process)."""
+    res, elapsed = run_env_check("tests.hanging_envs:test/HangingTool-v0", "--tasks", "2")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "[ok] tests.hanging_envs:test/HangingTool-v0: check_env passed" in res.stdout
+    assert res.stdout.count("did not return within its 1s deadline (tool_timeout_s)") == 2, res.stdout
+    assert "[!!] oracle solved 0/2 tasks" in res.stdout
+    assert elapsed < 120, elapsed  # two 1 s deadlines and the start-up, not two hours
+
+
+def test_env_check_finishes_on_a_hanging_verifier():
+    res, elapsed = run_env_check("tests.hanging_envs:test/HangingVerifier-v0", "--tasks", "1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "check_env passed" in res.stdout
+    assert "verifier 'hanging' exceeded its 1s deadline" in res.stdout
+    assert elapsed < 120, elapsed

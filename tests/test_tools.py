@@ -1,7 +1,20 @@
+import asyncio
+import threading
+import time
+
 import pytest
 
 from agentrl.task import Task
-from agentrl.tools import BUILTIN_TOOLS, ToolBox, ToolContext, ToolError, run_tool, tool
+from agentrl.tools import (
+    BUILTIN_TOOLS,
+    ToolBox,
+    ToolContext,
+    ToolError,
+    ToolTimeout,
+    call_with_deadline,
+    run_tool,
+    tool,
+)
 
 
 @tool
@@ -104,3 +117,74 @@ def test_toolbox_rejects_unknown_and_duplicate_tools():
 def test_sandbox_tool_without_sandbox_is_an_error_observation():
     out = run_tool(BUILTIN_TOOLS["bash"], CTX, {"command": "ls"})
     assert out.is_error and "no sandbox" in out.content
+
+
+# --- deadlines: every call ends within its own, host-side Python included ------------------------
+
+
+@tool
+def nap(ctx: ToolContext, seconds: float) -> str:
+    """Sleep on the host (a pure-Python tool: no sandbox, so no command timeout covers it).
+
+    Args:
+        seconds: How long.
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+@tool
+async def anap(ctx: ToolContext, seconds: float) -> str:
+    """Sleep, asynchronously.
+
+    Args:
+        seconds: How long.
+    """
+    await asyncio.sleep(seconds)
+    return "awake"
+
+
+@tool
+def own_timeout(ctx: ToolContext) -> str:
+    """A tool whose own work times out (a socket, say): its error, not an overrun of its deadline."""
+    raise TimeoutError("the upstream service did not answer")
+
+
+def test_a_hanging_host_tool_is_abandoned_at_its_deadline():
+    assert not nap.needs_sandbox
+    t0 = time.monotonic()
+    with pytest.raises(
+        ToolTimeout, match=r"tool 'nap' did not return within its 1s deadline \(tool_timeout_s\)"
+    ):
+        run_tool(nap, CTX, {"seconds": 3600}, timeout_s=1.0)
+    assert time.monotonic() - t0 < 1.0 + 3
+    # Left to finish on a daemon thread: it never keeps the process from exiting.
+    abandoned = [t for t in threading.enumerate() if t.name == "tool-nap"]
+    assert abandoned and all(t.daemon for t in abandoned)
+    # Within the deadline, the same call is an ordinary one.
+    assert run_tool(nap, CTX, {"seconds": 0.01}, timeout_s=5.0).content == "awake"
+
+
+def test_async_tools_are_awaited_and_cancelled_at_their_deadline():
+    assert run_tool(anap, CTX, {"seconds": 0.01}, timeout_s=5.0).content == "awake"
+    assert run_tool(anap, CTX, {"seconds": 0.01}).content == "awake"  # no deadline: awaited here
+    t0 = time.monotonic()
+    with pytest.raises(ToolTimeout, match="tool 'anap' did not return within its 0.5s deadline"):
+        run_tool(anap, CTX, {"seconds": 3600}, timeout_s=0.5)
+    assert time.monotonic() - t0 < 0.5 + 3
+
+
+def test_a_timeout_inside_a_tool_is_its_error_not_an_overrun():
+    out = run_tool(own_timeout, CTX, {}, timeout_s=5.0)
+    assert out.is_error and "TimeoutError: the upstream service did not answer" in out.content
+
+
+def test_call_with_deadline_hands_back_the_result_or_the_exception_with_its_traceback():
+    assert call_with_deadline(sum, [1, 2], timeout_s=5.0) == 3
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom") as info:
+        call_with_deadline(boom, timeout_s=5.0)
+    assert info.traceback[-1].name == "boom"  # raised where it was raised, on the other thread

@@ -2,8 +2,10 @@
 
 A verifier scores an episode from what the agent left behind: `verify(sandbox, task, episode)
 -> Verdict`. Verifiers run after the agent's last action. `run_verifier` is the only way the
-environment calls one: a verifier that times out or crashes gives reward 0 with the reason in
-`details`, never an exception out of the environment.
+environment calls one: a verifier that overruns its deadline or crashes gives reward 0 with the
+reason in `details` (a crash with the file:line it was raised at), never an exception out of the
+environment. The deadline is the outer bound of the whole call (`verifier_deadline`): a verifier's
+own `timeout_s`, where it has one, bounds only the commands it runs in the sandbox.
 
 A verifier that relies on what a sandbox promises declares it by name in a class attribute
 `needs_capabilities` (fields of `agentrl.sandbox.Capabilities`, e.g. `("isolated",
@@ -13,11 +15,12 @@ on a sandbox that lacks one, without calling `verify`. Never test a sandbox's ba
 
 from __future__ import annotations
 
-import concurrent.futures
 import difflib
 import importlib.metadata
+import re
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
@@ -25,8 +28,15 @@ from typing import Any, Protocol, runtime_checkable
 from agentrl.episode import Episode
 from agentrl.sandbox.base import BACKENDS, Sandbox, backend_capabilities, capabilities_of
 from agentrl.task import Task
+from agentrl.tools import DeadlineExceeded, call_with_deadline
 
 ENTRY_POINT_GROUP = "agentrl.verifiers"
+
+DEFAULT_VERIFIER_TIMEOUT_S = 300.0
+"""The deadline of a verifier that declares no `timeout_s` of its own."""
+VERIFIER_DEADLINE_MARGIN_S = 60.0
+"""What the deadline adds to a verifier's own `timeout_s` (which bounds its sandbox command): the
+work around that command (copying tests in, killing the agent's processes, reading results back)."""
 
 
 @dataclass(frozen=True)
@@ -120,26 +130,83 @@ def get(name: str, **kwargs: Any) -> Verifier:
     return _REGISTRY[name](**kwargs)
 
 
+def verifier_deadline(verifier: object, timeout_s: float | None = None) -> float:
+    """The wall-clock deadline of one call of `verifier`: `timeout_s` when given, else the
+    verifier's own `timeout_s` plus `VERIFIER_DEADLINE_MARGIN_S` when it declares one (`hidden-tests`,
+    `state`), else `DEFAULT_VERIFIER_TIMEOUT_S`."""
+    if timeout_s is not None:
+        return float(timeout_s)
+    own = getattr(verifier, "timeout_s", None)
+    if isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
+        return float(own) + VERIFIER_DEADLINE_MARGIN_S
+    return DEFAULT_VERIFIER_TIMEOUT_S
+
+
+def _name(verifier: object) -> str:
+    return repr(getattr(verifier, "name", type(verifier).__name__))
+
+
+def _overran(verifier: object, deadline_s: float) -> Verdict:
+    return Verdict(
+        0.0,
+        False,
+        f"verifier {_name(verifier)} exceeded its {deadline_s:g}s deadline and was abandoned; make it return "
+        "sooner, or raise the environment's verifier_timeout_s",
+    )
+
+
+def _crashed(verifier: object, exc: BaseException) -> Verdict:
+    """Reward 0, naming the exception and where it was raised: the innermost frame of its traceback."""
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+    return Verdict(0.0, False, f"verifier {_name(verifier)} crashed: {type(exc).__name__}: {exc}{where}")
+
+
+# The words of the verdicts above and of `capability_refusal`/`_checked`: the verifier did not judge.
+_NOT_JUDGED = re.compile(
+    r"verifier (?:'[^']*'|\"[^\"]*\") (?:crashed: |exceeded its [^ ]+ deadline|returned |needs a sandbox with )"
+)
+
+
+def verifier_failed(details: str) -> bool:
+    """Whether a verdict's `details` say the verifier itself failed (crashed, overran its deadline,
+    returned garbage, was refused the sandbox it needs) rather than judged the episode. For readers of
+    recorded verdicts: a trajectory keeps only the `details` (`Trajectory.verdict_details`)."""
+    return bool(_NOT_JUDGED.match(details or ""))
+
+
 def run_verifier(
-    verifier: Verifier, sandbox: Sandbox | None, task: Task, episode: Episode, timeout_s: float = 300.0
+    verifier: Verifier,
+    sandbox: Sandbox | None,
+    task: Task,
+    episode: Episode,
+    timeout_s: float | None = None,
 ) -> Verdict:
-    """Run a verifier with a wall-clock timeout; a crash, a timeout or a sandbox without the
-    capabilities it needs is reward 0 with the reason."""
+    """Run a verifier within its deadline (`verifier_deadline(verifier, timeout_s)`); a crash, an
+    overrun or a sandbox without the capabilities it needs is reward 0 with the reason.
+
+    An overrunning verifier is abandoned on its thread, never waited for (the sandbox it uses is
+    closed right after); what it returns later is dropped."""
     t0 = time.perf_counter()
     refusal = capability_refusal(verifier, sandbox)
     if refusal is not None:
         return _checked(verifier, Verdict(0.0, False, refusal), t0)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
-    future = pool.submit(verifier.verify, sandbox, task, episode)
+    deadline_s = verifier_deadline(verifier, timeout_s)
     try:
-        verdict = future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        verdict = Verdict(0.0, False, f"verifier {verifier.name!r} timed out after {timeout_s:g}s")
+        verdict = call_with_deadline(
+            verifier.verify,
+            sandbox,
+            task,
+            episode,
+            timeout_s=deadline_s,
+            name=f"verifier-{getattr(verifier, 'name', '?')}",
+        )
+    except DeadlineExceeded:
+        verdict = _overran(verifier, deadline_s)
     except Exception as exc:
-        verdict = Verdict(0.0, False, f"verifier {verifier.name!r} crashed: {type(exc).__name__}: {exc}")
-    finally:
-        # Never wait for a hung verifier thread: the sandbox it uses is closed right after.
-        pool.shutdown(wait=False, cancel_futures=True)
+        verdict = _crashed(verifier, exc)
     return _checked(verifier, verdict, t0)
 
 
@@ -158,7 +225,11 @@ def _checked(verifier: Verifier, verdict: Any, t0: float) -> Verdict:
 
 
 async def arun_verifier(
-    verifier: Verifier, sandbox: Sandbox | None, task: Task, episode: Episode, timeout_s: float = 300.0
+    verifier: Verifier,
+    sandbox: Sandbox | None,
+    task: Task,
+    episode: Episode,
+    timeout_s: float | None = None,
 ) -> Verdict:
     """`run_verifier` for asyncio code: awaits the verifier's own `averify` when it has one (with the
     same timeout and crash handling), else runs the synchronous verifier in a worker thread."""
@@ -171,10 +242,13 @@ async def arun_verifier(
     refusal = capability_refusal(verifier, sandbox)
     if refusal is not None:
         return _checked(verifier, Verdict(0.0, False, refusal), t0)
+    deadline_s = verifier_deadline(verifier, timeout_s)
     try:
-        verdict = await asyncio.wait_for(averify(sandbox, task, episode), timeout=timeout_s)
-    except TimeoutError:
-        verdict = Verdict(0.0, False, f"verifier {verifier.name!r} timed out after {timeout_s:g}s")
+        async with asyncio.timeout(deadline_s) as scope:
+            verdict = await averify(sandbox, task, episode)
+    except TimeoutError as exc:
+        # Only the deadline's own expiry is an overrun; a TimeoutError the verifier raised is a crash.
+        verdict = _overran(verifier, deadline_s) if scope.expired() else _crashed(verifier, exc)
     except Exception as exc:
-        verdict = Verdict(0.0, False, f"verifier {verifier.name!r} crashed: {type(exc).__name__}: {exc}")
+        verdict = _crashed(verifier, exc)
     return _checked(verifier, verdict, t0)

@@ -49,7 +49,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from agentrl.errors import UserError, check_model_dir, check_nonempty_file, visible_gpus
+from agentrl.errors import UserError, check_model_dir, check_nonempty_file, one_line, visible_gpus
 from agentrl.eval.report import plot_training
 from agentrl.rollout.trajectory import Trajectory, load_trajectories
 from agentrl.runlog import quiet_libraries
@@ -85,6 +86,7 @@ from agentrl.train.placement import Placement, plan_placement
 from agentrl.train.producer import RolloutProducer
 from agentrl.train.tracking import Tracker, check_available
 from agentrl.train.weight_sync import WeightSync
+from agentrl.verifiers.base import verifier_failed
 
 
 def log(msg: str) -> None:
@@ -320,6 +322,28 @@ _STOP_ADVICE = {
 }
 
 
+def _stop_advice(kind: str, env: str, trajectories: Sequence[Trajectory]) -> str:
+    """What to do after steps of `kind` (`_STOP_ADVICE`), unless the verdicts of the last batch's
+    episodes say the verifier itself failed (crashed, overran its deadline): then the rewards said
+    nothing about the policy, and the failure (its exception and file:line) is what to fix."""
+    advice = _STOP_ADVICE[kind].format(env=env)
+    broken = [t for t in trajectories if verifier_failed(t.verdict_details)]
+    if not broken:
+        return advice
+    reason, count = Counter(t.verdict_details for t in broken).most_common(1)[0]
+    reason = one_line(reason)
+    if len(reason) > 500:  # an exception's message can be a page long; the file:line is at its end
+        reason = f"{reason[:300]} ... {reason[-150:]}"
+    said = f"{'most often: ' if count < len(broken) else ''}{reason}"
+    if len(broken) == len(trajectories):
+        return (
+            f"the verifier failed on every episode ({len(broken)} of the last batch), so no reward said anything "
+            f"about the policy: {said}. Fix that first (`agentrl verifier check {env}` runs the verifier on the "
+            "oracle's solution)"
+        )
+    return f"{advice} (the verifier failed on {len(broken)} of the last batch's {len(trajectories)} episodes: {said})"
+
+
 class _Sigint:
     """Ctrl-C during training. While episodes are being generated it stops them at once (the batch in
     flight is discarded); during an update, a weight push or a save it only asks to stop after it, so
@@ -528,12 +552,13 @@ def train(cfg: TrainConfig) -> Path:
             for step in range(start, cfg.steps):
                 t_step = time.perf_counter()
                 metrics: dict[str, float] = {}
+                generated: list[Trajectory] = []  # every episode of this step's batch, for a stop's reason
                 payload: list[Any] = [None]
                 if info.is_main:
                     try:
                         with sigint.rollout_phase():
                             if replay is not None:
-                                trajs = replay
+                                trajs = generated = replay
                                 metrics["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
                             else:
                                 assert producer is not None
@@ -545,6 +570,10 @@ def train(cfg: TrainConfig) -> Path:
                                 metrics["time/wait_for_batch_s"] = time.perf_counter() - t0
                                 metrics.update(batch.metrics)
                                 curriculum_state, rollout_calls = batch.curriculum_state, batch.rollout_calls
+                                made = batch.result
+                                generated = [
+                                    t for g in (*made.groups, *made.dropped, *made.surplus) for t in g
+                                ]
                                 trajs = _apply_staleness(
                                     batch.result.trajectories, producer.policy.version, cfg, metrics
                                 )
@@ -603,12 +632,11 @@ def train(cfg: TrainConfig) -> Path:
                 # Nothing to learn from for several steps in a row: say why and stop, rather than
                 # run on with an unchanged policy (rank 0 decides; every rank leaves the loop).
                 limit = cfg.stop_uninformative_after
-                verdict = [
-                    _no_update_reason(metrics)[0] if info.is_main and limit and streak >= limit else ""
-                ]
+                kind = _no_update_reason(metrics)[0] if info.is_main and limit and streak >= limit else ""
+                verdict = [(kind, _stop_advice(kind, cfg.env, generated)) if kind else None]
                 dist.broadcast_object_list(verdict, src=0)
                 if verdict[0]:
-                    raise _StopUninformative(verdict[0], step + 1)
+                    raise _StopUninformative(*verdict[0], step + 1)
             step = cfg.steps
     except KeyboardInterrupt:
         if producer is not None:
@@ -638,11 +666,11 @@ def train(cfg: TrainConfig) -> Path:
             _finish(info, producer, sync, tracker, bar, out)
             raise TrainingStopped(
                 f"no informative group in the last {cfg.stop_uninformative_after} steps (step {stopped.step}/"
-                f"{cfg.steps}): {_STOP_ADVICE[stopped.kind].format(env=cfg.env)}. Saved {where}; stop_uninformative_after=0 "
+                f"{cfg.steps}): {stopped.advice}. Saved {where}; stop_uninformative_after=0 "
                 "keeps going regardless"
             ) from None
         if info.is_main:
-            log(f"stopping early at step {stopped.step}: {_STOP_ADVICE['all-pass']}")
+            log(f"stopping early at step {stopped.step}: {stopped.advice}")
         step = stopped.step
     except BaseException:
         if producer is not None:
@@ -669,9 +697,9 @@ def train(cfg: TrainConfig) -> Path:
 
 
 class _StopUninformative(Exception):
-    def __init__(self, kind: str, step: int):
+    def __init__(self, kind: str, advice: str, step: int):
         super().__init__(kind)
-        self.kind, self.step = kind, step
+        self.kind, self.advice, self.step = kind, advice, step
 
 
 def _finish(

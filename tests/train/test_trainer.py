@@ -292,6 +292,75 @@ def test_a_policy_that_fails_every_task_stops_and_says_warm_start_first(tiny_mod
     assert not (tmp_path / "run" / "final").exists()  # nothing was trained: no "final" model
 
 
+class _CrashingVerifier:
+    name = "crashing"
+
+    def verify(self, sandbox, task, episode):
+        return {"reward": 1.0}["score"]  # a verifier bug: KeyError on every episode
+
+
+def _played(verifier: object, answers: list[str]) -> list[Trajectory]:
+    """One group of real episodes (ToolEnv, its verifier) as the rollout records them: the verdict's
+    reward and details on the trajectory."""
+    from agentrl.agents import run_episode
+    from agentrl.env import ToolEnv
+    from agentrl.parsers import get_parser
+    from agentrl.task import Task
+
+    env = ToolEnv(tasks=[Task(id="t", prompt="Say 1.", answer="1")], tools=["submit"], verifier=verifier,
+                  backend="local", use_pool=False)  # fmt: skip
+    hermes = get_parser("hermes")
+    out = []
+    for answer in answers:
+        ep = run_episode(env, _Say(hermes.render_call("submit", answer=answer))).episode
+        out.append(
+            Trajectory(
+                task_id=ep.task_id, group_id="g", token_ids=[], loss_mask=[], behavior_logprobs=[], prompt_len=0,
+                reward=ep.verdict.reward, passed=ep.verdict.passed, finish_reason=ep.finish_reason,
+                policy_version=0, verdict_details=ep.verdict.details,
+            )
+        )  # fmt: skip
+    return out
+
+
+class _Say:
+    def __init__(self, text: str):
+        self.text = text
+
+    def act(self, observation):
+        return self.text
+
+
+def test_all_fail_because_the_verifier_crashed_says_so_with_the_crash_and_where():
+    """A verifier that raises on every episode used to stop the run with "warm-start first": the
+    stop names the crash instead, its exception and file:line."""
+    import inspect
+
+    from agentrl.train.trainer import _stop_advice
+
+    crashed = _played(_CrashingVerifier(), ["1", "2"])
+    assert all(t.reward == 0.0 and t.trainable for t in crashed)  # an all-fail group to the curriculum
+    lines, start = inspect.getsourcelines(_CrashingVerifier.verify)
+    where = f"{__file__}:{start + next(i for i, text in enumerate(lines) if 'return ' in text)}"
+    advice = _stop_advice("all-fail", "agentrl/x-v0", crashed)
+    assert advice.startswith("the verifier failed on every episode (2 of the last batch)"), advice
+    assert f"verifier 'crashing' crashed: KeyError: 'score' (at {where})" in advice
+    assert "`agentrl verifier check agentrl/x-v0`" in advice and "Warm-start" not in advice
+    assert "\n" not in advice
+
+    # Some episodes judged, some not: the ordinary advice, and how many the verifier failed on.
+    judged = _played("exact-match", ["2"])
+    advice = _stop_advice("all-fail", "agentrl/x-v0", [*judged, *crashed])
+    assert (
+        "Warm-start it first" in advice
+        and "the verifier failed on 2 of the last batch's 3 episodes" in advice
+    )
+    # A verifier that judged every episode: the advice as it always was.
+    assert _stop_advice("all-fail", "agentrl/x-v0", judged).startswith(
+        "every episode failed: the policy cannot"
+    )
+
+
 def test_tracking_to_jsonl_tensorboard_and_wandb_offline_without_an_account(tiny_model_dir, tmp_path):  # noqa: F811
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
