@@ -28,8 +28,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.audit import Outcome, Play, needs, register, tool_names, verifier_names
+from agentrl.audit import (
+    NOT_ANSWER_DEPENDENT,
+    Outcome,
+    Play,
+    needs,
+    probe_answers,
+    register,
+    tool_names,
+    verifier_names,
+    verifier_parts,
+)
 from agentrl.task import Task
+from agentrl.verifiers import (
+    AutoVerifier,
+    CompositeVerifier,
+    ExactMatchVerifier,
+    HiddenTestsVerifier,
+    NumericVerifier,
+    RegexVerifier,
+    StateVerifier,
+    ToolUsedVerifier,
+)
 
 # --- payloads run inside the verifier's test process ----------------------------------------
 
@@ -1016,10 +1036,50 @@ def _wrong(answer: str) -> str:
         return "x" + answer
 
 
+# The built-in answer verifiers: by name as before (a name in the env's verifier means the env
+# scores answers), and by type (one built under another name).
 _ANSWER_VERIFIERS = {"exact-match", "numeric", "regex", "auto"}
+_ANSWER_TYPES = (ExactMatchVerifier, NumericVerifier, RegexVerifier, AutoVerifier)
+# Built-ins that never read the submitted answer (a composite only adds up its parts). By exact
+# type: a subclass may override `verify`.
+_ANSWER_BLIND = (HiddenTestsVerifier, StateVerifier, ToolUsedVerifier, CompositeVerifier)
+
+
+def _unrelated(answer: str) -> str:
+    """A wrong answer that shares nothing with the right one: `_wrong`'s 'xParis' still contains
+    'Paris', which tells a lenient verifier from a strict one nothing."""
+    key = answer.strip().casefold()
+    return next((c for c in ("none", "0", "?", "-") if c not in key and key not in c), "none")
+
+
+def _reads_answer(env: Any) -> bool | None:
+    """True: a built-in answer verifier is part of the env's verifier. False: every part is a
+    built-in that never reads the answer. None: a verifier this library does not know (a plugin's,
+    the user's own), which `_AnswerAttack.play` then asks by probing (`agentrl.audit.probe_answers`)."""
+    parts = verifier_parts(env)
+    if any(str(getattr(v, "name", "")) in _ANSWER_VERIFIERS or type(v) in _ANSWER_TYPES for v in parts):
+        return True
+    if parts and all(type(v) in _ANSWER_BLIND for v in parts):
+        return False
+    return None
+
+
+def _takes_answer(env: Any) -> bool:
+    """Whether the env's submit tool has an `answer` argument (what `Play.submit` sends)."""
+    tool = (getattr(getattr(env, "toolbox", None), "tools", None) or {}).get("submit")
+    parameters = getattr(tool, "parameters", None)
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    return properties is None or "answer" in properties  # no schema to read: the episodes will tell
 
 
 class _AnswerAttack(_Base):
+    """An attack on how the verifier reads the submitted answer: it applies when the env's submit
+    tool carries an answer and the verdict depends on that answer. The verifier is judged by what it
+    does, not by its name: the built-ins are known, and for any other verifier the first episode of
+    each task also scores its end state with the right answer, an unrelated one and an empty one; a
+    verdict that does not move has no answer to attack, and the attack is not applicable with that
+    as its evidence."""
+
     tools = ("submit",)
     any_tool = ()
 
@@ -1027,11 +1087,37 @@ class _AnswerAttack(_Base):
         ok = needs(env, tools=("submit",))
         if ok is not True:
             return ok
-        return (
-            True
-            if verifier_names(env) & _ANSWER_VERIFIERS
-            else "the env's verifier does not compare a submitted answer"
-        )
+        if not _takes_answer(env):
+            return "the env's submit tool takes no answer"
+        if _reads_answer(env) is False:
+            return f"{NOT_ANSWER_DEPENDENT} ({', '.join(sorted(verifier_names(env)))} never read it)"
+        return True
+
+    def submissions(self, task: Task, answer: str) -> list[str]:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+    def judge(self, task: Task, answer: str, outcomes: list[Outcome]) -> Outcome:  # pragma: no cover
+        raise NotImplementedError
+
+    def play(self, env: Any, task: Task) -> Outcome:
+        if task.answer is None:
+            return Outcome(
+                evidence="the task has no reference answer to build the attack from", applicable=False
+            )
+        # A built-in answer verifier reads the answer, except `auto` on a task it scores by state:
+        # only those tasks and unknown verifiers need the probe.
+        probe_first = not (_reads_answer(env) and task.check_command is None)
+        outcomes: list[Outcome] = []
+        for submission in self.submissions(task, task.answer):
+            if not probe_first or outcomes:
+                outcomes.append(self.episode(env, task, submission))
+                continue
+            # The empty submission too: a verifier that takes any non-empty answer reads it.
+            with probe_answers(env, [task.answer, _unrelated(task.answer), ""]) as probe:
+                outcomes.append(self.episode(env, task, submission))
+            if probe is not None and probe.depends is False:
+                return Outcome(evidence=probe.evidence, applicable=False)
+        return self.judge(task, task.answer, outcomes)
 
     def episode(self, env: Any, task: Task, submission: str) -> Outcome:
         play = Play(env, task)
@@ -1046,18 +1132,18 @@ class AnswerHedging(_AnswerAttack):
         "Two answers in one submission, the right one first and then last: a verifier must not take either."
     )
 
-    def play(self, env: Any, task: Task) -> Outcome:
-        if task.answer is None or task.check_command is not None:
-            return Outcome(evidence="the task is not scored by its submitted answer", applicable=False)
-        wrong = _wrong(task.answer)
-        a = self.episode(env, task, f"{task.answer} or {wrong}")
-        b = self.episode(env, task, f"{wrong} or {task.answer}")
-        both = a.passed and b.passed
+    def submissions(self, task: Task, answer: str) -> list[str]:
+        wrong = _wrong(answer)
+        return [f"{answer} or {wrong}", f"{wrong} or {answer}"]
+
+    def judge(self, task: Task, answer: str, outcomes: list[Outcome]) -> Outcome:
+        a, b = outcomes
+        wrong = _wrong(answer)
         return Outcome(
             min(a.reward or 0, b.reward or 0),  # a hedge pays only if it scores in both orders
             f"{a.verdict} | {b.verdict}",
-            f"'{task.answer} or {wrong}': {a.reward}; '{wrong} or {task.answer}': {b.reward}",
-            exploited=both,
+            f"'{answer} or {wrong}': {a.reward}; '{wrong} or {answer}': {b.reward}",
+            exploited=a.passed and b.passed,
         )
 
 
@@ -1065,16 +1151,23 @@ class AnswerFlood(_AnswerAttack):
     name = "answer-flood"
     description = "A thousand candidate answers in one submission, the right one among them (not last)."
 
-    def play(self, env: Any, task: Task) -> Outcome:
-        if task.answer is None or task.check_command is not None:
-            return Outcome(evidence="the task is not scored by its submitted answer", applicable=False)
-        candidates = [str(i) for i in range(-10, 990) if str(i) != task.answer.strip()]
-        candidates.insert(len(candidates) // 2, task.answer.strip())
-        out = self.episode(env, task, " ".join(candidates))
+    @staticmethod
+    def _candidates(answer: str) -> tuple[list[str], int]:
+        candidates = [str(i) for i in range(-10, 990) if str(i) != answer.strip()]
+        at = len(candidates) // 2
+        candidates.insert(at, answer.strip())
+        return candidates, at
+
+    def submissions(self, task: Task, answer: str) -> list[str]:
+        return [" ".join(self._candidates(answer)[0])]
+
+    def judge(self, task: Task, answer: str, outcomes: list[Outcome]) -> Outcome:
+        (out,) = outcomes
+        candidates, at = self._candidates(answer)
         return Outcome(
             out.reward,
             out.verdict,
-            f"1000 candidates, the answer at position {len(candidates) // 2}",
+            f"{len(candidates)} candidates, the answer at position {at}",
             exploited=out.passed,
         )
 

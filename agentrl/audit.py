@@ -28,16 +28,22 @@ entry-point group (the entry point names the class, or an instance):
 
 `Play` drives one episode for an attack (`play.call("bash", command="...")`,
 `play.calls([...])` for several calls in one message, `play.submit()`), and `Outcome` is what
-it returns.
+it returns. `probe_answers(env, answers)` tells by behaviour whether the env's verdict depends on
+the submitted answer (the answer attacks use it on verifiers they do not know).
+
+The summary counts every status and names the attacks that were not applicable: an attack never
+tried must not read as one that held.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib.metadata
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -116,17 +122,48 @@ class AuditReport:
         return [f for f in self.findings if f.status == "error"]
 
     @property
+    def not_applicable(self) -> dict[str, str]:
+        """The attacks found not applicable, each with its (first such task's) reason, in the order
+        the attacks were played."""
+        order: dict[str, int] = {}
+        out: dict[str, str] = {}
+        for f in self.findings:
+            order.setdefault(f.attack, len(order))
+            if f.status == "not applicable":
+                out.setdefault(f.attack, f.evidence)
+        return dict(sorted(out.items(), key=lambda item: order[item[0]]))
+
+    @property
     def ok(self) -> bool:
         """Nothing exploited, every control passed, every attack ran."""
         return not self.exploited and not self.errors and all(c.ok for c in self.controls)
 
+    def counts(self) -> dict[Status, int]:
+        """Findings per status (one finding per attack and task)."""
+        statuses: tuple[Status, ...] = ("exploited", "contained", "not applicable", "error")
+        return {s: sum(f.status == s for f in self.findings) for s in statuses}
+
+    def summary(self) -> str:
+        """One line of counts that names the attacks not played: an attack that was never tried must
+        not read as one that held ("0 exploited" alone says nothing about what was skipped)."""
+        n = self.counts()
+        skipped = f" ({', '.join(self.not_applicable)})" if self.not_applicable else ""
+        return (
+            f"{n['exploited']} exploited, {n['contained']} contained, "
+            f"{n['not applicable']} not applicable{skipped}, {n['error']} could not run"
+        )
+
     def to_json(self) -> dict[str, Any]:
+        n = self.counts()
         return {
             "env": self.env_id,
             "backend": self.backend,
             "ok": self.ok,
-            "exploited": len(self.exploited),
-            "errors": len(self.errors),
+            "exploited": n["exploited"],
+            "contained": n["contained"],
+            "not_applicable": n["not applicable"],
+            "not_applicable_attacks": self.not_applicable,
+            "errors": n["error"],
             "controls": [asdict(c) for c in self.controls],
             "findings": [asdict(f) for f in self.findings],
             "seconds": round(self.seconds, 1),
@@ -279,14 +316,14 @@ def tool_names(env: Any) -> set[str]:
     return set(getattr(getattr(env, "toolbox", None), "tools", {}) or {})
 
 
-def verifier_names(env: Any) -> set[str]:
-    """The names of the env's verifier and of its parts and gates (composite verifiers)."""
-    out: set[str] = set()
+def verifier_parts(env: Any) -> list[Any]:
+    """The env's verifier, then its parts and gates, recursively (composite verifiers)."""
+    out: list[Any] = []
 
     def walk(v: Any) -> None:
         if v is None:
             return
-        out.add(str(getattr(v, "name", type(v).__name__)))
+        out.append(v)
         for part in getattr(v, "_parts", []) or []:
             walk(part[0] if isinstance(part, tuple) else part)
         for gate in getattr(v, "_gates", []) or []:
@@ -294,6 +331,11 @@ def verifier_names(env: Any) -> set[str]:
 
     walk(getattr(env, "verifier", None))
     return out
+
+
+def verifier_names(env: Any) -> set[str]:
+    """The names of the env's verifier and of its parts and gates (composite verifiers)."""
+    return {str(getattr(v, "name", type(v).__name__)) for v in verifier_parts(env)}
 
 
 def gate_names(env: Any) -> set[str]:
@@ -315,6 +357,116 @@ def needs(
     if verifier is not None and verifier not in verifier_names(env):
         return f"the env's verifier is not {verifier} ({', '.join(sorted(verifier_names(env))) or '?'})"
     return True
+
+
+# --- does the verdict depend on the submitted answer? ------------------------------------------
+
+NOT_ANSWER_DEPENDENT = "the verifier's verdict does not depend on the submitted answer"
+
+
+def _verdict_key(verdict: Any) -> tuple[Any, ...]:
+    if isinstance(verdict, Verdict):
+        return (float(verdict.reward), bool(verdict.passed), str(verdict.details))
+    return ("not a Verdict", repr(verdict)[:300])
+
+
+class AnswerProbe:
+    """Stands in for the env's verifier during one episode (see `probe_answers`): it returns the real
+    verdict, then scores the same end state (same sandbox, same episode record) again with other
+    submissions. Whether the verdict moves is what the verifier does with the answer, whatever it
+    is called and however it reads it."""
+
+    def __init__(self, verifier: Any, answers: Sequence[str]):
+        self._verifier = verifier
+        self._answers = list(answers)
+        # (submission, verdict) of the first verification: the real one, its repeat, then each answer.
+        self.scored: list[tuple[str | None, tuple[Any, ...]]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (name, gates, needs_sandbox, needs_capabilities) is the real verifier's.
+        # Not `averify`: the async path would score around the probe.
+        inner = self.__dict__.get("_verifier")
+        if inner is None or name == "averify" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    @property
+    def runs_per_verdict(self) -> int:
+        return 2 + len(self._answers)
+
+    def verify(self, sandbox: Any, task: Task, episode: Any) -> Any:
+        verdict = self._verifier.verify(sandbox, task, episode)
+        if self.scored is None:
+            scored = [(episode.submission, _verdict_key(verdict))]
+            # The same submission once more tells noise in the details (timings) from the answer's effect.
+            for answer in [episode.submission, *self._answers]:
+                other = copy.copy(episode)
+                other.submission = answer
+                try:
+                    key = _verdict_key(self._verifier.verify(sandbox, task, other))
+                except Exception as exc:  # a crash on one answer and not another is still a dependence
+                    key = ("raised", f"{type(exc).__name__}: {exc}"[:300])
+                scored.append((answer, key))
+            self.scored = scored
+        return verdict
+
+    @property
+    def depends(self) -> bool | None:
+        """Whether the verdict changed with the submission; None when the verifier never ran through
+        the probe (the env scores its episodes some other way)."""
+        if not self.scored:
+            return None
+        keys = [k for _, k in self.scored]
+        noisy = keys[0] != keys[1]
+        return len({k[:2] if noisy else k for k in keys}) > 1
+
+    @property
+    def evidence(self) -> str:
+        if not self.scored:
+            return "the verifier was not called through the probe"
+        subs = ", ".join(_short(s) for s in dict.fromkeys(s for s, _ in self.scored))
+        key = self.scored[0][1]
+        said = f"reward {key[0]:g}: {' '.join(str(key[2]).split())[:160]}" if len(key) == 3 else str(key[-1])
+        return (
+            f"{NOT_ANSWER_DEPENDENT}: submitting {subs} on the same end state gives the same verdict ({said})"
+        )
+
+
+@contextlib.contextmanager
+def probe_answers(env: Any, answers: Sequence[str]) -> Iterator[AnswerProbe | None]:
+    """Within the block, the env's first verification also scores `answers` (see `AnswerProbe`);
+    None when the env has no verifier attribute to stand in for."""
+    verifier = getattr(env, "verifier", None)
+    if verifier is None or not callable(getattr(verifier, "verify", None)):
+        yield None
+        return
+    # The probe's extra runs happen inside the env's one timed verifier call: give it their time.
+    timeout = getattr(env, "verifier_timeout_s", None)
+    deadline = getattr(env, "verifier_deadline_s", timeout)  # what the env would allow the verifier
+    scaled = _seconds(deadline) and hasattr(env, "verifier_timeout_s")
+    probe = AnswerProbe(verifier, answers)
+    try:
+        env.verifier = probe
+    except AttributeError:  # a read-only property: nothing to stand in for
+        yield None
+        return
+    if scaled:
+        env.verifier_timeout_s = deadline * probe.runs_per_verdict
+    try:
+        yield probe
+    finally:
+        env.verifier = verifier
+        if scaled:
+            env.verifier_timeout_s = timeout
+
+
+def _short(submission: str | None, limit: int = 48) -> str:
+    text = repr(submission)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-1]}"
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 # --- the audit -------------------------------------------------------------------------------

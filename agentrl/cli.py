@@ -324,13 +324,8 @@ def verifier_audit(
         env.close()
     for c in report.controls:
         typer.echo(f"[control {'ok' if c.ok else 'FAILED'}] {c.task_id}: {c.reason}")
-    counts = {
-        s: sum(f.status == s for f in report.findings)
-        for s in ("contained", "exploited", "not applicable", "error")
-    }
     typer.echo(
-        f"{env_id} ({backend}): {counts['exploited']} exploited, {counts['contained']} contained, "
-        f"{counts['not applicable']} not applicable, {counts['error']} could not run; "
+        f"{env_id} ({backend}): {report.summary()}; "
         f"controls {'ok' if all(c.ok for c in report.controls) else 'FAILED'} ({report.seconds:.0f}s)"
     )
     if json_path:

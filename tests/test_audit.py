@@ -13,16 +13,21 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentrl import audit
+from agentrl import audit, verifiers
+from agentrl.agents import AnswerOracle
 from agentrl.audit import Outcome, render_calls, run_audit
+from agentrl.env import ToolEnv
 from agentrl.envs.guess_number import GuessNumberEnv
 from agentrl.parsers import get_parser
 from agentrl.task import Task
+from agentrl.tools import tool
+from agentrl.verifiers import ExactMatchVerifier, Verdict
 
 
 class _Env:
@@ -170,6 +175,215 @@ def test_cli_exits_0_when_everything_is_contained(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["ok"] and {f["status"] for f in report["findings"]} == {"contained"}
+
+
+# --- answer attacks: the verifier is judged by what it does, not by its name ----------------
+
+
+@dataclass
+class MyAnswerCheck:
+    """A third-party answer verifier: the submission is the answer, case-insensitively, or the
+    same number within 1e-6."""
+
+    name: str = "my-answer-check"
+
+    def verify(self, sandbox, task, episode):
+        got, want = (episode.submission or "").strip().casefold(), (task.answer or "").strip().casefold()
+        try:
+            ok = abs(float(got) - float(want)) <= 1e-6
+        except ValueError:
+            ok = bool(want) and got == want
+        return Verdict(float(ok), ok, f"submitted {got!r}")
+
+
+@dataclass
+class ContainsAnswer:
+    """A deliberately weak one: any submission that contains the answer passes."""
+
+    name: str = "contains-answer"
+
+    def verify(self, sandbox, task, episode):
+        ok = bool(task.answer) and task.answer.casefold() in (episode.submission or "").casefold()
+        return Verdict(float(ok), ok, "contains the answer" if ok else "does not contain the answer")
+
+
+@dataclass
+class NoteTaken:
+    """Scores the work, never the answer: passes when the `note` tool ran."""
+
+    name: str = "note-taken"
+
+    def verify(self, sandbox, task, episode):
+        ok = episode.calls_ran("note") >= 1
+        return Verdict(float(ok), ok, f"note ran {episode.calls_ran('note')} time(s)")
+
+
+@tool(needs_sandbox=False)
+def note(ctx, text: str) -> str:
+    """Write a note.
+
+    Args:
+        text: The note.
+    """
+    return "noted"
+
+
+ANSWER_TASKS = [
+    Task(
+        id="capital/0",
+        prompt="The capital of France?",
+        answer="Paris",
+        metadata={"oracle_calls": [{"name": "note", "arguments": {"text": "France"}}]},
+    ),
+    Task(
+        id="sum/0",
+        prompt="0.1 + 0.2?",
+        answer="0.3",
+        metadata={"oracle_calls": [{"name": "note", "arguments": {"text": "add"}}]},
+    ),
+]
+ANSWER_ATTACKS = ["answer-hedging", "answer-flood"]
+
+
+@pytest.fixture
+def third_party_verifiers(monkeypatch):
+    """The test's verifiers, registered by name the way a plugin's are (and gone after the test)."""
+    from agentrl.verifiers import base
+
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    for cls in (MyAnswerCheck, ContainsAnswer, NoteTaken):
+        verifiers.register(cls.name, cls)
+
+
+def answer_env(verifier: Any, tools: tuple[Any, ...] = (note, "submit")) -> ToolEnv:
+    """Pure tools, so no sandbox: these audits need no engine."""
+    return ToolEnv(tasks=ANSWER_TASKS, tools=list(tools), verifier=verifier, oracle=AnswerOracle, max_turns=3)
+
+
+def test_answer_attacks_are_played_against_a_third_party_answer_verifier(third_party_verifiers):
+    report = run_audit(answer_env("my-answer-check"), tasks=ANSWER_TASKS, only=ANSWER_ATTACKS)
+    assert all(c.ok for c in report.controls), report.controls
+    assert [(f.attack, f.task_id, f.status) for f in report.findings] == [
+        (a, t.id, "contained") for t in ANSWER_TASKS for a in ANSWER_ATTACKS
+    ]
+    assert all(f.reward == 0.0 for f in report.findings) and report.ok
+    assert report.summary() == "0 exploited, 4 contained, 0 not applicable, 0 could not run"
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    ["contains-answer", ("composite", {"parts": [("contains-answer", 1.0), ("note-taken", 0.0)]})],
+    ids=["plain", "in-a-composite"],
+)
+def test_a_weak_third_party_answer_verifier_is_exploited_by_hedging_and_flooding(
+    third_party_verifiers, verifier
+):
+    report = run_audit(answer_env(verifier), tasks=ANSWER_TASKS[:1], only=ANSWER_ATTACKS)
+    assert [f.status for f in report.findings] == ["exploited", "exploited"], report.findings
+    assert "'Paris or xParis': 1.0; 'xParis or Paris': 1.0" in report.findings[0].evidence
+    assert not report.ok and report.to_json()["exploited"] == 2
+
+
+def test_an_env_whose_verifier_ignores_the_answer_reports_the_answer_attacks_not_applicable(
+    third_party_verifiers,
+):
+    report = run_audit(
+        answer_env("note-taken"), tasks=ANSWER_TASKS, only=[*ANSWER_ATTACKS, "submit-without-work"]
+    )
+    assert all(c.ok for c in report.controls), report.controls
+    statuses = {(f.attack, f.task_id): f.status for f in report.findings}
+    assert statuses == {
+        **{(a, t.id): "not applicable" for a in ANSWER_ATTACKS for t in ANSWER_TASKS},
+        **{("submit-without-work", t.id): "contained" for t in ANSWER_TASKS},
+    }
+    why = report.not_applicable["answer-hedging"]
+    assert why.startswith("the verifier's verdict does not depend on the submitted answer: submitting ")
+    assert "'Paris'" in why and "note ran 0 time(s)" in why
+    assert report.ok  # nothing was exploited, but the summary says what was not tried
+    assert report.summary() == (
+        "0 exploited, 2 contained, 4 not applicable (answer-hedging, answer-flood), 0 could not run"
+    )
+    out = report.to_json()
+    assert (out["exploited"], out["contained"], out["not_applicable"]) == (0, 2, 4)
+    assert set(out["not_applicable_attacks"]) == set(ANSWER_ATTACKS)
+    assert json.loads(json.dumps(out)) == out
+
+
+def test_the_summary_names_the_attacks_not_played_in_the_order_they_were_played():
+    report = audit.AuditReport("e", None)
+    for task, attack, status, why in [
+        ("t/0", "a", "contained", ""),
+        ("t/0", "b", "contained", ""),
+        ("t/1", "b", "not applicable", "why b"),
+        ("t/1", "a", "not applicable", "why a"),
+        ("t/2", "a", "not applicable", "why a again"),
+    ]:
+        report.findings.append(audit.Finding(attack, task, status, why))
+    assert report.not_applicable == {"a": "why a", "b": "why b"} and list(report.not_applicable) == ["a", "b"]
+    assert report.summary() == "0 exploited, 2 contained, 3 not applicable (a, b), 0 could not run"
+
+
+@pytest.mark.parametrize(
+    "verifier",
+    [
+        "exact-match",
+        "numeric",
+        "regex",
+        "auto",
+        ("composite", {"parts": [("numeric", 1.0)], "gates": ["tool-used"]}),
+        ExactMatchVerifier(name="strict"),  # a built-in under another name
+        "my-answer-check",  # not known: its episodes are probed
+    ],
+)
+def test_answer_attacks_apply_to_builtin_answer_verifiers_and_unknown_ones(third_party_verifiers, verifier):
+    env = answer_env(verifier)
+    for attack in ANSWER_ATTACKS:
+        assert audit.get(attack).applies_to(env) is True
+
+
+@pytest.mark.parametrize(
+    ("verifier", "tools"),
+    [
+        ("hidden-tests", ("bash", "submit")),
+        (("tool-used", {"tool": "note"}), (note, "submit")),
+        (("composite", {"parts": [("state", 1.0)], "gates": ["tool-used"]}), ("bash", "submit")),
+    ],
+)
+def test_builtin_verifiers_that_never_read_the_answer_are_not_applicable_without_an_episode(verifier, tools):
+    env = answer_env(verifier, tools)
+    for attack in ANSWER_ATTACKS:
+        why = audit.get(attack).applies_to(env)
+        assert isinstance(why, str) and why.startswith(
+            "the verifier's verdict does not depend on the submitted answer ("
+        ), why
+
+
+def test_answer_attacks_need_a_submit_tool_that_carries_an_answer():
+    @tool(terminal=True, needs_sandbox=False)
+    def submit(ctx) -> str:
+        """Say that you are done."""
+        return "done"
+
+    env = answer_env("exact-match", (submit,))
+    assert audit.get("answer-hedging").applies_to(env) == "the env's submit tool takes no answer"
+    env = ToolEnv(tasks=ANSWER_TASKS, tools=[note], verifier="exact-match")
+    assert audit.get("answer-flood").applies_to(env) == "the env has no submit tool"
+
+
+def test_the_probe_gives_back_the_envs_verifier_and_its_deadline(third_party_verifiers):
+    env = answer_env("contains-answer")
+    verifier, timeout = env.verifier, env.verifier_timeout_s
+    with audit.probe_answers(env, ["Paris", "none"]) as probe:
+        assert probe is not None and env.verifier is probe and env.verifier.name == "contains-answer"
+        audit.Play(env, ANSWER_TASKS[0]).submit("the capital is Paris")
+    assert env.verifier is verifier and env.verifier_timeout_s == timeout
+    assert env.episode.verdict.passed  # the episode's own verdict, not a probe's
+    assert probe.depends is True and [s for s, _ in probe.scored] == [
+        "the capital is Paris",
+        "the capital is Paris",
+        "Paris",
+        "none",
+    ]
 
 
 # --- the CI gate: every built-in env, the whole library -------------------------------------

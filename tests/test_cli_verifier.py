@@ -7,6 +7,7 @@ an environment with one deliberately broken task for `check`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import textwrap
@@ -21,7 +22,7 @@ PLUGIN = '''
 from dataclasses import dataclass
 
 import agentrl
-from agentrl.agents import tool_call
+from agentrl.agents import AnswerOracle, tool_call
 from agentrl.env import ToolEnv
 from agentrl.task import Task
 from agentrl.verifiers import Verdict
@@ -36,6 +37,25 @@ class PalindromeVerifier:
     def verify(self, sandbox, task, episode):
         s = episode.submission or ""
         return Verdict(float(s == s[::-1] and bool(s)), s == s[::-1] and bool(s))
+
+
+@dataclass
+class ContainsAnswerVerifier:
+    """Passes when the submission contains the answer anywhere (deliberately weak)."""
+
+    name: str = "contains-answer"
+
+    def verify(self, sandbox, task, episode):
+        ok = bool(task.answer) and task.answer.casefold() in (episode.submission or "").casefold()
+        return Verdict(float(ok), ok, "contains the answer" if ok else "does not contain the answer")
+
+
+class CapitalEnv(ToolEnv):
+    """Name a capital; scored by the `contains-answer` plugin, a verifier the audit knows only by its entry point."""
+
+    def __init__(self, **kw):
+        tasks = [Task(id="capital/0", prompt="The capital of France?", answer="Paris")]
+        super().__init__(tasks=tasks, tools=["submit"], oracle=AnswerOracle, **kw)
 
 
 class SayEnv(ToolEnv):
@@ -58,6 +78,9 @@ class SayEnv(ToolEnv):
 
 def register_envs():
     agentrl.register("cli-plugin/Say-v0", "cli_verifier_plugin:SayEnv", max_turns=2)
+    agentrl.register(
+        "cli-plugin/Capital-v0", "cli_verifier_plugin:CapitalEnv", max_turns=2, verifier="contains-answer"
+    )
 '''
 
 
@@ -72,6 +95,7 @@ def plugin_env(tmp_path_factory) -> dict[str, str]:
         textwrap.dedent("""
         [agentrl.verifiers]
         palindrome = cli_verifier_plugin:PalindromeVerifier
+        contains-answer = cli_verifier_plugin:ContainsAnswerVerifier
 
         [agentrl.envs]
         cli-plugin = cli_verifier_plugin:register_envs
@@ -107,6 +131,27 @@ def test_verifier_check_reports_dropped_task_and_exits_1(plugin_env):
     assert "[kept] say/0" in out.stdout
     assert "[dropped] say/1: the reference solution is not accepted" in out.stdout
     assert "kept 1 of 2 tasks, dropped 1" in out.stdout
+
+
+def test_verifier_audit_plays_answer_attacks_on_a_plugin_verifier_and_counts_what_it_did_not_play(
+    plugin_env, tmp_path
+):
+    attacks = ["--attack", "answer-hedging", "--attack", "answer-flood", "--attack", "pristine-symlink"]
+    out = tmp_path / "audit.json"
+    proc = run("verifier", "audit", "cli-plugin/Capital-v0", *attacks, "--json", str(out), env=plugin_env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[exploited] answer-hedging" in proc.stdout and "[exploited] answer-flood" in proc.stdout
+    assert "[not applicable] pristine-symlink" in proc.stdout
+    assert (
+        "cli-plugin/Capital-v0 (docker): 2 exploited, 0 contained, 1 not applicable (pristine-symlink), "
+        "0 could not run; controls ok"
+    ) in proc.stdout
+    report = json.loads(out.read_text())
+    assert (report["exploited"], report["contained"], report["not_applicable"]) == (2, 0, 1)
+    assert list(report["not_applicable_attacks"]) == ["pristine-symlink"]
+    assert (
+        report["not_applicable_attacks"]["pristine-symlink"] == "the env has none of the tools bash, python"
+    )
 
 
 def test_verifier_check_unknown_env_says_did_you_mean():
