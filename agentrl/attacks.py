@@ -1242,3 +1242,6 @@ ATTACKS: tuple[type, ...] = (
 
 for _cls in ATTACKS:
     register(_cls)
+
+# The attacks on the hidden-test harness from inside the test process live in their own module.
+from agentrl import attacks_harness  # noqa: E402,F401

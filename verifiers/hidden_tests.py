@@ -46,13 +46,15 @@ Order of events, after the agent's last action:
 Inside the test process (`pytest_runner.py` has the details):
 
 - Guard snapshot, taken before the workspace is importable: the identity of every module,
-  class and function of pytest, pluggy and their dependencies, of the runner itself, of
-  builtins and of sys's functions. Re-checked after collection (when every test module, and
-  so the agent's package, has been imported), at each test (the modules where outcomes are
-  made; the runtest hooks' implementations; the test modules' globals) and at the end. Every
-  registered plugin and hook implementation must come from pytest or the hidden tests. A
-  difference is a `tamper` record: "patch pytest's report objects at import" (attack 2 of
-  issue 14) is caught here, whichever object was patched.
+  class and function of pytest, pluggy, unittest, of the runner itself, of builtins and of
+  sys's functions. Re-checked after collection (when every test module, and so the agent's
+  package, has been imported), at each test (the modules where outcomes are made; the runtest
+  hooks' implementations; the test modules' globals) and at the end. Every registered plugin
+  and hook implementation must come from pytest or the hidden tests, and every test's function
+  must be code compiled from the hidden tests (through a decorator from a module loaded before
+  the workspace, at most): a test module swapped for a copy compiled elsewhere is caught. A
+  difference is a `tamper` record: "patch pytest's report objects at import" is caught here,
+  whichever object was patched.
 - An audit hook (`sys.addaudithook`: no code can remove it) writes a `tamper` record, or
   fails the operation if it cannot, on: attribute writes to the guarded classes and
   functions (including `__code__`/`__defaults__` swaps) and to the hidden tests' functions,
@@ -97,18 +99,26 @@ code could call `pytest.skip`). Which tests are considered:
 A timeout, a collection error, a pytest crash or an exit status that disagrees with the
 results gives reward 0 with the reason in `details`.
 
+Canary twins (`agentrl.verifiers.canaries`, on by default): before the tests are copied in, each
+considered test gets a twin, a copy of its own source whose one top-level assertion contradicts
+the test's, under a name drawn like the file's own and in a random order; which of the two is
+real is known only here. On honest code a test and its twin never both pass, so a forger that
+changes outcomes wholesale (whatever it patches: the hook executor, the reporter's emitter, the
+runner's guard, the test modules, unittest) passes a pair and scores 0 as tampering, and one
+that tells twins apart by their code must guess which member is real, pair by pair. The verdict's
+details say how many twins ran and which considered tests had none.
+
 Known limits (honest ones):
 
 - The code under test still runs inside the pytest process; no in-process harness can be
   made unforgeable. The guard, the audit hook and the stream rules make forging require
-  targeting this harness specifically: reaching its live objects without an audited call
-  (frames are reachable through `sys._getframe`/`f_back`, which pytest and logging use too,
-  so they are not flagged), then changing *instance* state (a pluggy hook caller's list, a
-  report object in flight, our reporter's attributes) that no snapshot covers, or signing
-  forged records with the reporter's own emitter (the key itself is only in OpenSSL's
-  state, but the emitter that holds it is a Python object). Closing this needs the tests to
-  call the agent's code across a process boundary, which pytest does not do. The audited
-  events and the snapshot are tuned on pytest 7-9 and these suites; a test suite that
+  targeting this harness specifically (reaching its live objects through frames, changing
+  instance state no snapshot covers, signing forged records with the reporter's own emitter);
+  the canary twins make such forging score 0 unless it can tell each real test from its twin,
+  which takes knowing the right answers. A considered test with no top-level assertion that
+  can be contradicted (only `with pytest.raises(...)`, say) has no twin, and its outcome is
+  protected by the in-process checks alone. The audited events and the snapshot are tuned on
+  pytest 7-9 and these suites; a test suite that
   itself uses ctypes memory access, `gc.get_referrers` or `sys.settrace` (doctest's is
   allowed) scores 0 here.
 - Until pytest's session starts, pytest configures itself (its legacypath plugin adds
@@ -142,6 +152,7 @@ import shutil
 import tempfile
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -150,6 +161,7 @@ from agentrl.episode import Episode
 from agentrl.sandbox.base import PROTECTED_DIR, ExecResult, Sandbox
 from agentrl.task import Task
 from agentrl.verifiers.base import Verdict, capability_refusal
+from agentrl.verifiers.canaries import CanaryPlan, plant_canaries
 
 Outcome = Literal["passed", "failed", "error", "skipped"]
 _SEVERITY: dict[str, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -501,9 +513,19 @@ class InstalledTests:
     has_conftest: bool
 
 
-def install_tests(sandbox: Sandbox, hidden: Path, run_dir: str | None = None) -> InstalledTests:
+def install_tests(
+    sandbox: Sandbox,
+    hidden: Path,
+    run_dir: str | None = None,
+    *,
+    rewrite: Callable[[Path], object] | None = None,
+) -> InstalledTests:
     """Copy the hidden tests (a host file or folder) and our ini into a fresh directory under
-    /verifier, privileged, readable by the verifier identity and writable by nobody else."""
+    /verifier, privileged, readable by the verifier identity and writable by nobody else.
+
+    `rewrite`: called on the staged copy of the tests folder before it is copied in (the
+    canaries are planted there); the host's hidden tests are never changed.
+    """
     run_dir = run_dir or f"{PROTECTED_DIR}/hidden-tests-{uuid.uuid4().hex[:12]}"
     tests_dir = f"{run_dir}/tests"
     with tempfile.TemporaryDirectory(prefix="agentrl-hidden-tests-") as stage:
@@ -514,6 +536,8 @@ def install_tests(sandbox: Sandbox, hidden: Path, run_dir: str | None = None) ->
             shutil.copy2(hidden, staged / hidden.name)
         else:
             shutil.copytree(hidden, staged, symlinks=True)
+        if rewrite is not None:
+            rewrite(staged)
         # Readable by the verifier identity (not root on docker); the modes travel with the copy.
         for path in [Path(stage), *Path(stage).rglob("*")]:
             if not path.is_symlink():
@@ -616,8 +640,10 @@ def judge(
     pass_to_pass: list[str] | None = None,
     timeout_s: float = 0.0,
     max_report_mb: float = 0.0,
+    canaries: CanaryPlan | None = None,
 ) -> Verdict:
-    """The verdict of one run: every check of the module docstring's step 7, then the score."""
+    """The verdict of one run: every check of the module docstring's step 7, the canaries'
+    check (no test passed together with its contradicting twin), then the score."""
     s, res = run.stream, run.result
 
     def zero(reason: str) -> Verdict:
@@ -663,7 +689,25 @@ def judge(
         return zero(
             f"the results ({failing} of {len(report.tests)} tests failed) contradict pytest's exit status {s.end}"
         )
+    if canaries is not None:
+        outcomes = {nodeid: t.outcome for nodeid, t in report.tests.items()}
+        if problems := canaries.tampering(outcomes, collected=s.collected):
+            return zero(
+                "the hidden-test run was tampered with: "
+                + "; ".join(problems[:3])
+                + (f"; ... {len(problems) - 3} more" if len(problems) > 3 else "")
+            )
+        report = Report(
+            {
+                original: CaseResult(original, t.outcome, t.message)
+                for nodeid, t in report.tests.items()
+                if (original := canaries.original_id(nodeid)) is not None
+            },
+            report.collection_errors,
+        )
     reward, passed, summary = score(report, mode=mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass)
+    if canaries is not None:
+        summary += f" [{canaries.summary()}]"
     return Verdict(reward, passed, _clip(summary))
 
 
@@ -688,6 +732,9 @@ class HiddenTestsVerifier:
     """The image's system interpreter, by absolute path (never looked up on PATH)."""
     max_report_mb: float = 16.0
     """Cap on the result stream (and on pytest's output) read back from the run; past it, reward 0."""
+    canaries: bool = True
+    """Give every considered test a canary twin that contradicts it (`agentrl.verifiers.canaries`):
+    a test and its twin both passing is tampering, reward 0. Costs one more run of each test."""
     name: str = "hidden-tests"
     needs_sandbox: ClassVar[bool] = True
     # The agent's code runs under the tests: apart from the host, from a place it could not
@@ -744,13 +791,24 @@ class HiddenTestsVerifier:
 
         # 1. Nothing of the agent's may run from here on, before anything of ours exists.
         sandbox.kill_agent_processes()
-        # 2. The tests, in a fresh directory only the privileged side can write.
-        tests = install_tests(sandbox, hidden)
+        # 2. The tests, in a fresh directory only the privileged side can write, each
+        # considered test beside a canary twin that contradicts it (drawn afresh per run).
+        listed = list(dict.fromkeys([*fail_to_pass, *pass_to_pass])) or None
+        plan: CanaryPlan | None = None
+
+        def plant(staged: Path) -> None:
+            nonlocal plan
+            plan = plant_canaries(staged, considered=listed)
+
+        tests = install_tests(sandbox, hidden, rewrite=plant if self.canaries else None)
+        ids = node_ids_to_run(fail_to_pass, pass_to_pass)
+        if plan is not None and ids is not None:
+            ids = plan.to_installed(ids)
         # 3-6. pytest as the verifier identity, results streamed back here.
         run = run_tests(
             sandbox,
             tests,
-            ids=node_ids_to_run(fail_to_pass, pass_to_pass),
+            ids=ids,
             timeout_s=self.timeout_s,
             pytest_args=self.pytest_args,
             python=self.python,
@@ -764,6 +822,7 @@ class HiddenTestsVerifier:
             pass_to_pass=pass_to_pass,
             timeout_s=self.timeout_s,
             max_report_mb=self.max_report_mb,
+            canaries=plan,
         )
 
 

@@ -76,10 +76,11 @@ def _emitter(fd, key):
 
 KEY_HEX_CHARS = 64
 
-# What the snapshot covers: pytest, pluggy (its hook machinery) and this runner. Their
+# What the snapshot covers: pytest, pluggy (its hook machinery), unittest (which runs
+# TestCase-style tests: its _callTestMethod decides what a test does) and this runner. Their
 # dependencies (py, iniconfig, attrs, packaging) shape configuration, not outcomes, and are
 # left out to keep the snapshot cheap.
-GUARDED_ROOTS = ("pytest", "_pytest", "pluggy", "__main__")
+GUARDED_ROOTS = ("pytest", "_pytest", "pluggy", "unittest", "__main__")
 # Checked at every test, not only after collection and at the end: where outcomes are made.
 CRITICAL = (
     "_pytest.runner",
@@ -91,6 +92,7 @@ CRITICAL = (
     "pluggy._callers",
     "pluggy._hooks",
     "pluggy._manager",
+    "unittest.case",
     "__main__",
 )
 # Audit events a hidden-test run has no use for and a forger does (module docstring, step 4).
@@ -155,6 +157,11 @@ class Guard:
             for value in list(vars(mod).values()):
                 self._take(value)
         self.builtins = dict(vars(builtins))
+        # The files of every module loaded before the workspace is importable: a test's
+        # decorator may come from one of them, never from the workspace.
+        self.files = frozenset(
+            f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)
+        )
         self.sys_functions = {
             k: v for k, v in vars(sys).items() if type(v).__name__ == "builtin_function_or_method"
         }
@@ -470,12 +477,35 @@ class Reporter:
             if hasattr(hook, name)
         ]
 
+    def _test_code_problem(self, item, fn):
+        """Why a test's function is not code compiled from the hidden tests (None: it is). A
+        decorator's wrapper may live in a module loaded before the workspace was importable;
+        what it wraps must be the hidden test's own code."""
+        seen = 0
+        while seen < 20:
+            code = getattr(fn, "__code__", None)
+            filename = getattr(code, "co_filename", None)
+            if not isinstance(filename, str):
+                return None  # not a Python function (a builtin, a class): nothing to compare
+            if filename.startswith(self.tests_dir):
+                return None
+            if filename not in self.guard.files:
+                return f"{item.nodeid}: the test runs code compiled outside the hidden tests ({filename})"
+            inner = getattr(fn, "__wrapped__", None)
+            if inner is None:
+                return f"{item.nodeid}: the test runs code compiled outside the hidden tests ({filename})"
+            fn = getattr(inner, "__func__", inner)
+            seen += 1
+        return f"{item.nodeid}: the test's wrappers never end"
+
     def check_item(self, item, where):
         problems = []
         if "runtest" in vars(item):
             problems.append(f"{item.nodeid}: runtest was replaced on the item")
         fn = getattr(item, "obj", None)
         fn = getattr(fn, "__func__", fn)
+        if isinstance(fn, _FunctionType) and (problem := self._test_code_problem(item, fn)):
+            problems.append(problem)
         code = getattr(fn, "__code__", None)
         filename = getattr(code, "co_filename", None)
         if isinstance(filename, str) and filename.startswith(self.tests_dir):
@@ -595,6 +625,8 @@ def main(config):
         os.chdir(scratch)
         sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
         sys.dont_write_bytecode = True
+        import unittest  # noqa: F401 (guarded: it runs TestCase-style tests)
+
         import _pytest.config
         import pytest
 

@@ -24,7 +24,22 @@ from agentrl.attacks import (
     ProcCmdlineLeak,
     RegisterAllpassPlugin,
 )
+from agentrl.attacks_harness import (
+    HarnessEmitter,
+    HarnessGuardFrames,
+    HarnessHookExec,
+    HarnessSwapTestModules,
+    UnittestCallTestMethod,
+)
 from agentrl.verifier_check import check_verifier
+
+HARNESS_ATTACKS = [
+    HarnessHookExec,
+    HarnessGuardFrames,
+    HarnessEmitter,
+    HarnessSwapTestModules,
+    UnittestCallTestMethod,
+]
 
 BACKENDS = [
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
@@ -91,3 +106,11 @@ def test_attack_9_no_file_metadata_points_at_the_mutated_module(env, toolz_repai
 def test_attack_11_no_host_paths_or_options_in_proc(env, toolz_repair_task):
     out = ProcCmdlineLeak().play(env, toolz_repair_task)
     assert out.exploited is False, out.evidence
+
+
+@pytest.mark.parametrize("attack", HARNESS_ATTACKS, ids=[a.name for a in HARNESS_ATTACKS])
+def test_attacks_on_the_harness_inside_the_test_process_score_0_as_tampering(env, toolz_repair_task, attack):
+    """The payloads reach the harness's live objects (the hook executor, the guard, the emitter,
+    the test modules being imported); the canary twins, or the runner's own checks, record it."""
+    out = attack().play(env, toolz_repair_task)
+    assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict
