@@ -1,23 +1,27 @@
-"""python-repair-v0: reset and verification latency, the hardened verifier against the one before it, and a bare `docker run`.
+"""python-repair-v0: reset and verification latency, this tree's verifier against an earlier one, canary false positives, and a bare `docker run`.
 
     .venv/bin/python benchmarks/python_repair.py                  # 12 cached tasks, all packages
     .venv/bin/python benchmarks/python_repair.py --tasks 4 --packages inflection --repeats 3
+    .venv/bin/python benchmarks/python_repair.py --oracle-all     # plus every cached task's controls
 
 Prints ONE JSON object on stdout (progress on stderr). For each task, in the same run:
 
 - `reset_s`: `env.reset()` (warm pool sandbox, staging the package with the mutant in place);
 - `verify_s` (after) and `verify_before_s` (before): the `hidden-tests` verifier on the same
   sandbox, after the oracle's fix and again on the untouched mutant, `--repeats` times each,
-  the two verifiers interleaved in alternating order. "after" is this tree's verifier (pytest
-  as the verifier identity, results streamed and checked, guard and audit hook); "before" is
-  `verifiers/hidden_tests.py` as it was at `--baseline-ref` (default: the commit the hardening
-  started from), loaded from git into a temporary module: pytest as root, a JUnit report read
-  back from /verifier. Both kill the agent's processes, copy the tests in, run pytest and
-  read the result, so they are compared whole;
+  the two verifiers interleaved in alternating order. "after" is this tree's verifier (canary
+  twins included); "before" is `verifiers/hidden_tests.py` and its runner as they were at
+  `--baseline-ref` (default: the verifier before the canary twins), loaded from git into a
+  temporary module. Both kill the agent's processes, copy the tests in, run pytest and read the
+  result, so they are compared whole;
 - `bare_docker_run_s`: `docker run --rm` (docker SDK `containers.run`) of the package's image
   with the fixed source and the tests bind-mounted read-only, running the same pytest over the
   same tests: the floor a verification could cost without our sandbox or hardening;
 - `bare_pytest_s`: the time pytest itself took inside that bare container (its own clock).
+
+`--oracle-all`: every cached task of every split, the oracle's fix and the untouched mutant, by
+this tree's verifier: `oracle_all` counts fixes scored 1 (with the canary twins, a fix scored 0
+as tampering is a false positive of theirs), mutants scored 0, and the twins planted.
 
 Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair` first).
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -41,8 +46,8 @@ from agentrl.envs.python_repair.synth import cached_tasks
 from agentrl.task import Task
 from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
 
-# The commit the verifier hardening (issue 14) started from: its hidden_tests.py is "before".
-BASELINE_REF = "3c7fd1527ce720cf62aee2c95e4d1287fafb96d9"
+# The verifier before the canary twins (its hidden_tests.py and pytest_runner.py are "before").
+BASELINE_REF = "65d73ada66ae292c8fab0509b64c526da5ea62de"
 
 BARE_SCRIPT = """
 import sys, time
@@ -77,16 +82,22 @@ def pick(tasks: list[Task], n: int, packages: list[str]) -> list[Task]:
     return out
 
 
-def baseline_verifier(ref: str) -> Any:
-    """The hidden-tests verifier as it was at `ref` (git show), as a module of its own."""
+def _git_show(ref: str, path: str) -> str | None:
     repo = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ["git", "-C", str(repo), "show", f"{ref}:verifiers/hidden_tests.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp(prefix="agentrl-bench-")) / "hidden_tests_before.py"
+    res = subprocess.run(["git", "-C", str(repo), "show", f"{ref}:{path}"], capture_output=True, text=True)
+    return res.stdout if res.returncode == 0 else None
+
+
+def baseline_verifier(ref: str) -> Any:
+    """The hidden-tests verifier as it was at `ref` (git show), as a module of its own (with the
+    runner it reads from beside itself, where that ref has one)."""
+    source = _git_show(ref, "verifiers/hidden_tests.py")
+    if source is None:
+        raise SystemExit(f"no verifiers/hidden_tests.py at {ref}: pass --baseline-ref")
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
+    if (runner := _git_show(ref, "verifiers/pytest_runner.py")) is not None:
+        (folder / "pytest_runner.py").write_text(runner)
+    path = folder / "hidden_tests_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("agentrl_hidden_tests_before", path)
     assert spec is not None and spec.loader is not None
@@ -142,6 +153,35 @@ def fix(env: PythonRepairEnv, task: Task) -> None:
         action = agent.act(obs)
 
 
+def controls(env: PythonRepairEnv, verifier: HiddenTestsVerifier, tasks: list[Task]) -> dict[str, Any]:
+    """Every task's oracle fix (must score 1) and untouched mutant (must score 0), by `verifier`."""
+    fixed_ok = mutant_zero = tampered = twins = 0
+    misses: list[str] = []
+    for i, task in enumerate(tasks):
+        fix(env, task)
+        verdict = verifier.verify(env.sandbox, task, env.episode)
+        fixed_ok += verdict.reward == 1.0
+        if verdict.reward != 1.0:
+            tampered += "tampered" in verdict.details
+            misses.append(f"{task.id}: {verdict.details[:300]}")
+        if m := re.search(r"\[(\d+) canary twins", verdict.details):
+            twins += int(m.group(1))
+        env.reset(options={"task": task})
+        mutant_zero += verifier.verify(env.sandbox, task, env.episode).reward == 0.0
+        print(
+            f"[bench] controls {i + 1}/{len(tasks)}: fixes scored 1: {fixed_ok}", file=sys.stderr, flush=True
+        )
+    return {
+        "tasks": len(tasks),
+        "oracle_scored_1": fixed_ok,
+        "oracle_pass_rate": round(fixed_ok / max(1, len(tasks)), 4),
+        "canary_false_positives": tampered,
+        "mutant_scored_0": mutant_zero,
+        "canary_twins_planted": twins,
+        "misses": misses[:10],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=12, help="How many cached tasks to time.")
@@ -150,6 +190,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="Verifications per variant, state and task.")
     ap.add_argument("--backend", default="docker", help="Sandbox backend: docker or bwrap.")
     ap.add_argument("--baseline-ref", default=BASELINE_REF, help="Git ref whose hidden_tests.py is 'before'.")
+    ap.add_argument(
+        "--oracle-all", action="store_true", help="Also verify every cached task's fix and mutant (controls)."
+    )
     args = ap.parse_args()
     import docker
 
@@ -219,6 +262,7 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        oracle_all = controls(env, after, cached_tasks(packages, args.seed)) if args.oracle_all else None
     finally:
         env.close()
     result = {
@@ -258,6 +302,8 @@ def main() -> int:
         },
         "docker_server": client.version().get("Version"),
     }
+    if oracle_all is not None:
+        result["oracle_all"] = oracle_all
     print(json.dumps(result, indent=2))
     return 0
 

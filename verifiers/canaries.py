@@ -529,6 +529,39 @@ def _inherited(
                     plan.twins.append(Twin(f"{f.rel}::{name}", f"{f.rel}::{real}", f"{f.rel}::{canary}", how))
 
 
+def _through_bases(files: list[_File], considered: list[str] | None) -> list[str] | None:
+    """Considered ids plus, for each `path::Class::test` that `Class` inherits, the id of the base
+    class's method that defines it (its twin is planted there; `_inherited` maps it back)."""
+    if considered is None:
+        return None
+    classes: dict[str, tuple[_File, ast.ClassDef]] = {}
+    for f in files:
+        for node in f.tree.body:
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, (f, node))
+    out = list(considered)
+    for entry in considered:
+        parts = _split(entry)[0].split("::")
+        if len(parts) != 3:
+            continue
+        name, method = parts[1], parts[2]
+        for _ in range(10):  # up the chain of bases defined in these files
+            found = classes.get(name)
+            if found is None:
+                break
+            f, cls = found
+            if any(
+                isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method for n in cls.body
+            ):
+                out.append(f"{f.rel}::{cls.name}::{method}")
+                break
+            bases = [b for b in _base_names(cls) if b in classes]
+            if not bases:
+                break
+            name = bases[0]
+    return list(dict.fromkeys(out))
+
+
 def plant_canaries(
     root: Path,
     *,
@@ -560,6 +593,7 @@ def plant_canaries(
     for f in files:
         for word in re.findall(r"\b(test\w*|Test\w*)", f.text):
             counts[word] = counts.get(word, 0) + 1
+    considered = _through_bases(files, considered)
     planted: dict[str, dict[str, list[tuple[str, str, str, str]]]] = {}
     for f in files:
         if f.path.name.startswith("test") or f.path.name.endswith("_test.py"):

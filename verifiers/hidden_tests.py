@@ -146,6 +146,7 @@ import ast
 import hashlib
 import hmac
 import json
+import random
 import re
 import secrets
 import shutil
@@ -593,7 +594,10 @@ def run_tests(
         "--code-highlight=no",
         "-q",
         *pytest_args,
-        *([f"{tests.tests_dir}/{i}" for i in ids] if ids else [tests.target]),
+        # The files of the listed tests, not their node ids: pytest matches every node-id
+        # argument against every item of its module (quadratic in a suite of hundreds); the
+        # runner keeps exactly the listed tests when collection is done (`select`).
+        *([f"{tests.tests_dir}/{f}" for f in dict.fromkeys(i.split("::", 1)[0] for i in ids)] if ids else [tests.target]),
     ]  # fmt: skip
     config = {
         "scratch": scratch,
@@ -601,6 +605,7 @@ def run_tests(
         "import_paths": [sandbox.workdir],
         "args": args,
         "message_chars": message_chars,
+        "select": list(ids) if ids else None,
         "env": {
             "PATH": SYSTEM_PATH,
             "HOME": f"{scratch}/home",
@@ -733,8 +738,15 @@ class HiddenTestsVerifier:
     max_report_mb: float = 16.0
     """Cap on the result stream (and on pytest's output) read back from the run; past it, reward 0."""
     canaries: bool = True
-    """Give every considered test a canary twin that contradicts it (`agentrl.verifiers.canaries`):
-    a test and its twin both passing is tampering, reward 0. Costs one more run of each test."""
+    """Give considered tests canary twins that contradict them (`agentrl.verifiers.canaries`): a
+    test and its twin both passing is tampering, reward 0. Every FAIL_TO_PASS test gets one (those
+    are what a forger must flip), and so does every test when the task lists none."""
+    canary_pass_to_pass: int = 2
+    """How many PASS_TO_PASS tests, drawn per run, get a twin too. They pass on the buggy code
+    already, so the FAIL_TO_PASS twins are what a forger meets; these keep twins among the other
+    tests as well. Each twin is one more test that fails by design, and a failing test costs far
+    more than a passing one (its traceback is rendered): on a suite of hundreds, twinning every
+    test more than doubled the verification time."""
     name: str = "hidden-tests"
     needs_sandbox: ClassVar[bool] = True
     # The agent's code runs under the tests: apart from the host, from a place it could not
@@ -751,6 +763,8 @@ class HiddenTestsVerifier:
                 f"python must be an absolute path on the image's read-only root file system "
                 f"(e.g. {SYSTEM_PYTHON}), got {self.python!r}: a PATH lookup could find the agent's"
             )
+        if self.canary_pass_to_pass < 0:
+            raise ValueError(f"canary_pass_to_pass must be a count >= 0, got {self.canary_pass_to_pass}")
         if self.max_report_mb <= 0:
             raise ValueError(f"max_report_mb must be positive, got {self.max_report_mb}")
         self.fail_to_pass = _as_list(self.fail_to_pass, "fail_to_pass")
@@ -793,12 +807,15 @@ class HiddenTestsVerifier:
         sandbox.kill_agent_processes()
         # 2. The tests, in a fresh directory only the privileged side can write, each
         # considered test beside a canary twin that contradicts it (drawn afresh per run).
-        listed = list(dict.fromkeys([*fail_to_pass, *pass_to_pass])) or None
         plan: CanaryPlan | None = None
 
         def plant(staged: Path) -> None:
             nonlocal plan
-            plan = plant_canaries(staged, considered=listed)
+            rng = random.Random(secrets.randbits(64))
+            p2p = [t for t in dict.fromkeys(pass_to_pass) if t not in fail_to_pass]
+            n = min(len(p2p), self.canary_pass_to_pass)
+            considered = [*fail_to_pass, *rng.sample(p2p, n)] if fail_to_pass or p2p else None
+            plan = plant_canaries(staged, considered=considered, rng=rng)
 
         tests = install_tests(sandbox, hidden, rewrite=plant if self.canaries else None)
         ids = node_ids_to_run(fail_to_pass, pass_to_pass)

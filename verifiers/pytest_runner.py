@@ -396,8 +396,9 @@ def _same(a, b):
 class Reporter:
     """The pytest plugin that writes the stream (module docstring, step 6)."""
 
-    def __init__(self, emit, guard, tests_dir, message_chars):
+    def __init__(self, emit, guard, tests_dir, message_chars, select=None):
         self.emit = emit
+        self.select = frozenset(select) if select is not None else None
         self.guard = guard
         self.tests_dir = tests_dir
         self.message_chars = message_chars
@@ -541,6 +542,19 @@ class Reporter:
         self.tamper(self.guard.settle(), "when the session started")
         sys.audit(ARM_EVENT)
 
+    def pytest_collection_modifyitems(self, session, config, items):
+        # Exactly the listed tests (a listed function id covers its parametrized variants); the
+        # rest of their files is deselected here, collected once, rather than matched per id.
+        if self.select is None:
+            return
+        keep = [i for i in items if i.nodeid in self.select or i.nodeid.split("[", 1)[0] in self.select]
+        dropped = [
+            i for i in items if i.nodeid not in self.select and i.nodeid.split("[", 1)[0] not in self.select
+        ]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
     def pytest_collectreport(self, report):
         if report.failed:
             self.emit("collect_error", report.nodeid, self._message(report))
@@ -650,7 +664,7 @@ def main(config):
     # name, so a workspace `pytest`, `_pytest` or `unittest` never takes over. A plain path
     # entry, not a site directory: its .pth files and sitecustomize are never executed.
     sys.path.extend(roots)
-    reporter = Reporter(emit, guard, tests_dir, config["message_chars"])
+    reporter = Reporter(emit, guard, tests_dir, config["message_chars"], config.get("select"))
     code = int(pytest.main(config["args"], plugins=[reporter]))
     import shutil
 

@@ -236,3 +236,13 @@ def test_a_file_that_does_not_parse_is_left_alone(tmp_path):
     (tmp_path / "test_broken.py").write_text("def test_x(:\n")
     plan = plant_canaries(tmp_path)
     assert plan.twins == [] and (tmp_path / "test_broken.py").read_text() == "def test_x(:\n"
+
+
+def test_an_inherited_test_listed_under_its_subclass_gets_a_twin(tmp_path):
+    tests = lay_out(tmp_path)
+    plan = plant_canaries(tests, considered=["test_lib.py::TestChild::test_method"], rng=random.Random(4))
+    ids = plan.to_installed(["test_lib.py::TestChild::test_method"])
+    assert len(ids) == 2 and all(i.startswith("test_lib.py::TestChild::") for i in ids)
+    outcomes = run_pytest(tmp_path, ids=ids)
+    assert plan.to_original(outcomes) == {"test_lib.py::TestChild::test_method": "passed"}
+    assert plan.tampering(outcomes, collected=outcomes) == []
