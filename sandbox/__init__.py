@@ -11,6 +11,7 @@ Modules: `spec` (SandboxSpec, Limits, Capabilities), `base` (the protocol, error
 the pieces every backend shares), `process` (the host process runner of local and bwrap),
 `hostfs` (their host-side file access), one module per backend (`docker`, `bwrap`, `local`),
 `pool` (warm sandboxes), `engine` and `reaper` (the Docker engine, and what a crashed run left),
+`hostkill` (killing a sandbox's processes from the host, through its cgroup),
 `images` (offline image builds), `doctor` (which backends work here).
 """
 

@@ -84,8 +84,9 @@ disk_mb            ENFORCED: size-capped tmpfs on /workspace     ENFORCED (same,
                    and /tmp (ENOSPC), /dev/shm 64 MiB.           the holder cannot start: RLIMIT_FSIZE per
                                                                  file only; many files can fill the host disk.
 network            ENFORCED: own empty net namespace.            ENFORCED (same).
-exec_timeout_s     ENFORCED: SIGKILL of bwrap; the pid           ENFORCED (same).
-                   namespace and every process in it die.
+exec_timeout_s     ENFORCED: the exec's processes frozen (with   ENFORCED: SIGKILL of bwrap; the pid
+                   a freezer cgroup) and killed, then SIGKILL    namespace and every process in it die.
+                   of bwrap; its pid namespace dies with it.
 output_limit_bytes ENFORCED on the host side while reading.      ENFORCED (same).
 =================  ============================================  =============================================
 
@@ -117,7 +118,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Unpack
@@ -140,12 +141,15 @@ from agentrl.sandbox.base import (
     signal_exit,
 )
 from agentrl.sandbox.hostfs import HostView, Mount
+from agentrl.sandbox.hostkill import CgroupView, Proc
 from agentrl.sandbox.process import kill_group, run_capped
 
 ROOTFS_ENV = "AGENTRL_BWRAP_ROOTFS"
 _COMPLETE_MARK = ".agentrl-rootfs-complete"
 _PRLIMIT_PATHS = ("usr/bin/prlimit", "bin/prlimit")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Bound on the frozen kill of a timed-out exec's processes (milliseconds for a full pids limit).
+_KILL_EXEC_S = 5.0
 
 
 # --------------------------------------------------------------------------------------
@@ -406,11 +410,13 @@ class _Cgroups:
                 (d / "pids.max").write_text(str(limits.pids))
                 (d / "cpu.max").write_text(f"{int(limits.cpus * 100_000)} 100000")
             else:  # cgroup v1
-                for ctl in ("memory", "pids", "cpu"):
+                # The freezer is optional: it makes a timeout's kill exact (see `kill_all`).
+                has_freezer = (root / "freezer" / "cgroup.procs").exists()
+                for ctl in ("memory", "pids", "cpu", *(["freezer"] if has_freezer else [])):
                     d = root / ctl / "agentrl" / name
                     d.mkdir(parents=True)
                     made.append(d)
-                mem, pids, cpu = made
+                mem, pids, cpu = made[:3]
                 (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
                 if (mem / "memory.memsw.limit_in_bytes").exists():  # no swap either
                     (mem / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb << 20))
@@ -434,7 +440,25 @@ class _Cgroups:
                 found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
         return found
 
+    def freezer(self) -> CgroupView | None:
+        """The cgroup that freezes the sandbox's processes (v2: the one; v1: the freezer's), if any."""
+        for d in self.dirs:
+            if (d / "cgroup.freeze").exists():
+                return CgroupView(d, v2=True)
+            if (d / "freezer.state").exists():
+                return CgroupView(d, v2=False)
+        return None
+
+    def kill(self, select: Callable[[list[Proc]], Iterable[int]], wait_s: float) -> bool:
+        """Kill what `select` picks among the sandbox's processes, frozen first so that nothing
+        (a fork bomb) forks while they are killed and the dying are not starved of CPU by the
+        living in the cgroup's quota; False without a freezer or when it did not finish."""
+        view = self.freezer()
+        return view is not None and view.kill(select, timeout_s=wait_s)
+
     def kill_all(self, wait_s: float = 2.0) -> None:
+        if self.kill(lambda procs: [p.pid for p in procs], wait_s):
+            return
         deadline = time.monotonic() + wait_s
         while (pids := self.pids()) and time.monotonic() < deadline:
             for pid in pids:
@@ -533,6 +557,21 @@ class _Holder:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+
+
+def _descendants(procs: list[Proc], pid: int) -> set[int]:
+    """`pid` and every process below it, of those among `procs` (by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p.pid)
+    found = {pid} if any(p.pid == pid for p in procs) else set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _cleanup(root: Path, holder: _Holder | None, cgroups: _Cgroups | None) -> None:
@@ -853,9 +892,7 @@ class BwrapSandbox(SandboxBase):
                 stdin=request.stdin,
                 timeout=request.timeout,
                 output_limit=request.output_limit,
-                # bwrap dies; --die-with-parent takes its pid-1 along, and the kernel then kills
-                # every process left in that pid namespace.
-                kill_tree=kill_group,
+                kill_tree=self._kill_exec,
                 on_start=on_start,
                 pass_fds=(options_fd,),
             )
@@ -869,6 +906,16 @@ class BwrapSandbox(SandboxBase):
                     # and the next exec would fail to start. Wait them out (killing any
                     # straggler) while no exec is in flight: the lock keeps new ones waiting.
                     self._cgroups.kill_all(wait_s=5.0)
+
+    def _kill_exec(self, proc: subprocess.Popen[bytes]) -> None:
+        """An exec's timeout: its bwrap dies, --die-with-parent takes bwrap's pid 1 along, and the
+        kernel then kills every process left in that pid namespace; nothing runs in the sandbox
+        for it. With cgroups, every process under that bwrap is first killed frozen: the kernel's
+        kill alone leaves them racing the still-living for the CPU quota (a fork bomb's 256
+        processes made the dying wait a second and more)."""
+        if self._cgroups is not None:
+            self._cgroups.kill(lambda procs: _descendants(procs, proc.pid), wait_s=_KILL_EXEC_S)
+        kill_group(proc)
 
     def kill_agent_processes(self) -> None:
         with self._lock:

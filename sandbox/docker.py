@@ -9,7 +9,11 @@ What it covers:
 - a read-only root file system; the agent (uid 1000) can write only its workspace and /tmp,
   both size-capped tmpfs, plus /dev/shm (Docker's default, counted in the memory cap);
 - `/verifier` (`PROTECTED_DIR`) is a root-owned tmpfs: only `privileged=True` can write it;
-- per-exec timeouts that kill the command's whole process tree, daemonized children too;
+- per-exec timeouts that kill the command's whole process tree, daemonized children too; the
+  kill runs from the host (`agentrl.sandbox.hostkill`: the container's cgroup frozen, then its
+  processes signalled), so a fork bomb holding every pid of the pids limit cannot delay it. An
+  engine on another machine leaves only killers inside the container, which such a bomb can
+  starve: past a few seconds the container is killed and the sandbox raises `SandboxDead`;
 - stdout/stderr capped while they stream, so a 100 MB print never reaches host memory;
 - `read_file` reads regular files only, in the container as the agent, at most
   `Limits.read_limit_bytes` (`/dev/zero`, a FIFO, a link to either: refused, nothing read);
@@ -75,6 +79,7 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.engine import Engine, is_engine_failure
 from agentrl.sandbox.engine import engine as engine_for
+from agentrl.sandbox.hostkill import CLK_TCK, CgroupView, Proc, host_uid, uptime_ticks
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +94,25 @@ _USERS: dict[Identity, str] = {"agent": AGENT_USER, "privileged": ROOT_USER, "ve
 EXEC_MARKER = "AGENTRL_EXEC"
 # Set on the keep-alive process only, so that no killer ever picks it.
 KEEPALIVE_MARKER = "AGENTRL_KEEPALIVE"
+KEEPALIVE_ENTRY = f"{KEEPALIVE_MARKER}=1".encode()
 LABEL_CREATED_AT = reaper.LABEL_CREATED_AT
 
 _READ_CHUNK = 256 * 1024
 _STDIN_CHUNK = 64 * 1024
 # After a timeout kill, how long to wait for the output stream to close before giving up on it.
 _DRAIN_AFTER_KILL_S = 3.0
-# Bound on file transfers and the killer itself (they are ours, not the agent's commands).
+# Bound on file transfers (ours, not the agent's commands).
 _INTERNAL_TIMEOUT_S = 60.0
 _OCI_EXEC_FAILED = "OCI runtime exec failed"
 
+# The in-container fallback of `_kill_tree` (the host cannot reach the container's cgroup).
 # Runs inside the container, as the user of the timed-out exec (only that user may signal its
 # processes: root here has no CAP_KILL). It stops, then kills, every process that carries the
 # exec's marker, every descendant of one, and every orphan (re-parented to PID 1) that started
 # during the exec: the last catches daemons that also scrubbed their environment (`env -i`).
 # It repeats until a scan finds nothing, so processes forked during a round die in the next.
+# A process whose leader thread exited reads as a zombie, but forks on in its other threads:
+# it counts as alive, and its environment is read through one of them.
 _KILLER = r"""
 import os, signal, sys, time
 marker = ("AGENTRL_EXEC=" + sys.argv[1]).encode()
@@ -124,13 +133,19 @@ def scan():
             with open("/proc/" + d + "/stat", "rb") as f:
                 st = f.read()
             rest = st[st.rindex(b")") + 2:].split()
-            if rest[0] == b"Z":
+            tasks = os.listdir("/proc/" + d + "/task")
+            if rest[0] == b"Z" and len(tasks) < 2:
                 continue
-            try:
-                with open("/proc/" + d + "/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-            except OSError:
-                env = []
+            env = []
+            for where in ["/proc/" + d] + ["/proc/" + d + "/task/" + t for t in tasks]:
+                try:
+                    with open(where + "/environ", "rb") as f:
+                        data = f.read()
+                except OSError:
+                    continue
+                if data:
+                    env = data.split(b"\0")
+                    break
             if keep in env:
                 continue
             procs[int(d)] = (int(rest[1]), int(rest[19]), marker in env)
@@ -160,24 +175,24 @@ for _ in range(200):
 sys.exit(1)
 """
 
-# Only shell built-ins (no fork): this must work even when a fork bomb holds every pid the
-# cgroup allows. As uid 1000, `kill -9 -1` reaches exactly the agent's processes (PID 1 and the
-# keep-alive are root's; the kernel spares the caller). Its exit status cannot say whether any
-# are left (root's processes count as found), so /proc is scanned for live uid-1000 processes.
-# Exit 1: some were still alive after every round (the caller tries again).
-_KILL_ALL_AGENT = f"""
+# Only shell built-ins (no fork once it runs): `kill -9 -1` as uid $1 reaches exactly that
+# user's processes (PID 1 and the keep-alive are root's; the kernel spares the caller). Its exit
+# status cannot say whether any are left (root's processes count as found), so /proc is scanned
+# for live processes of uid $1. Exit 1: some were still alive after every round. Never run as
+# root: `kill -1` there would take the keep-alive, and the container, with it.
+_KILL_ALL_OF_UID = """
 n=0
 while [ $n -lt 50 ]; do
   n=$((n+1))
   kill -9 -1 2>/dev/null
   left=0
   for d in /proc/[0-9]*; do
-    [ "${{d#/proc/}}" = "$$" ] && continue
+    [ "${d#/proc/}" = "$$" ] && continue
     state=
     while read -r key value rest; do
       case "$key" in
         State:) state=$value ;;
-        Uid:) [ "$value" = {AGENT_UID} ] && [ "$state" != Z ] && left=1; break ;;
+        Uid:) [ "$value" = "$1" ] && [ "$state" != Z ] && left=1; break ;;
       esac
     done < "$d/status" 2>/dev/null
   done
@@ -205,9 +220,13 @@ _READ_TIMEOUT_S = 30.0
 # How long an exec killed by SIGKILL waits to learn whether its whole container was stopped.
 _STOP_CHECK_S = 0.5
 
-# How long kill_agent_processes keeps trying: under a fork bomb, `docker exec` itself fails
-# now and then ("OCI runtime exec failed") because the pids cgroup is full.
-_KILL_ALL_DEADLINE_S = 30.0
+# The killers inside the container (used only when the host cannot reach the container's
+# cgroup, e.g. a remote engine) are `docker exec`s: under a fork bomb each waits for a free pid
+# for seconds or fails ("OCI runtime exec failed"). Past this budget the container is killed
+# instead: a timeout stays a timeout plus a few seconds, and the sandbox says it is dead.
+_IN_CONTAINER_KILL_S = 4.0
+# One host-side freeze-and-kill pass: ample for pids_limit processes (milliseconds each round).
+_HOST_KILL_S = 5.0
 
 
 # --- the engine ----------------------------------------------------------------------------
@@ -288,6 +307,26 @@ def _buffered_prefix(sio: Any) -> bytes:
         return b""
 
 
+def _exec_tree(procs: list[Proc], needle: bytes, uid: int, since: float, init_pid: int) -> set[int]:
+    """`_KILLER`'s choice, made on the host: of `uid`'s processes (the keep-alive never), those
+    carrying the exec's marker `needle`, orphans of PID 1 started since `since` (clock ticks),
+    and every descendant of either."""
+    mine = {p.pid: p for p in procs if p.uid == uid and KEEPALIVE_ENTRY not in p.environ()}
+    hit = {
+        pid
+        for pid, p in mine.items()
+        if needle in p.environ() or (p.ppid == init_pid and p.start_ticks >= since)
+    }
+    grew = True
+    while grew:
+        grew = False
+        for pid, p in mine.items():
+            if pid not in hit and p.ppid in hit:
+                hit.add(pid)
+                grew = True
+    return hit
+
+
 # --- the sandbox ---------------------------------------------------------------------------
 
 
@@ -314,6 +353,10 @@ class DockerSandbox(SandboxBase):
         super().__init__(spec, **fields)
         image, workdir = self.image, self.workdir
         self.files = _ContainerFiles(self)
+        # Found at the first kill (`_host_cgroup`): None when this host cannot reach it.
+        self._host_view: CgroupView | None = None
+        self._host_resolved = False
+        self._dead_why: str | None = None  # set when we killed the container ourselves
         # First sandbox of this process: exit handlers for our containers, reap of dead runs.
         reaper.install_exit_handlers()
         if reaper.pending_removals():
@@ -457,6 +500,8 @@ class DockerSandbox(SandboxBase):
         path has no watcher thread and no extra round trip; only a timeout costs more."""
         if self._closed:
             raise SandboxDead(f"docker sandbox {self.id} was closed; open a new one")
+        if self._dead_why is not None:
+            self._dead(self._dead_why)
         marker = uuid.uuid4().hex
         environment = [f"{k}={v}" for k, v in (env or {}).items()]
         environment.append(f"{EXEC_MARKER}={marker}")
@@ -576,40 +621,91 @@ class DockerSandbox(SandboxBase):
             return False  # still running when the wait ran out: the command alone was killed
         return True
 
-    def _internal(self, argv: list[str], user: str) -> _Raw:
+    def _internal(self, argv: list[str], user: str, *, timeout: float) -> _Raw:
         """One of our own short commands (the killers): bounded, never killed on timeout itself."""
         return self._run(
             argv,
             user=user,
             env=None,
             stdin=None,
-            timeout=_INTERNAL_TIMEOUT_S,
+            timeout=timeout,
             cap=4096,
             kill_on_timeout=False,
         )
 
+    def _host_cgroup(self) -> CgroupView | None:
+        """The container's cgroup as this machine sees it, when the engine runs here and this
+        process may freeze it and signal its processes; None otherwise (a remote engine, a
+        rootless client): the killers then run inside the container."""
+        if not self._host_resolved:
+            try:
+                pid = int(self._api.inspect_container(self._cid)["State"]["Pid"] or 0)
+            except Exception:
+                return None  # asked again next time: the engine may answer then
+            self._host_view = CgroupView.of_process(pid, expect=self._cid) if pid > 0 else None
+            self._host_resolved = True
+        return self._host_view
+
     def _kill_tree(self, marker: str, user: str, elapsed_s: float) -> None:
-        """Kill what a timed-out exec started (see `_KILLER`), as the exec's own user."""
-        raw = self._internal(["python3", "-c", _KILLER, marker, f"{elapsed_s:.3f}"], user)
-        if raw.exit_code != 0 and user == AGENT_USER:
-            # The killer could not run (no python3 in the image, or a fork bomb left no pid
-            # for it) or could not finish: take down every agent process rather than leave
-            # the timed-out command running.
-            self.kill_agent_processes()
+        """Kill what a timed-out exec started: every process of its user that carries its marker,
+        descends from one, or is an orphan (re-parented to PID 1) started during the exec.
+
+        From the host when it can (nothing started in the container: a fork bomb holding every
+        pid cannot delay it), else inside the container within `_IN_CONTAINER_KILL_S`, else the
+        container is killed and the sandbox is dead."""
+        host = self._host_cgroup()
+        if host is not None and (uid := host_uid(host.init_pid, int(user.split(":")[0]))) is not None:
+            since = uptime_ticks() - (elapsed_s + 1.0) * CLK_TCK
+            needle = f"{EXEC_MARKER}={marker}".encode()
+            if host.kill(
+                lambda procs: _exec_tree(procs, needle, uid, since, host.init_pid), timeout_s=_HOST_KILL_S
+            ):
+                return
+            log.warning("sandbox %s: the host-side kill did not finish; killing from inside", self.id)
+        deadline = time.monotonic() + _IN_CONTAINER_KILL_S
+        raw = self._internal(
+            ["python3", "-c", _KILLER, marker, f"{elapsed_s:.3f}"], user, timeout=_IN_CONTAINER_KILL_S
+        )
+        if raw.exit_code == 0 and not raw.timed_out:
+            return
+        # The killer could not run (no python3 in the image, or no pid left for it) or could not
+        # finish: every process of the exec's user goes, rather than the timed-out command staying.
+        if user != ROOT_USER and self._kill_all_inside(user, deadline):
+            return
+        self._kill_container(
+            f"a timed-out command's processes could not be killed within {_IN_CONTAINER_KILL_S:g}s"
+        )
 
     def kill_agent_processes(self) -> None:
-        deadline = time.monotonic() + _KILL_ALL_DEADLINE_S
-        while True:
-            raw = self._internal(["/bin/sh", "-c", _KILL_ALL_AGENT], AGENT_USER)
-            if raw.exit_code == 0:
+        host = self._host_cgroup()
+        if host is not None and (uid := host_uid(host.init_pid, AGENT_UID)) is not None:
+            if host.kill(lambda procs: [p.pid for p in procs if p.uid == uid], timeout_s=_HOST_KILL_S):
                 return
-            if time.monotonic() > deadline:
-                raise SandboxError(
-                    f"could not kill the agent's processes in sandbox {self.id} within "
-                    f"{_KILL_ALL_DEADLINE_S:.0f}s (last attempt: exit {raw.exit_code}, "
-                    f"{raw.stdout.data.decode(errors='replace').strip()!r}); close the sandbox instead"
-                )
+            log.warning("sandbox %s: the host-side kill did not finish; killing from inside", self.id)
+        if not self._kill_all_inside(AGENT_USER, time.monotonic() + _IN_CONTAINER_KILL_S):
+            self._kill_container(
+                f"the agent's processes could not be killed within {_IN_CONTAINER_KILL_S:g}s"
+            )
+
+    def _kill_all_inside(self, user: str, deadline: float) -> bool:
+        """Kill every process of `user` (never root) from inside the container, trying until `deadline`."""
+        uid = user.split(":")[0]
+        while (left := deadline - time.monotonic()) > 0:
+            raw = self._internal(["/bin/sh", "-c", _KILL_ALL_OF_UID, "agentrl-kill", uid], user, timeout=left)
+            if raw.exit_code == 0 and not raw.timed_out:
+                return True
             time.sleep(0.05)
+        return False
+
+    def _kill_container(self, why: str) -> NoReturn:
+        """The last resort against what nothing started in the container can stop (a fork bomb
+        holding every pid, seen from a host that cannot reach the container's cgroup)."""
+        self._dead_why = (
+            f"{why} (a fork bomb holding every pid of its pids limit?), so the container was killed"
+        )
+        with contextlib.suppress(Exception):
+            self._api.kill(self._cid)
+        self._dead(self._dead_why)
 
     # --- life cycle ------------------------------------------------------------------------
 
