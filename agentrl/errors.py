@@ -125,17 +125,18 @@ def cuda_visible_note() -> str:
 
 
 def check_nproc(nproc: int, gpus: int | None = None) -> None:
-    """`--nproc`: at least 1, and on a GPU machine at most the visible GPUs (`gpus`, counted when
-    None): one trainer rank per GPU, or torchrun dies with "invalid device ordinal". CPU ranks
-    (gloo) may be any number."""
+    """`--nproc`, the trainer processes of *this node*: at least 1, and on a GPU machine at most its visible
+    GPUs (`gpus`, counted when None): one trainer rank per GPU, or torchrun dies with "invalid device
+    ordinal". Across nodes each node checks its own count (`--nnodes 2 --nproc 8` needs 8 GPUs per node, not
+    16). CPU ranks (gloo) may be any number."""
     if nproc < 1:
         raise UserError(f"--nproc must be >= 1 (processes, one FSDP rank each), got {nproc}")
     gpus = visible_gpus() if gpus is None else gpus
     if gpus and nproc > gpus:
         raise UserError(
             f"--nproc {nproc} needs {nproc} GPUs (one per trainer process) but {gpus} "
-            f"{'is' if gpus == 1 else 'are'} visible ({cuda_visible_note()}); use --nproc {gpus}, "
-            "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+            f"{'is' if gpus == 1 else 'are'} visible ({cuda_visible_note()}); use --nproc {gpus} (processes "
+            "per node: --nnodes multiplies them), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"
         )
 
 

@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,17 @@ if TYPE_CHECKING:
 # vLLM logs to stdout by default; our commands and benchmarks print JSON there. Its logs go to
 # stderr unless the user chose otherwise (set before vLLM is imported: it reads this at import).
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
+DEFAULT_WEIGHT_CHUNK_BYTES = 512 << 20
+"""One chunk of a weight push: a bucket of `update_weights`, the staging buffer of the GPU transfers."""
+DEFAULT_SLEEP_WAIT_S = 300.0
+"""How long `VLLMPolicy.sleep` waits for running requests to finish."""
+
+
+class EngineBusyError(RuntimeError):
+    """The engine could not be put to sleep: requests were still running when the bounded wait ran out."""
+
 
 StopReason = Literal["stop", "length"]
 """Why a generation stopped: `stop`, a stop token (or the model's EOS); `length`, `max_tokens` ran out."""
@@ -286,7 +298,7 @@ class VLLMPolicy:
         max_model_len: int = 4096,
         seed: int = 0,
         cpu_threads: int = 1,
-        weight_bucket_bytes: int = 512 << 20,
+        weight_bucket_bytes: int = DEFAULT_WEIGHT_CHUNK_BYTES,
         devices: Sequence[int] | None = None,
         gpu_memory_utilization: float | None = None,
         sleep_mode: bool = False,
@@ -559,17 +571,42 @@ class VLLMPolicy:
 
     # --- GPU placement: sleep mode and vLLM's weight transfer --------------------------------------
 
-    def sleep(self, level: int = 2) -> None:
+    def sleep(self, level: int = 2, *, wait_s: float = DEFAULT_SLEEP_WAIT_S) -> None:
         """Put the engine to sleep (vLLM sleep mode): level 1 offloads the weights to the CPU and drops the
         KV cache, level 2 drops both (the trainer pushes new weights before the next generation anyway).
-        Requests already running finish first (in process: they are kept and resume on waking).
-        On the CPU, vLLM only pauses scheduling (its CPU worker has no sleep mode)."""
+        On the CPU, vLLM only pauses scheduling (its CPU worker has no sleep mode).
+
+        Requests still running get `wait_s` seconds to finish; past that, `EngineBusyError` says how many
+        are left and the engine stays awake. vLLM's own wait (`mode="wait"`) has no bound: one request that
+        never ends would hold the update for ever. A request that arrives after the wait is kept
+        (`mode="keep"`) and resumes on waking, recomputed with the weights pushed meanwhile."""
         with self._update_lock:
+            deadline = time.monotonic() + wait_s
+            delay = 0.005
+            while (running := self.unfinished_requests()) > 0:
+                if time.monotonic() >= deadline:
+                    raise EngineBusyError(
+                        f"the vLLM engine still runs {running} request(s) {wait_s:g} s after it was asked to sleep; "
+                        "a rollout left requests behind, or one takes longer than that (lower the rollout's "
+                        "max_tokens_per_turn, raise engine.sleep_wait_s, or set engine.sleep=false)"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
             if self.in_process:
                 self._call_inproc(lambda engine: engine.sleep(level, mode="keep"))
             else:
-                self._call_async(self._engine.sleep(level, mode="wait"))
+                self._call_async(self._engine.sleep(level, mode="keep"))
             self._sleeping = True
+
+    def unfinished_requests(self) -> int:
+        """Requests the engine has accepted and not yet finished (running or waiting)."""
+        if self.in_process:
+            return int(self._call_inproc(lambda engine: engine.get_num_unfinished_requests()))
+
+        async def count() -> int:  # on the engine's loop: the output processor is not thread-safe
+            return self._engine.get_num_unfinished_requests()
+
+        return int(self._call_async(count()))
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Wake the engine: `["weights"]` first (to receive new weights), then `["kv_cache"]`; None: both."""

@@ -278,11 +278,14 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """`key: old -> new` for every config value that differs and may not change on a resume."""
+    """`key: old -> new` for every config value that differs and may not change on a resume.
+
+    A setting the recorded config does not have at all is one added since that run started: the run
+    goes on with the value wanted, and that is not a change."""
     a, b = _flat(recorded), _flat(wanted)
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if key.split(".")[0] in RESUMABLE_CHANGES or a.get(key) == b.get(key):
+        if key.split(".")[0] in RESUMABLE_CHANGES or a.get(key) == b.get(key) or key not in a:
             continue
         diffs.append(f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}")
     return diffs

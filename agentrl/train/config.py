@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
 from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.policy import DEFAULT_SLEEP_WAIT_S, DEFAULT_WEIGHT_CHUNK_BYTES
 from agentrl.train.curriculum import CurriculumConfig
 
 # The options a config chooses from, declared once: the components take them as they are.
@@ -55,6 +56,19 @@ class EngineSettings(_Strict):
         True,
         description="Colocated, synchronous: the engine sleeps during each update (frees its weights and "
         "KV cache) and wakes for generation.",
+    )
+    sleep_wait_s: float = Field(
+        DEFAULT_SLEEP_WAIT_S,
+        gt=0,
+        description="Longest the update waits for requests still running in the engine before it sleeps; "
+        "past it the run stops with an error naming them (in synchronous mode none should be left).",
+    )
+    weight_chunk_mib: float = Field(
+        DEFAULT_WEIGHT_CHUNK_BYTES / (1 << 20),
+        gt=0,
+        description="Size of one chunk of a weight push, in MiB: the staging buffer of the GPU transfers "
+        "(grown to the largest tensor, which travels whole) and the bucket of the CPU path. Smaller: less "
+        "memory next to a colocated engine, more round trips.",
     )
     count: int = Field(
         1,
@@ -284,6 +298,12 @@ class TrainConfig(_Strict):
     )
     wandb: WandbSettings = Field(
         default_factory=WandbSettings, description="Weights & Biases settings, used when report_to has wandb."
+    )
+    collective_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Longest one collective of the update may wait for the other ranks before the run stops "
+        "(NCCL's watchdog). Waits for rank 0's rollouts, engine start-up and evaluation are not bounded by it.",
     )
     stop_uninformative_after: int = Field(
         3,

@@ -7,6 +7,13 @@ same sharded code and give the same numbers. NCCL on GPUs, gloo on CPUs.
 Gradients: FSDP2 averages gradients over ranks (reduce-scatter with mean). A loss that is a
 mean over the *global* batch must therefore be computed per rank as
 `local_sum / global_count * world_size`; `global_token_scale` returns that factor.
+
+Waiting on rank 0: only rank 0 generates rollouts, starts the engine and evaluates; the other ranks
+wait meanwhile. A collective would time them out after the group's timeout (NCCL's watchdog kills
+the process), however healthy rank 0 is, so they wait on the rendezvous store instead
+(`wait_for_main`): no fuse, and the wait ends with an error as soon as the store goes away (rank 0's
+launcher died). The group's timeout (`collective_timeout_s`) then bounds only the collectives of
+the update itself, where every rank computes.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import datetime
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,47 +36,106 @@ from torch import nn
 @dataclass(frozen=True)
 class DistInfo:
     rank: int
-    world_size: int
-    local_rank: int
+    world_size: int  # ranks of all nodes
+    local_rank: int  # rank on this node: the visible GPU this rank computes on
     device: torch.device
     backend: str
+    local_world_size: int = 1  # ranks on this node (torchrun's --nproc-per-node): GPUs are counted per node
+    node_rank: int = 0  # this node among the job's nodes; node 0 holds rank 0, which holds the engine
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
 def _free_port() -> int:
+    """A port that was free a moment ago. Only for addresses handed to a process that binds it at once (a
+    test's rendezvous endpoint); a rendezvous of ours binds port 0 and keeps the socket (`init_distributed`,
+    the NCCL weight-transfer endpoint), so no other process can take the port in between."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
-    """Join the `torchrun` process group, or make a one-rank group for a plain `python` run."""
+def init_distributed(timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistInfo:
+    """Join the `torchrun` process group, or make a one-rank group for a plain `python` run.
+
+    `timeout_s` bounds each collective (the NCCL watchdog aborts a rank whose collective waits longer);
+    waits on rank 0's solo work go through `wait_for_main`, which has no such bound.
+    """
+    timeout = datetime.timedelta(seconds=timeout_s)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
         if "RANK" not in os.environ:
+            # The store binds port 0 and keeps its socket: the port is ours from the start, where picking a
+            # free one and binding it again later leaves a window for another process to take it.
+            store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
             os.environ.update(
                 RANK="0",
                 WORLD_SIZE="1",
                 LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
                 MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(_free_port()),
+                MASTER_PORT=str(store.port),
             )
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    # torchrun numbers nodes in GROUP_RANK; ranks are contiguous per node, so the division agrees with it.
+    node_rank = int(os.environ.get("GROUP_RANK", dist.get_rank() // max(local_world_size, 1)))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
             from agentrl.errors import check_nproc
 
             # A torchrun started by hand with more processes than GPUs: say so, not "invalid device ordinal".
-            check_nproc(int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1)), torch.cuda.device_count())
+            check_nproc(local_world_size, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.get_backend())
+    return DistInfo(
+        dist.get_rank(),
+        dist.get_world_size(),
+        local_rank,
+        device,
+        dist.get_backend(),
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+    )
+
+
+def wait_for_main(tag: str, poll_s: float = 0.5) -> None:
+    """Every rank, after rank 0's solo work (rollouts, the engine's start-up, evaluation) and before the
+    collective that hands its result over: rank 0 marks `tag` done on the rendezvous store and goes on;
+    the others wait for the mark, for as long as it takes. `tag` must be unique within the run.
+
+    Polling the store, not blocking in a collective: no timeout can fire while rank 0 is merely busy, and
+    the store's own failure (the launcher holding it exited) ends the wait with an error.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    key = f"agentrl/main-done/{tag}"
+    if dist.get_rank() == 0:
+        store.set(key, "1")
+        return
+    delay = 0.01
+    while True:
+        try:
+            if store.check([key]):
+                return
+        except Exception as exc:
+            raise RuntimeError(
+                f"lost the rendezvous store while waiting for rank 0 ({tag}): rank 0 or its launcher stopped; "
+                "its own error says why"
+            ) from exc
+        time.sleep(delay)
+        delay = min(delay * 2, poll_s)
 
 
 def run_ranks(

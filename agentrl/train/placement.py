@@ -3,8 +3,11 @@
     plan_placement(gpus=1, nproc=1, devices=None, ...)     # colocated: engine on GPU 0, sleeps in updates
     plan_placement(gpus=2, nproc=1, devices=[1], ...)      # dedicated: trainer GPU 0, engine GPU 1
 
-Trainer rank r runs on visible GPU r (torchrun's local rank), so `--nproc N` takes GPUs 0..N-1.
-The vLLM engine runs on `engine.devices`, GPU indices among the visible ones:
+Trainer rank r runs on visible GPU r (torchrun's local rank), so `--nproc N` takes GPUs 0..N-1 of its
+node. Everything here is per node: `nproc` is the node's trainer processes (torchrun's local world size,
+never the world size of all nodes) and `gpus` the node's visible GPUs, so `--nnodes 2 --nproc 8` on two
+8-GPU nodes plans GPUs 0..7 on each. The vLLM engine runs beside rank 0, on node 0, on `engine.devices`,
+GPU indices among the visible ones:
 
 - none given, or trainer GPUs: **colocated**. The engine shares the trainer's memory: it takes
   `gpu_memory_utilization` of it (0.4 by default) while generating and, in synchronous mode,
@@ -56,6 +59,12 @@ class Placement:
     def on_gpu(self) -> bool:
         return bool(self.trainer_gpus)
 
+    def shares_engine_gpu(self, *, node_rank: int, local_rank: int) -> bool:
+        """Whether trainer rank `local_rank` of node `node_rank` computes on a GPU an engine worker also uses.
+        The engine runs on node 0, so only node 0's ranks on `engine_gpus` do: those alone stage weights for
+        the CUDA IPC push (the engine reads no other GPU's) and give cached memory back before it wakes."""
+        return self.colocated and node_rank == 0 and local_rank in self.engine_gpus
+
 
 def plan_placement(
     *,
@@ -66,7 +75,8 @@ def plan_placement(
     sleep: bool = True,
     gpu_memory_utilization: float | None = None,
 ) -> Placement:
-    """Where trainer ranks and the vLLM engine go on a machine with `gpus` visible GPUs (see the module doc)."""
+    """Where trainer ranks and the vLLM engine go on a node with `gpus` visible GPUs and `nproc` trainer
+    processes (this node's, not all nodes'; see the module doc)."""
     check_nproc(nproc, gpus)
     if gpus == 0:
         if devices:

@@ -78,6 +78,7 @@ from agentrl.train.distributed import (
     run_rank,
     run_ranks,
     shard_model,
+    wait_for_main,
 )
 from agentrl.train.grpo import group_advantages, policy_loss, weight_negatives
 from agentrl.train.logprobs import action_logprobs
@@ -413,8 +414,9 @@ def train(cfg: TrainConfig) -> Path:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    info = init_distributed()
-    placement = train_placement(cfg, info.world_size)
+    info = init_distributed(timeout_s=cfg.collective_timeout_s)
+    # Per node: GPUs are counted on this node, for this node's ranks (not the world size of all nodes).
+    placement = train_placement(cfg, info.local_world_size)
     out = Path(cfg.out)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -496,6 +498,7 @@ def train(cfg: TrainConfig) -> Path:
                 # on GPUs vLLM's choice (bf16), with the TIS correction covering the mismatch.
                 dtype="auto" if torch.cuda.is_available() else "float32",
                 max_model_len=cfg.rollout.max_total_tokens + cfg.rollout.max_tokens_per_turn,
+                weight_bucket_bytes=weight_chunk_bytes(cfg),
                 **engine_placement_kwargs(placement),
                 engine_kwargs={"use_tqdm_on_load": False},
             )
@@ -507,7 +510,13 @@ def train(cfg: TrainConfig) -> Path:
         # The engines are Ray actors on their own GPUs: no sleep, weights through the object store.
         placement = dataclasses.replace(placement, colocated=False, sleep=False, transport="rpc")
     sync = WeightSync(
-        placement, producer.policy if producer else None, model, info, active=cfg.replay is None
+        placement,
+        producer.policy if producer else None,
+        model,
+        info,
+        active=cfg.replay is None,
+        chunk_bytes=weight_chunk_bytes(cfg),
+        sleep_wait_s=cfg.engine.sleep_wait_s,
     )
     if rng is not None:  # after the engine's start-up, which seeds the global RNGs
         set_rng_state(rng)
@@ -580,6 +589,9 @@ def train(cfg: TrainConfig) -> Path:
                         payload = [trajs]
                     except KeyboardInterrupt:
                         payload = [_INTERRUPTED]
+                # The other ranks waited through the rollout (or the engine's start-up) on the store, not
+                # in this collective, whose timeout is meant for the update.
+                wait_for_main(f"batch-{step}")
                 dist.broadcast_object_list(payload, src=0)
                 if isinstance(payload[0], str) and payload[0] == _INTERRUPTED:
                     raise KeyboardInterrupt
@@ -634,6 +646,7 @@ def train(cfg: TrainConfig) -> Path:
                 limit = cfg.stop_uninformative_after
                 kind = _no_update_reason(metrics)[0] if info.is_main and limit and streak >= limit else ""
                 verdict = [(kind, _stop_advice(kind, cfg.env, generated)) if kind else None]
+                wait_for_main(f"verdict-{step}")  # rank 0 may have evaluated meanwhile
                 dist.broadcast_object_list(verdict, src=0)
                 if verdict[0]:
                     raise _StopUninformative(*verdict[0], step + 1)
@@ -681,11 +694,13 @@ def train(cfg: TrainConfig) -> Path:
         producer.stop(
             wait=True
         )  # the batch in flight finishes; its groups were generated but are not trained on
+    wait_for_main("final")
     if saved_at != step:
         checkpoint(step)
     sd = full_state_dict(model)
     if info.is_main:
         export_hf(sd, cfg.model, out / "final")
+    wait_for_main("exported")  # writing a large model can outlast a collective's timeout
     _finish(info, producer, sync, tracker, bar, out)
     if info.is_main:
         minutes, seconds = divmod(int(time.perf_counter() - t_run), 60)
@@ -856,7 +871,8 @@ def _ray_policy(cfg: TrainConfig, start_dir: str) -> Any:
 
 
 def train_placement(cfg: TrainConfig, nproc: int) -> Placement:
-    """Trainer and engine GPUs for this config on this machine (`agentrl.train.placement`); PlacementError if impossible."""
+    """Trainer and engine GPUs for this config on this node, `nproc` being the node's trainer processes (`--nproc`,
+    torchrun's local world size; `agentrl.train.placement`); PlacementError if impossible."""
     return plan_placement(
         gpus=visible_gpus(),
         nproc=nproc,
@@ -865,6 +881,11 @@ def train_placement(cfg: TrainConfig, nproc: int) -> Placement:
         sleep=cfg.engine.sleep,
         gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
     )
+
+
+def weight_chunk_bytes(cfg: TrainConfig) -> int:
+    """`engine.weight_chunk_mib` in bytes: one chunk of a weight push."""
+    return max(1, int(cfg.engine.weight_chunk_mib * (1 << 20)))
 
 
 def engine_placement_kwargs(placement: Placement) -> dict[str, Any]:

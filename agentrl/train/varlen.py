@@ -16,6 +16,11 @@ causal attention within each sequence with no mask at all.
 - without them, it is transformers' `sdpa` with the usual padding mask, so a model set to this
   implementation still serves ordinary padded or single-sequence calls.
 
+The kernel's maximum sequence lengths are derived here from the cumulative lengths, never taken
+on trust: given a maximum of 0 (a keyword argument lost on the way) or one below the longest
+sequence, the flash kernel returns garbage without an error. A `max_length_q/k` that is passed must
+agree with the lengths, or the call fails; the lengths are read back once per forward, not per layer.
+
 `enable(model)` registers the implementation and switches the model to it. The setting is
 permanent on purpose: activation checkpointing recomputes each layer in backward, after any
 context manager would have restored the old one.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import weakref
 from typing import Any
 
 import torch
@@ -57,8 +63,56 @@ def kernel_available(device: torch.device | str, dtype: torch.dtype) -> bool:
     )
 
 
+# The cumulative lengths last measured: (the tensor, its version counter, (longest sequence, total tokens)).
+# Every layer of one forward receives the same `cu` tensor, so one device-to-host read serves them all.
+_MEASURED: tuple[weakref.ref[Tensor], int, tuple[int, int]] | None = None
+
+
+def packed_lengths(cu: Tensor) -> tuple[int, int]:
+    """(longest sequence, total tokens) of the cumulative lengths `cu` [B + 1] (int32, starting at 0)."""
+    global _MEASURED
+    if _MEASURED is not None and _MEASURED[0]() is cu and _MEASURED[1] == cu._version:
+        return _MEASURED[2]
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"cu_seq_lens must be [B + 1] cumulative lengths, got shape {tuple(cu.shape)}")
+    lengths = cu[1:] - cu[:-1]  # [B]
+    longest, shortest, first, total = torch.stack([lengths.max(), lengths.min(), cu[0], cu[-1]]).tolist()
+    if shortest < 0 or first != 0:
+        raise ValueError(f"cu_seq_lens must start at 0 and never decrease, got {cu.tolist()}")
+    measured = (int(longest), int(total))
+    _MEASURED = (weakref.ref(cu), cu._version, measured)
+    return measured
+
+
+def _checked_max_length(kwargs: dict[str, Any], cu: Tensor, tokens: int) -> int:
+    """The longest sequence of `cu`, checked against the row (`tokens`) and any `max_length_q/k` passed."""
+    cu_k = kwargs.get("cu_seq_lens_k")
+    if cu_k is not None and cu_k is not cu and not torch.equal(cu_k, cu):
+        raise ValueError(
+            "packed attention is causal self-attention within each sequence: cu_seq_lens_k must equal "
+            "cu_seq_lens_q (agentrl.train.packing.packed_inputs passes the same tensor)"
+        )
+    longest, total = packed_lengths(cu)
+    if total != tokens or longest < 1:
+        raise ValueError(
+            f"packed attention: cu_seq_lens_q covers {total} tokens (longest sequence {longest}) but the row "
+            f"holds {tokens}; build the inputs with agentrl.train.packing.packed_inputs"
+        )
+    for key in ("max_length_q", "max_length_k"):
+        given = kwargs.get(key)
+        if given is not None and int(given) != longest:
+            raise ValueError(
+                f"packed attention: {key}={int(given)} but the longest sequence in cu_seq_lens_q is {longest}; "
+                "pass the longest length (packed_inputs does) or leave it out"
+            )
+    return longest
+
+
 def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float | None) -> Tensor:
     """Causal varlen flash attention: q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D]."""
+    if max_len < 1:
+        # The kernel sizes its work by max_len and returns garbage, not an error, when it is too small.
+        raise ValueError(f"the varlen kernel needs the longest sequence's length, got max_len={max_len}")
     kernel = _varlen_kernel()
     assert kernel is not None
     varlen_attn, params = kernel
@@ -131,11 +185,12 @@ def varlen_attention(
         )
     if dropout:
         raise NotImplementedError("packed attention has no dropout; set the model's attention_dropout to 0")
+    longest = _checked_max_length(kwargs, cu, query.shape[2])
     q = query[0].transpose(0, 1).contiguous()  # [N, Hq, D]
     k = key[0].transpose(0, 1).contiguous()  # [N, Hkv, D]
     v = value[0].transpose(0, 1).contiguous()  # [N, Hkv, D]
     if kernel_available(q.device, q.dtype):
-        out = _flash_varlen(q, k, v, cu, int(kwargs.get("max_length_q") or 0), scaling)  # [N, Hq, D]
+        out = _flash_varlen(q, k, v, cu, longest, scaling)  # [N, Hq, D]
     else:
         out = _reference_varlen(q, k, v, cu, scaling)  # [N, Hq, D]
     return out.unsqueeze(0), None  # [1, N, Hq, D]

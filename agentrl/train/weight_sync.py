@@ -3,19 +3,25 @@
     sync = WeightSync(placement, policy_on_rank_0_or_None, model, info, active=True)
     sync.before_update()        # a colocated engine sleeps: its weights and KV cache leave the GPU
     grpo_step(...)
-    version = sync.after_update()   # wake weights -> push the new ones -> wake the KV cache
+    version = sync.after_update()   # wake weights -> push the new ones -> give memory back -> wake the KV cache
 
 Called on every trainer rank (pushing is a collective: each rank's shard is gathered); only rank 0
 holds the engine. The push depends on `agentrl.train.placement`:
 
 - `rpc` (CPU): the full state dict is gathered to the CPU and handed to `VLLMPolicy.update_weights`,
-  which streams it to the engine's workers in buckets (serialized when the engine is another
-  process).
+  which streams it to the engine's workers in buckets of `chunk_bytes` (serialized when the engine is
+  another process).
 - `ipc` (colocated GPUs) and `nccl` (dedicated GPUs): vLLM's weight-transfer engines
   (`vllm.distributed.weight_transfer`). The trainer's parameters are gathered one at a time on
-  their GPU, cast to bf16 and handed over as CUDA IPC handles (the engine reads them in place) or
-  broadcast over an NCCL group between trainer rank 0 and the engine's workers: no CPU round trip,
-  no serialization. vLLM buckets them (its packed producers bound the staging memory).
+  their GPU (each shard cast to bf16 first, so the gather moves and holds bf16, not fp32), packed
+  into chunks of `chunk_bytes` and handed over as CUDA IPC handles (the engine reads them in place)
+  or broadcast over an NCCL group between trainer rank 0 and the engine's workers: no CPU round
+  trip, no serialization.
+
+Memory beside a colocated engine: only ranks whose GPU an engine worker uses stage the IPC chunks
+(`StagedIPCSender`; vLLM's own sender stages on every rank), and after the push those ranks hand the
+staging buffer and the gather temporaries back to the driver before the KV cache wakes: left in
+PyTorch's cache they would sit beside the engine's cache for the whole generation.
 
 The order around an update matters with sleep mode level 2: weights are woken (allocated) before
 they are loaded, and the KV cache only after, so the push never competes with the cache for memory.
@@ -24,12 +30,16 @@ Every push increments the policy's `version` once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from agentrl.rollout.policy import DEFAULT_SLEEP_WAIT_S, DEFAULT_WEIGHT_CHUNK_BYTES
 from agentrl.train.distributed import DistInfo, full_state_dict
 from agentrl.train.placement import Placement
 
@@ -52,8 +62,8 @@ def named_trainer_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tens
 
 def trainer_weight_source(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Any:
     """vLLM's `WeightSource` over the (FSDP-sharded) trainer: metadata without gathering, iteration that
-    gathers one full parameter at a time on its device (a collective: every rank iterates) and casts it
-    to `dtype`, the wire and engine dtype."""
+    gathers one full parameter at a time on its device (a collective: every rank iterates) in `dtype`,
+    the wire and engine dtype."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
 
     class TrainerWeights(WeightSource):
@@ -63,9 +73,239 @@ def trainer_weight_source(model: nn.Module, dtype: torch.dtype = torch.bfloat16)
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
             for name, p in named_trainer_parameters(model):
-                yield name, materialize_full_tensor(p.detach()).to(dtype)
+                # Cast the shard, then gather: the all-gather moves bf16 and no full fp32 copy is made.
+                yield name, materialize_full_tensor(p.detach().to(dtype))
 
     return TrainerWeights()
+
+
+def tensor_bytes(meta: Any) -> int:
+    """Bytes of the tensor a `ParamMeta` announces."""
+    return math.prod(meta.shape) * meta.dtype.itemsize
+
+
+def staging_bytes(metadata: list[Any], chunk_bytes: int) -> int:
+    """The staging buffer for `chunk_bytes` chunks: at least the largest tensor, which travels whole (vLLM's
+    producer refuses a larger one; Qwen2.5-7B's embedding alone is 1.09 GB, over its 1 GiB default)."""
+    return max(chunk_bytes, *(tensor_bytes(m) for m in metadata)) if metadata else chunk_bytes
+
+
+def chunk_plan(metadata: list[Any], buffer_bytes: int) -> list[list[str]]:
+    """The names in each chunk of a packed push, cut as vLLM's `packed_ipc_producer` cuts them: a tensor
+    that would overflow a non-empty chunk starts the next one."""
+    chunks: list[list[str]] = []
+    names: list[str] = []
+    total = 0
+    for meta in metadata:
+        size = tensor_bytes(meta)
+        if size > buffer_bytes:
+            raise ValueError(
+                f"{meta.name} takes {size} bytes, more than the {buffer_bytes}-byte staging buffer"
+            )
+        if total and total + size > buffer_bytes:
+            chunks.append(names)
+            names, total = [], 0
+        names.append(meta.name)
+        total += size
+    if names:
+        chunks.append(names)
+    return chunks
+
+
+def _unstaged_chunks(iterator: Iterator[tuple[str, torch.Tensor]], buffer_bytes: int) -> Iterator[Any]:
+    """`packed_ipc_producer`'s loop without the buffer: consumes the source item for item (its gathers are
+    collectives) and yields the same chunks at the same points, with no handle. The producer takes the
+    first tensor of the next chunk before it yields the current one, and so does this: the collectives
+    of the ranks that stage and of those that do not line up one for one."""
+    from vllm.distributed.weight_transfer.packed_tensor import PackedIpcChunk
+
+    names: list[str] = []
+    shapes: list[list[int]] = []
+    dtypes: list[torch.dtype] = []
+    sizes: list[int] = []
+    total = 0
+
+    def chunk() -> Any:
+        return PackedIpcChunk(names, shapes, [str(d).split(".")[-1] for d in dtypes], sizes, {})
+
+    for name, tensor in iterator:
+        size = tensor.numel() * tensor.element_size()
+        if total and total + size > buffer_bytes:
+            yield chunk()
+            names, shapes, dtypes, sizes, total = [], [], [], [], 0
+        names.append(name)
+        shapes.append(list(tensor.shape))
+        dtypes.append(tensor.dtype)
+        sizes.append(size)
+        total += size
+        del tensor  # nothing stages here: the gathered copy goes at once
+    if total:
+        yield chunk()
+
+
+def _gpu_uuid() -> str:
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def _current_gpu() -> int:
+    return torch.cuda.current_device()
+
+
+class StagedIPCSender:
+    """The trainer side of vLLM's packed CUDA IPC weight transfer (`vllm.distributed.weight_transfer.ipc_engine`,
+    whose worker side receives it), staging only on the ranks whose GPU an engine worker reads.
+
+    vLLM's `IPCTrainerWeightTransferEngine` allocates the staging buffer on every trainer rank; colocated
+    with `--nproc` > 1 and a one-GPU engine, all but GPU 0's are never read. Here a rank that `stages` runs
+    vLLM's own `packed_ipc_producer`; one that does not iterates the same source (its FSDP gathers are
+    collectives every rank must join) in the same chunks and contributes no handle. The handles of a chunk
+    are all-gathered and merged (keyed by GPU UUID: each engine worker opens its own GPU's), rank 0 ships
+    them, and a barrier keeps every stager from overwriting its buffer before the engine has read it.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Any,
+        source: Any,
+        rank: int,
+        stages: bool,
+        chunk_bytes: int = DEFAULT_WEIGHT_CHUNK_BYTES,
+    ):
+        self.client = client
+        self.source = source
+        self.is_sender = rank == 0
+        self.stages = stages
+        self.chunk_bytes = chunk_bytes
+        self.chunks_sent = 0  # chunks of the last push
+        if self.is_sender:
+            # The worker decodes as the trainer encodes: packed, told once at the handshake.
+            client.init_weight_transfer_engine({"packed": True})
+
+    def send_weights(self) -> None:
+        """Every rank: one push, start -> a chunk at a time -> finish."""
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+        from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
+
+        metadata = self.source.metadata()
+        buffer_bytes = staging_bytes(metadata, self.chunk_bytes)
+        plan = chunk_plan(metadata, buffer_bytes)
+        if self.is_sender:
+            self.client.start_weight_update()
+        if self.stages:
+            chunks = packed_ipc_producer(
+                iter(self.source),
+                _gpu_uuid(),
+                post_iter_func=lambda item: item[1],
+                buffer_size_bytes=buffer_bytes,
+            )
+        else:
+            chunks = _unstaged_chunks(iter(self.source), buffer_bytes)
+        sent = 0
+        try:
+            for chunk in chunks:
+                if sent >= len(plan) or chunk.names != plan[sent]:
+                    raise RuntimeError(
+                        f"chunk {sent} of the weight push holds {chunk.names[:3]}..., the plan "
+                        f"{plan[sent][:3] if sent < len(plan) else []}...: the ranks would disagree on the chunks"
+                    )
+                handles = self._merged(chunk.ipc_handle)
+                if self.is_sender:
+                    update = IPCWeightTransferUpdateInfo(
+                        names=chunk.names,
+                        dtype_names=chunk.dtype_names,
+                        shapes=chunk.shapes,
+                        ipc_handles=handles,
+                        tensor_sizes=chunk.tensor_sizes,
+                    )
+                    self.client.update_weights(asdict(update))
+                # The producer reuses one buffer: no stager may write the next chunk before the engine read this one.
+                _barrier()
+                sent += 1
+        finally:
+            chunks.close()  # the generator holds the staging buffer; closing it lets the buffer go
+        if sent != len(plan):
+            raise RuntimeError(f"the weight push sent {sent} of its {len(plan)} chunks")
+        self.chunks_sent = sent
+        if self.is_sender:
+            self.client.finish_weight_update()  # the engine releases its mapping of the buffer
+        _barrier()
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()  # the buffer was shared: freed only once every importer let go
+
+    @staticmethod
+    def _merged(handle: dict[str, Any]) -> dict[str, Any]:
+        """This chunk's handles of every rank that staged it, one per GPU UUID."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return dict(handle)
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, handle)
+        merged: dict[str, Any] = {}
+        for part in gathered:
+            merged.update(part or {})
+        return merged
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def nccl_sender(
+    *, client: Any, source: Any, world_size: int, chunk_bytes: int = DEFAULT_WEIGHT_CHUNK_BYTES
+) -> Any:
+    """vLLM's NCCL trainer engine for trainer rank 0 (the sender), its rendezvous on a port held from the start.
+
+    vLLM's `NCCLTrainerWeightTransferEngine.trainer_init` takes a port number and binds it only when it opens
+    its endpoint: a port found free earlier and released meanwhile can be taken by another process. Here the
+    listening socket is bound first (port 0: the system picks) and handed to the rendezvous store, which
+    listens on it, so the port is never free. The rest is `trainer_init`, step for step."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm.distributed.weight_transfer.nccl_common import worker_init_payload
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        NCCLTrainerWeightTransferEngine,
+        NCCLWeightTransferInitInfo,
+    )
+    from vllm.utils.nccl import unpinned_nccl_env
+
+    listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listen.bind(("127.0.0.1", 0))  # the engine's workers run on this node, beside rank 0
+    listen.listen()
+    port = listen.getsockname()[1]
+    engine = NCCLTrainerWeightTransferEngine(
+        client=client, source=source, is_sender=True, packed=True, packed_buffer_size_bytes=chunk_bytes
+    )
+    worker = NCCLWeightTransferInitInfo(
+        master_address="127.0.0.1",
+        master_port=port,
+        rank_offset=1,  # the workers follow the one trainer rank
+        world_size=world_size,
+        packed=True,
+        packed_buffer_size_bytes=chunk_bytes,
+        packed_num_buffers=engine.packed_num_buffers,
+    )
+    # The workers block in init_weight_transfer_engine until the rendezvous completes: both sides at once.
+    with ThreadPoolExecutor(max_workers=1) as exe:
+        future = exe.submit(client.init_weight_transfer_engine, worker_init_payload(worker))
+        try:
+            group = StatelessProcessGroup.create(
+                host="127.0.0.1", port=port, rank=0, world_size=world_size, listen_socket=listen
+            )
+        except BaseException:
+            listen.close()
+            raise
+        with unpinned_nccl_env():
+            engine.model_update_group = PyNcclCommunicator(group, device=_current_gpu())
+        future.result()  # an error on the engine's side surfaces here
+    return engine
 
 
 class WeightSync:
@@ -79,6 +319,8 @@ class WeightSync:
         info: DistInfo,
         *,
         active: bool = True,
+        chunk_bytes: int = DEFAULT_WEIGHT_CHUNK_BYTES,
+        sleep_wait_s: float = DEFAULT_SLEEP_WAIT_S,
     ):
         if info.is_main and active and policy is None:
             raise ValueError("WeightSync on rank 0 needs the policy it pushes to")
@@ -87,31 +329,43 @@ class WeightSync:
         self.model = model
         self.info = info
         self.active = active  # False when nothing generates (replayed trajectories): no push, no sleep
+        self.chunk_bytes = chunk_bytes
+        self.sleep_wait_s = sleep_wait_s
+        # Whether an engine worker shares this rank's GPU: only such a rank stages IPC chunks and must give
+        # its cached memory back before the engine takes it.
+        self.beside_engine = placement.shares_engine_gpu(node_rank=info.node_rank, local_rank=info.local_rank)
         self._sender: Any = None
         self._asleep = False
 
     def before_update(self) -> None:
         """Rank 0: put a colocated engine to sleep so the update has its memory."""
         if self.active and self.placement.sleep and self.policy is not None and not self._asleep:
-            self.policy.sleep(level=2)
+            self.policy.sleep(level=2, wait_s=self.sleep_wait_s)
             self._asleep = True
 
     def after_update(self) -> int | None:
-        """Every rank: wake the engine's weights, push the new ones, wake its KV cache. Returns the policy
-        version on rank 0 (None elsewhere, or when inactive)."""
+        """Every rank: wake the engine's weights, push the new ones, give the push's memory back, wake its KV
+        cache. Returns the policy version on rank 0 (None elsewhere, or when inactive)."""
         if not self.active:
             return None
-        if self.placement.colocated and torch.cuda.is_available():
-            # The engine maps its memory with its own allocator: blocks PyTorch freed but still caches
-            # (this update's activations) must go back to the driver before the engine wakes.
-            torch.cuda.empty_cache()
+        # The engine maps its memory with its own allocator: blocks PyTorch freed but still caches
+        # (this update's activations) must go back to the driver before the engine wakes.
+        self._release_cached_memory()
         if self._asleep and self.policy is not None:
             self.policy.wake_up(["weights"])
         self.push()
+        # The staging buffer and the gather temporaries, likewise, before the KV cache takes its share.
+        self._release_cached_memory()
+        if self.placement.colocated:
+            _barrier()  # every GPU the engine uses is released before rank 0 wakes its cache
         if self._asleep and self.policy is not None:
             self.policy.wake_up(["kv_cache"])
             self._asleep = False
         return None if self.policy is None else int(self.policy.version)
+
+    def _release_cached_memory(self) -> None:
+        if self.beside_engine and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def push(self) -> None:
         """Every rank: the trainer's weights into the engine (one version)."""
@@ -131,7 +385,7 @@ class WeightSync:
         if self._sender is not None:
             return self._sender
         try:
-            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+            import vllm.distributed.weight_transfer  # noqa: F401
         except ImportError as exc:
             raise RuntimeError(
                 f"the {self.placement.transport} weight transfer needs vLLM >= 0.32 "
@@ -140,22 +394,31 @@ class WeightSync:
         client = self.policy.weight_sync_client() if self.policy is not None else None
         source = trainer_weight_source(self.model)
         if self.placement.transport == "ipc":
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
-
-            # Packed: the handles point into a bounded staging buffer, not a bf16 copy of the whole model.
-            init: Any = IPCTrainerInitInfo(rank=self.info.rank, packed=True)
-        else:
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-            from agentrl.train.distributed import _free_port
-
-            init = NCCLTrainerInitInfo(
+            self._sender = StagedIPCSender(
+                client=client,
+                source=source,
                 rank=self.info.rank,
-                master_address="127.0.0.1",
-                master_port=_free_port() if self.info.is_main else 0,
-                world_size=1 + len(self.placement.engine_gpus),  # trainer rank 0 + the engine's workers
+                stages=self.beside_engine,
+                chunk_bytes=self.chunk_bytes,
             )
-        self._sender = WeightTransferTrainerFactory.trainer_init(init, client=client, source=source)
+        elif self.info.is_main:
+            self._sender = nccl_sender(
+                client=client,
+                source=source,
+                world_size=1 + len(self.placement.engine_gpus),  # trainer rank 0 + the engine's workers
+                chunk_bytes=self.chunk_bytes,
+            )
+        else:
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+
+            # Not in the NCCL group: this rank only joins the gathers of each push.
+            self._sender = NCCLTrainerWeightTransferEngine(
+                client=client,
+                source=source,
+                is_sender=False,
+                packed=True,
+                packed_buffer_size_bytes=self.chunk_bytes,
+            )
         return self._sender
 
     def close(self) -> None:

@@ -129,6 +129,16 @@ def test_a_changed_config_is_refused_with_the_changes_listed(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["seed"] == 7
 
 
+def test_a_setting_added_since_the_run_started_is_not_a_change(tmp_path):
+    cfg = TrainConfig(model="m", out=str(tmp_path), steps=4)
+    fake_run(tmp_path, cfg, 2)
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    del recorded["collective_timeout_s"]  # a run written before that setting existed
+    del recorded["engine"]["sleep_wait_s"]
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    assert "resuming" in prepare_run_dir(cfg)
+
+
 def test_resume_off_with_a_run_there_is_refused_unless_forced(tmp_path):
     cfg = TrainConfig(model="m", out=str(tmp_path), steps=4)
     fake_run(tmp_path, cfg, 2)

@@ -259,3 +259,209 @@ def test_dedicated_engine_takes_weights_over_nccl(tiny_model_dir, one_rank_group
         sync.close()
     finally:
         policy.close()
+
+
+# --- what the GPU path had never run: packing with checkpointing, chunks, cycles, ranks, async --------------
+
+
+def test_packing_with_activation_checkpointing_on_the_gpu(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    monkeypatch,
+) -> None:
+    """Packed micro-batches through the varlen kernel with every layer recomputed in backward: the same
+    gradients as without checkpointing, and every kernel call given the longest sequence of its row."""
+    from agentrl.train import varlen
+
+    seen: list[tuple[int, int]] = []
+    real = varlen._flash_varlen
+
+    def spy(q, k, v, cu, max_len, scale):
+        seen.append((max_len, int((cu[1:] - cu[:-1]).max())))
+        return real(q, k, v, cu, max_len, scale)
+
+    monkeypatch.setattr(varlen, "_flash_varlen", spy)
+    trajs = batch_of(2543)
+    optim = {"packing": "on", "max_tokens_per_micro_batch": 1024}
+    off, m_off = step(tiny_model_dir, one_rank_group, trajs, activation_checkpointing=False, **optim)
+    calls_without = len(seen)
+    on, m_on = step(tiny_model_dir, one_rank_group, trajs, activation_checkpointing=True, **optim)
+    assert calls_without > 0 and len(seen) - calls_without > calls_without  # recomputed in backward
+    assert all(given == longest > 0 for given, longest in seen), seen[:5]
+    assert m_on["losses/policy_loss"] == pytest.approx(m_off["losses/policy_loss"], rel=1e-3, abs=1e-5)
+    assert_same_gradients(off, on, rel=2e-2)
+
+
+def _two_gpus() -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs (two trainer ranks)")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_colocated_push_in_chunks_over_repeated_sleep_wake_cycles(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    tmp_path,
+) -> None:
+    """One GPU: three sleep -> push -> wake cycles with generation between, alternating two models, pushed in
+    chunks of 512 KiB (many chunks); then a push with a 256 MiB buffer, after which the trainer's process
+    keeps none of it: the buffer went back to the driver before the KV cache woke."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.placement import plan_placement
+    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
+    from agentrl.train.weight_sync import WeightSync
+
+    other = init_tiny(tmp_path / "seed1", seed=1)
+    placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
+    with _without_torchrun_env():
+        policy = VLLMPolicy(
+            tiny_model_dir, dtype="float32", max_model_len=512, **engine_placement_kwargs(placement)
+        )
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+    prompt = [5, 6, 7, 8]
+    try:
+        refs = {
+            d: HFPolicy(bf16_rounded(d)).generate_sync(prompt, greedy).token_ids
+            for d in (tiny_model_dir, other)
+        }
+        for cycle, target in enumerate((other, tiny_model_dir, other), start=1):
+            trainer = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).to(CUDA)
+            shard_model(trainer, bf16=True)
+            sync = WeightSync(placement, policy, trainer, one_rank_group, chunk_bytes=1 << 19)
+            sync.before_update()
+            assert policy.sleeping
+            assert sync.after_update() == cycle and not policy.sleeping
+            assert sync._sender.chunks_sent > 3
+            gen = asyncio.run(policy.generate(prompt, greedy))
+            assert gen.token_ids[:4] == refs[target][:4], f"cycle {cycle}"
+            sync.close()
+        big = 256 << 20
+        sync = WeightSync(placement, policy, trainer, one_rank_group, chunk_bytes=big)
+        torch.cuda.reset_peak_memory_stats()
+        sync.before_update()
+        sync.after_update()
+        assert torch.cuda.max_memory_allocated() >= big  # the buffer was staged here ...
+        assert torch.cuda.memory_reserved() < big  # ... and is not kept beside the engine's KV cache
+        sync.close()
+    finally:
+        policy.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("engine_gpus", "chunk_mib"),
+    [("0", "0.5"), ("0", "256"), ("0,1", "0.5")],
+    ids=["one-gpu-engine-many-chunks", "one-gpu-engine-big-buffer", "tensor-parallel-engine"],
+)
+def test_two_trainer_ranks_push_by_cuda_ipc(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+    engine_gpus: str,
+    chunk_mib: str,
+) -> None:
+    """Two trainer ranks (FSDP gathers during the push, the IPC handle all-gather), three sleep/push/wake
+    cycles with generation between. With the engine on GPU 0 only, rank 1 stages nothing (its peak stays
+    under the 256 MiB buffer rank 0 needed); tensor-parallel over both GPUs, both stage."""
+    _two_gpus()
+    from agentrl.kit.tiny_model import init_tiny
+    from tests.train.rank_cases import launch
+
+    other = init_tiny(tmp_path / "seed1", seed=1)
+    res = launch(
+        "gpu_ipc_push", tmp_path / "out", str(tiny_model_dir), str(other), engine_gpus, chunk_mib, cpu=False
+    )
+    assert res[-1]["returncode"] == 0, (res.get(0), res.get(1), res[-1]["stderr"])
+    r0, r1 = res[0], res[1]
+    # bf16 weights in two engines' kernels: the first tokens agree (as in the one-GPU tests above).
+    assert all(g[:4] == e[:4] for g, e in zip(r0["generated"], r0["expected"], strict=True))
+    assert r0["versions"] == [1, 2, 3] and r1["versions"] == [None, None, None]
+    assert r1["stages"] == ("1" in engine_gpus.split(","))
+    if chunk_mib == "0.5":
+        assert r0["chunks"] == r1["chunks"] > 3
+    else:
+        big = 256 << 20
+        assert min(r0["peak_allocated"]) >= big > max(r1["peak_allocated"])
+        assert max(r0["reserved_after"]) < big
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_train_end_to_end_with_a_colocated_bf16_engine(tiny_model_dir, tmp_path, mode: str) -> None:  # noqa: F811
+    """`train()` on one GPU: the engine colocated (bf16, vLLM's choice on a GPU), sleeping through each
+    update in sync mode, awake and generating the next batch in async mode; every step pushes by CUDA IPC."""
+    from tests.train.test_trainer import run
+
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model=str(tiny_model_dir),
+        out=str(tmp_path / mode),
+        steps=3,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-4, "micro_batch_size": 4},
+        engine={"gpu_memory_utilization": 0.3, "weight_chunk_mib": 1},
+        asynchronous={"mode": mode, "max_staleness": 1},
+    )
+    rows = run(cfg, 1, cpu=False)
+    assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]
+    assert all(r["time/weight_sync_s"] > 0 for r in rows)
+    assert (tmp_path / mode / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_nccl_ranks_wait_for_rank_0_longer_than_the_collective_timeout(tmp_path) -> None:
+    """NCCL's watchdog aborts a collective that waits past the group's timeout: rank 1 waits on the store
+    instead while rank 0 works alone for three times that timeout, then both broadcast."""
+    _two_gpus()
+    from tests.train.rank_cases import launch
+
+    res = launch("wait_for_main", tmp_path, "wait", cpu=False)
+    assert res[-1]["returncode"] == 0, (res.get(1), res[-1]["stderr"])
+    assert res[1]["got"] == {"batch": 42} and res[1]["waited_s"] > 4.0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_sleep_on_the_gpu_waits_a_bounded_time_for_running_requests(tiny_model_dir) -> None:  # noqa: F811
+    """The engine in its own process (vLLM's AsyncLLM), sleep mode on: a request that outlasts the wait makes
+    `sleep` fail with the count instead of blocking the update; once it is done, the engine sleeps and wakes."""
+    import asyncio
+    import threading
+    import time
+
+    from agentrl.rollout.policy import EngineBusyError, SamplingConfig, VLLMPolicy
+    from agentrl.train.placement import plan_placement
+    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
+
+    placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
+    with _without_torchrun_env():
+        policy = VLLMPolicy(tiny_model_dir, max_model_len=8192, **engine_placement_kwargs(placement))
+    try:
+        long = SamplingConfig(temperature=0.0, max_tokens=8000, ignore_eos=True)
+        done: dict[str, object] = {}
+        worker = threading.Thread(
+            target=lambda: done.setdefault("gen", asyncio.run(policy.generate([5, 6], long)))
+        )
+        worker.start()
+        while policy.unfinished_requests() == 0:
+            time.sleep(0.01)
+        with pytest.raises(EngineBusyError, match=r"still runs 1 request\(s\) 0.05 s after"):
+            policy.sleep(2, wait_s=0.05)
+        assert not policy.sleeping
+        worker.join(timeout=300)
+        assert len(done["gen"].token_ids) == 8000
+        policy.sleep(2)
+        assert policy.sleeping
+        policy.wake_up()
+        assert asyncio.run(policy.generate([5, 6], SamplingConfig(temperature=0.0, max_tokens=4))).token_ids
+    finally:
+        policy.close()

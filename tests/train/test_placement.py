@@ -117,3 +117,75 @@ def test_cli_train_says_what_to_change_in_one_usage_error(monkeypatch: pytest.Mo
     result = CliRunner().invoke(app, ["train", str(config), "--nproc", "2"])
     assert result.exit_code == 2  # a usage error, not a traceback from inside torchrun
     assert "--nproc 2 needs 2 GPUs" in result.output and "Traceback" not in result.output
+
+
+# --- several nodes: everything is counted per node ---------------------------------------------------------
+
+
+def test_two_nodes_of_eight_gpus_place_each_nodes_ranks_on_its_own_eight(monkeypatch, tmp_path) -> None:
+    """`--nnodes 2 --nproc 8` on two 8-GPU nodes: each of the 16 ranks starts, plans GPUs 0..7 of its node
+    (not 16 of them) and the engine beside rank 0; only node 0's rank on the engine's GPU shares it."""
+    import types
+
+    import torch
+
+    import agentrl.train.trainer as train_mod
+    from agentrl.train.config import TrainConfig
+
+    class Reached(Exception):
+        pass
+
+    monkeypatch.setattr(train_mod, "visible_gpus", lambda: 8)
+    planned: dict[int, Placement] = {}
+    real_plan = train_mod.plan_placement
+
+    def spy(**kwargs):
+        planned[current["rank"]] = real_plan(**kwargs)
+        return planned[current["rank"]]
+
+    def stop(*args, **kwargs):  # the first thing train() does after placing itself
+        raise Reached
+
+    monkeypatch.setattr(train_mod, "plan_placement", spy)
+    monkeypatch.setattr(train_mod, "quiet_libraries", stop)
+    cfg = TrainConfig(model=str(tmp_path), out=str(tmp_path / "run"))
+    current: dict[str, int] = {}
+    for node in (0, 1):
+        for local in range(8):
+            rank = 8 * node + local
+            current["rank"] = rank
+            # What init_distributed reports on that rank under `torchrun --nnodes 2 --nproc-per-node 8`.
+            info = types.SimpleNamespace(rank=rank, world_size=16, local_rank=local, local_world_size=8,
+                                         node_rank=node, device=torch.device("cpu"), backend="nccl",
+                                         is_main=rank == 0)  # fmt: skip
+            monkeypatch.setattr(train_mod, "init_distributed", lambda info=info, **kw: info)
+            with pytest.raises(Reached):
+                train_mod.train(cfg)
+    assert sorted(planned) == list(range(16))
+    for rank, p in planned.items():
+        assert p.trainer_gpus == tuple(range(8)), rank
+        assert (p.engine_gpus, p.colocated, p.sleep, p.transport) == ((0,), True, True, "ipc")
+        node, local = divmod(rank, 8)
+        assert p.shares_engine_gpu(node_rank=node, local_rank=local) == (rank == 0)
+
+
+def test_placement_is_per_node_data() -> None:
+    """The same plan on every node of 8 GPUs, whatever the number of nodes; a dedicated engine on GPUs 6-7 of
+    node 0 shares no trainer GPU, on any node."""
+    for node in range(2):
+        colocated = plan_placement(gpus=8, nproc=8)
+        assert colocated.trainer_gpus == tuple(range(8))
+        assert [colocated.shares_engine_gpu(node_rank=node, local_rank=r) for r in range(8)] == [
+            node == 0 and r == 0 for r in range(8)
+        ]
+        dedicated = plan_placement(gpus=8, nproc=6, devices=[6, 7])
+        assert dedicated.trainer_gpus == tuple(range(6)) and dedicated.transport == "nccl"
+        assert not any(dedicated.shares_engine_gpu(node_rank=node, local_rank=r) for r in range(6))
+    tensor_parallel = plan_placement(gpus=8, nproc=8, devices=[0, 1])
+    assert [tensor_parallel.shares_engine_gpu(node_rank=0, local_rank=r) for r in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    with pytest.raises(UserError, match="--nproc 16 needs 16 GPUs"):
+        plan_placement(gpus=8, nproc=16)  # what every rank asked for when it counted all nodes' ranks

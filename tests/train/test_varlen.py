@@ -11,6 +11,7 @@ import torch
 
 from agentrl.train import varlen
 from agentrl.train.batch import collate
+from tests.fixtures_dist import assert_same_gradients, one_rank_group  # noqa: F401
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 from tests.train.test_packing import traj
 
@@ -126,3 +127,131 @@ def test_a_model_switched_to_varlen_still_serves_padded_calls(tiny_model_dir) ->
         after = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
     keep = batch.attention_mask.bool()
     torch.testing.assert_close(after[keep], before[keep], rtol=1e-5, atol=1e-5)
+
+
+# --- the kernel's maximum lengths come from the cumulative lengths ----------------------------------------
+
+
+def _recording_kernel(calls: list[tuple[int, int, list[int]]]):
+    """A varlen kernel (torch 2.12's signature) that records the lengths it is given and computes with the
+    written-out reference; it refuses what the real kernel would silently get wrong."""
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+               enable_gqa=False):  # fmt: skip
+        calls.append((max_q, max_k, cu_q.tolist()))
+        assert max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max()), "the kernel got a wrong maximum length"
+        return per_sequence(q, k, v, cu_q, scale if scale is not None else q.shape[-1] ** -0.5)
+
+    return kernel, frozenset(inspect.signature(kernel).parameters)
+
+
+@pytest.fixture
+def recorded_kernel(monkeypatch):
+    """The kernel path taken on the CPU, with `_recording_kernel` in place of torch's."""
+    calls: list[tuple[int, int, list[int]]] = []
+    monkeypatch.setattr(varlen, "_varlen_kernel", lambda: _recording_kernel(calls))
+    monkeypatch.setattr(varlen, "kernel_available", lambda device, dtype: True)
+    return calls
+
+
+def _attend(q, k, v, cu, **kwargs):
+    """varlen_attention as transformers calls it: [1, H, N, D] in, [1, N, H, D] out."""
+    out, _ = varlen.varlen_attention(
+        torch.nn.Module(), q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None,
+        scaling=0.25, cu_seq_lens_q=cu, cu_seq_lens_k=cu, **kwargs,
+    )  # fmt: skip
+    return out[0]
+
+
+def test_the_kernel_gets_the_longest_sequence_even_when_no_maximum_is_passed(recorded_kernel) -> None:
+    q, k, v, cu = packed_qkv([7, 3, 12])
+    expected = per_sequence(q, k, v, cu, 0.25)
+    torch.testing.assert_close(_attend(q, k, v, cu), expected, rtol=1e-5, atol=1e-5)  # none passed
+    torch.testing.assert_close(_attend(q, k, v, cu, max_length_q=12, max_length_k=12), expected)
+    assert [c[:2] for c in recorded_kernel] == [(12, 12), (12, 12)]
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ({"max_length_q": 0}, "max_length_q=0 but the longest sequence in cu_seq_lens_q is 12"),
+        ({"max_length_q": 7, "max_length_k": 7}, "max_length_q=7 but the longest"),
+        ({"max_length_k": 13}, "max_length_k=13 but the longest"),
+    ],
+)
+def test_a_maximum_that_disagrees_with_the_lengths_is_refused_not_used(recorded_kernel, given, match) -> None:
+    q, k, v, cu = packed_qkv([7, 3, 12])
+    with pytest.raises(ValueError, match=match):
+        _attend(q, k, v, cu, **given)
+    with pytest.raises(ValueError, match=match):  # the CPU reference checks it too: CPU tests catch it
+        varlen.varlen_attention(
+            torch.nn.Module(), q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None,
+            scaling=0.25, cu_seq_lens_q=cu, cu_seq_lens_k=cu, **given,
+        )  # fmt: skip
+    assert recorded_kernel == []
+
+
+def test_cumulative_lengths_that_do_not_cover_the_row_are_refused(recorded_kernel) -> None:
+    q, k, v, cu = packed_qkv([7, 3, 12])
+    with pytest.raises(ValueError, match="covers 20 tokens .* row holds 22"):
+        _attend(q, k, v, torch.tensor([0, 7, 10, 20], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seq_lens_k must equal cu_seq_lens_q"):
+        varlen.varlen_attention(
+            torch.nn.Module(), q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None,
+            cu_seq_lens_q=cu, cu_seq_lens_k=cu.flip(0),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="the varlen kernel needs the longest sequence's length"):
+        varlen._flash_varlen(q, k, v, cu, 0, None)
+    assert recorded_kernel == []
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("with_maximum", [True, False])
+def test_packed_training_forward_and_backward_call_the_kernel_only_with_the_longest_length(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    recorded_kernel,
+    monkeypatch,
+    checkpointing: bool,
+    with_maximum: bool,
+) -> None:
+    """The trainer's packed path through the real Qwen2 model under FSDP2 (activation checkpointing recomputes
+    every layer in backward): every kernel call gets the longest sequence, also when the inputs carry no
+    maximum at all, and the log-probs and gradients are those of the per-sequence reference."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.train import packing
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.logprobs import action_logprobs
+
+    if not with_maximum:
+        real = packing.packed_inputs
+
+        def without_maximum(batch):
+            inputs, offsets = real(batch)
+            return {k: v for k, v in inputs.items() if not k.startswith("max_length")}, offsets
+
+        monkeypatch.setattr(packing, "packed_inputs", without_maximum)
+    lengths = (9, 17, 4, 30)
+    trajs = [traj(n, vocab=2543) for n in lengths]
+    batch = collate(trajs, pad_id=0)
+
+    def run(kernel: bool):
+        if not kernel:
+            monkeypatch.setattr(varlen, "kernel_available", lambda device, dtype: False)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        shard_model(model, activation_checkpointing=checkpointing, bf16=False)
+        logp = action_logprobs(model, batch, packed=True).logprobs  # [B, T]
+        logp.sum().backward()
+        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+                 for n, p in model.named_parameters()}  # fmt: skip
+        return logp.detach(), grads
+
+    logp, grads = run(kernel=True)
+    layers = 4
+    assert len(recorded_kernel) == layers * (2 if checkpointing else 1)  # forward, and recomputed in backward
+    assert {c[:2] for c in recorded_kernel} == {(max(lengths), max(lengths))}
+    ref_logp, ref_grads = run(kernel=False)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
+    # fp32, two ways of summing the same attention (einsum against sdpa): rounding, relative to each tensor's scale.
+    assert_same_gradients(grads, ref_grads, rel=1e-4)
