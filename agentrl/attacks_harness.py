@@ -42,26 +42,39 @@ def _atk_reporter(pm):
     return None
 """
 
-# The plugin manager's hook executor is instance state: wrapped, every report comes out passed.
-HOOKEXEC = (
-    FIND_PM
-    + """
-if "_pytest" in _atk_sys.modules and not getattr(_atk_sys, "_atk_hookexec", False):
-    _atk_sys._atk_hookexec = True
+
+def _wrap_hookexec(flag: str, body: str) -> str:
+    """A payload that wraps the plugin manager's hook executor (instance state no snapshot covers)
+    with `body`, the wrapper's code given `name, methods, kwargs, firstresult` and `_orig`."""
+    wrapper = "\n".join("            " + line if line else "" for line in body.strip("\n").splitlines())
+    return (
+        FIND_PM
+        + f"""
+if "_pytest" in _atk_sys.modules and not getattr(_atk_sys, "{flag}", False):
+    _atk_sys.{flag} = True
     try:
         _atk_p = _atk_pm()
         _atk_orig = _atk_p._inner_hookexec
 
         def _atk_exec(name, methods, kwargs, firstresult, _orig=_atk_orig):
-            res = _orig(name, methods, kwargs, firstresult)
-            if name == "pytest_runtest_makereport" and res is not None:
-                res.outcome, res.longrepr = "passed", None
-            return res
+{wrapper}
 
         _atk_p._inner_hookexec = _atk_exec
     except Exception:
         pass
 """
+    )
+
+
+# The hook executor wrapped: every report comes out passed.
+HOOKEXEC = _wrap_hookexec(
+    "_atk_hookexec",
+    """
+res = _orig(name, methods, kwargs, firstresult)
+if name == "pytest_runtest_makereport" and res is not None:
+    res.outcome, res.longrepr = "passed", None
+return res
+""",
 )
 
 # The runner's guard, reached through the plugin manager found from the frames: TestReport is
@@ -196,24 +209,13 @@ if "_pytest" in _atk_sys.modules and not getattr(_atk_sys, "_atk_flip", False):
 """
 
 # Generic: no test body runs; pytest_pyfunc_call (firstresult) answers "done" first.
-EMPTY_TESTS = (
-    FIND_PM
-    + """
-if "_pytest" in _atk_sys.modules and not getattr(_atk_sys, "_atk_empty", False):
-    _atk_sys._atk_empty = True
-    try:
-        _atk_p = _atk_pm()
-        _atk_orig = _atk_p._inner_hookexec
-
-        def _atk_exec(name, methods, kwargs, firstresult, _orig=_atk_orig):
-            if name == "pytest_pyfunc_call":
-                return True
-            return _orig(name, methods, kwargs, firstresult)
-
-        _atk_p._inner_hookexec = _atk_exec
-    except Exception:
-        pass
-"""
+EMPTY_TESTS = _wrap_hookexec(
+    "_atk_empty",
+    """
+if name == "pytest_pyfunc_call":
+    return True
+return _orig(name, methods, kwargs, firstresult)
+""",
 )
 
 

@@ -15,6 +15,7 @@ from agentrl.task import Task
 from agentrl.tools import ToolContext, tool
 from agentrl.verifiers import Verdict
 from agentrl.verifiers.base import DEFAULT_VERIFIER_TIMEOUT_S, VERIFIER_DEADLINE_MARGIN_S
+from tests.verifiers.test_base import Crashy
 
 TASK = Task(id="d/1", prompt="Say 1.", answer="1")
 SLACK_S = 3.0  # what a step may take past the deadline it met, on a loaded 2-core machine
@@ -41,12 +42,6 @@ class Hangs:
         return Verdict(1.0, True)
 
 
-@dataclass
-class Crashy:
-    name: str = "crashy"
-
-    def verify(self, sandbox, task, episode):
-        raise ValueError("boom")
 
 
 class NapEnv(ToolEnv):
@@ -112,7 +107,8 @@ def test_a_crashing_verifier_is_recorded_with_the_file_and_line_it_raised_at():
     lines, start = inspect.getsourcelines(Crashy.verify)
     line = start + next(i for i, text in enumerate(lines) if "raise " in text)
     assert terminated and reward == 0.0
-    assert info["verdict"].details == f"verifier 'crashy' crashed: ValueError: boom (at {__file__}:{line})"
+    file = inspect.getsourcefile(Crashy)
+    assert info["verdict"].details == f"verifier 'crashy' crashed: ValueError: boom (at {file}:{line})"
 
 
 def test_default_deadlines():
