@@ -69,6 +69,11 @@ class DeadlineExceeded(TimeoutError):
     """`call_with_deadline`'s call overran: a `TimeoutError` of its own, never one the call raised."""
 
 
+class ThreadLimitReached(RuntimeError):
+    """No thread could be started for a call with a deadline (the process's thread limit is full,
+    typically of abandoned calls that never returned)."""
+
+
 def call_with_deadline(
     fn: Callable[..., Any], /, *args: Any, timeout_s: float, name: str = "deadline"
 ) -> Any:
@@ -91,7 +96,10 @@ def call_with_deadline(
         finally:
             done.set()
 
-    threading.Thread(target=target, name=name, daemon=True).start()
+    try:
+        threading.Thread(target=target, name=name, daemon=True).start()
+    except RuntimeError as exc:  # "can't start new thread": too many abandoned calls still running
+        raise ThreadLimitReached(f"{name} could not start a thread ({exc})") from None
     if not done.wait(min(timeout_s, threading.TIMEOUT_MAX)):  # inf: no deadline (wait() refuses inf)
         raise DeadlineExceeded(f"{name} did not return within {timeout_s:g}s")
     ok, value = box[0]
@@ -262,6 +270,12 @@ def run_tool(
         )
     except DeadlineExceeded:
         raise ToolTimeout(t.name, timeout_s) from None
+    except ThreadLimitReached as exc:
+        return ToolOutcome(
+            f"Error: tool '{t.name}' could not run: {exc}; earlier calls that overran are still running.",
+            is_error=True,
+            ran=False,
+        )
 
 
 def _run_tool(

@@ -410,13 +410,17 @@ class _Cgroups:
                 (d / "pids.max").write_text(str(limits.pids))
                 (d / "cpu.max").write_text(f"{int(limits.cpus * 100_000)} 100000")
             else:  # cgroup v1
-                # The freezer is optional: it makes a timeout's kill exact (see `kill_all`).
-                has_freezer = (root / "freezer" / "cgroup.procs").exists()
-                for ctl in ("memory", "pids", "cpu", *(["freezer"] if has_freezer else [])):
+                for ctl in ("memory", "pids", "cpu"):
                     d = root / ctl / "agentrl" / name
                     d.mkdir(parents=True)
                     made.append(d)
                 mem, pids, cpu = made[:3]
+                # The freezer is optional: it makes a timeout's kill exact (see `kill_all`); a
+                # freezer hierarchy this process may not write costs that, never the limits.
+                if (root / "freezer" / "cgroup.procs").exists():
+                    with contextlib.suppress(OSError):
+                        (root / "freezer" / "agentrl" / name).mkdir(parents=True)
+                        made.append(root / "freezer" / "agentrl" / name)
                 (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
                 if (mem / "memory.memsw.limit_in_bytes").exists():  # no swap either
                     (mem / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb << 20))

@@ -263,11 +263,11 @@ class CgroupView:
         Always thawed on the way out, whatever the block raised."""
         ok = self._write("cgroup.freeze", "1") if self.v2 else self._write("freezer.state", "FROZEN")
         settled = False
-        if ok:
-            deadline = time.monotonic() + _FREEZE_SETTLE_S
-            while not (settled := self._frozen_now()) and time.monotonic() < deadline:
-                time.sleep(0.001)
-        try:
+        try:  # from the write on: whatever happens while it settles, the thaw below runs
+            if ok:
+                deadline = time.monotonic() + _FREEZE_SETTLE_S
+                while not (settled := self._frozen_now()) and time.monotonic() < deadline:
+                    time.sleep(0.001)
             yield settled
         finally:
             if ok:

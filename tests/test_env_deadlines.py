@@ -42,8 +42,6 @@ class Hangs:
         return Verdict(1.0, True)
 
 
-
-
 class NapEnv(ToolEnv):
     def initial_state(self, task: Task) -> list[str]:
         return []

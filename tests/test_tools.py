@@ -188,3 +188,23 @@ def test_call_with_deadline_hands_back_the_result_or_the_exception_with_its_trac
     with pytest.raises(ValueError, match="boom") as info:
         call_with_deadline(boom, timeout_s=5.0)
     assert info.traceback[-1].name == "boom"  # raised where it was raised, on the other thread
+
+
+def test_a_full_thread_table_is_a_tool_error_not_a_crash(monkeypatch):
+    from agentrl.tools import ToolContext, run_tool, tool
+
+    @tool
+    def echo(ctx: ToolContext, text: str) -> str:
+        """Echo.
+
+        Args:
+            text: what to echo.
+        """
+        return text
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    out = run_tool(echo, ToolContext(sandbox=None, task=Task(id="t", prompt="p")), {"text": "x"}, timeout_s=5)
+    assert out.is_error and not out.ran and "could not start a thread" in out.content

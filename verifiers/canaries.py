@@ -27,10 +27,20 @@ knows the right answer, and whoever knows that can fix the bug instead. So:
 - a forger that tells twins apart by their code sees pairs and must guess, per pair, which
   member is real: one wrong guess fails a real test, and n twinned tests leave it 2^-n.
 
-Limits: a considered test without a top-level assertion that can be contradicted (say, only
-`with pytest.raises(...)`) gets no twin and is listed as uncovered in the verdict's details; a
-test whose value depends on randomness or on state another test leaves behind could, in
-principle, make both twins pass honestly (measured at 0 on every python-repair task).
+Which assertion: one that every passing run reaches (none after a statement that can
+`return`), with a literal not echoed elsewhere in the test (a message, `expected = 5`), moved
+up or down, shorter or longer, with even odds. For tests that fail on the buggy code
+(FAIL_TO_PASS, `literal_only`) only a changed literal is used: a negated check would pass
+there, and an honest failure would then say which twin is the canary.
+
+Limits: a considered test gets no twin, and is listed as uncovered in the verdict's details,
+when it has no such assertion (say, only `with pytest.raises(...)`), when its name occurs
+anywhere else in the hidden tests (parametrization keyed on it, a subclass, a snapshot file:
+a copy under another name would behave differently), or when it is parametrized over a value
+that can be consumed once (`zip(...)`). A test whose value depends on randomness or on state
+another test leaves behind could, in principle, make both twins pass honestly (measured at 0
+on every python-repair task). A forger that reads both twins and knows the right answer can
+tell them apart; it could then fix the bug instead.
 
 Use (any hidden-test verifier can):
 
@@ -44,9 +54,11 @@ Use (any hidden-test verifier can):
 from __future__ import annotations
 
 import ast
+import io
 import random
 import re
 import secrets
+import tokenize
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,14 +74,7 @@ _UNITTEST_SWAPS = {
     "assertIsNone": "assertIsNotNone",
     "assertIsNotNone": "assertIsNone",
     "assertEqual": "assertNotEqual",
-    "assertEquals": "assertNotEqual",
     "assertNotEqual": "assertEqual",
-    "assertListEqual": "assertNotEqual",
-    "assertTupleEqual": "assertNotEqual",
-    "assertDictEqual": "assertNotEqual",
-    "assertSetEqual": "assertNotEqual",
-    "assertSequenceEqual": "assertNotEqual",
-    "assertMultiLineEqual": "assertNotEqual",
 }
 # Methods whose literal argument can be perturbed instead (the same shape as the original).
 _UNITTEST_EQUAL = {
@@ -118,15 +123,19 @@ class CanaryPlan:
 
     twins: list[Twin] = field(default_factory=list)
     uncovered: list[str] = field(default_factory=list)
-    """Considered tests that got no twin (no top-level assertion that can be contradicted)."""
+    """Considered tests that got no twin (no top-level assertion that can be contradicted, or code
+    that refers to the test by name)."""
+    dropped: set[str] = field(default_factory=set)
+    """Node-id prefixes of canary copies that run without a partner (a subclass that overrides the
+    test inherits the base's canary): never scored, never compared."""
 
     @property
     def _real(self) -> dict[str, Twin]:
         return {t.real: t for t in self.twins}
 
     @property
-    def _canary(self) -> dict[str, Twin]:
-        return {t.canary: t for t in self.twins}
+    def _canary(self) -> dict[str, Twin | None]:
+        return {**dict.fromkeys(self.dropped), **{t.canary: t for t in self.twins}}
 
     @property
     def _original(self) -> dict[str, Twin]:
@@ -242,43 +251,51 @@ def _leaves(node: ast.AST) -> list[ast.Constant]:
 
 def _perturb_text(value: object, text: str, rng: random.Random) -> str | None:
     """Another spelling of a literal's source text whose value differs from `value`, in the same
-    style (quotes, prefixes, digits), or None when there is no safe one."""
+    style (quotes, prefixes, digits, character class), or None when there is no safe one. The
+    moves are symmetric (up or down, shorter or longer, with even odds where both exist), so
+    the larger or longer member of a pair is not the canary."""
     if isinstance(value, bool):
         return "False" if value else "True"
     if isinstance(value, int):
-        if not text.isdigit():
-            return None
-        new = int(text) + rng.choice((1, 2, 3) if int(text) < 3 else (-1, 1, 2))
-        return str(new)
+        if not text or any(c not in _DIGITS for c in text):
+            return None  # hex, underscores, or a digit that is not ASCII ('²'.isdigit() is True)
+        n = int(text)
+        return str(n + rng.choice([d for d in (-3, -2, -1, 1, 2, 3) if n + d >= 0]))
     if isinstance(value, float):
-        m = re.fullmatch(r"(\d*)\.(\d+)", text) or re.fullmatch(r"(\d+)\.(\d*)", text)
+        m = re.fullmatch(r"([0-9]*)\.([0-9]+)", text) or re.fullmatch(r"([0-9]+)\.([0-9]*)", text)
         if m is None:
             return None
-        # A change in the leading digits: far outside any approx() tolerance.
-        whole = int(m.group(1) or "0") + rng.choice((1, 2))
-        return f"{whole}.{m.group(2)}"
+        # A change in the whole part: far outside any relative approx() tolerance.
+        whole = int(m.group(1) or "0")
+        new = f"{whole + rng.choice([d for d in (-2, -1, 1, 2) if whole + d >= 0])}.{m.group(2)}"
+        return new if float(new) != value else None  # past 2**53 a step can vanish
     if isinstance(value, (str, bytes)):
         m = re.fullmatch(r"([rRbBuU]{0,2})('''|\"\"\"|'|\")(.*)\2", text, re.S)
         if m is None or "\\" in m.group(3):
             return None
         prefix, quote, body = m.groups()
-        alphabet = "abcdefghijklmnopqrstuvwxyz"
-        if body and body[-1].isdigit():
-            last = str((int(body[-1]) + rng.randint(1, 9)) % 10)
-        elif body and body[-1].isalpha():
-            pool = alphabet.upper() if body[-1].isupper() else alphabet
-            last = rng.choice([c for c in pool if c != body[-1]])
+        last = body[-1] if body else ""
+        if last and last in _DIGITS + _LOWER + _UPPER:
+            pool = _DIGITS if last in _DIGITS else _UPPER if last in _UPPER else _LOWER
+            body = body[:-1] + rng.choice([c for c in pool if c != last])
+        elif body and rng.random() < 0.5:
+            body = body[:-1]  # shorter as often as longer
         else:
-            return f"{prefix}{quote}{body}{rng.choice(alphabet)}{quote}"
-        return f"{prefix}{quote}{body[:-1]}{last}{quote}"
+            body += rng.choice(_LOWER)
+        return f"{prefix}{quote}{body}{quote}"
     return None
+
+
+_DIGITS, _LOWER, _UPPER = "0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 class _Source:
     """A file's lines with byte-column access (ast columns count UTF-8 bytes)."""
 
     def __init__(self, text: str):
-        self.lines = text.splitlines(keepends=True)
+        # ast counts only \n, \r\n and \r as line breaks (str.splitlines also breaks on \x0c,
+        # \u2028, ...): the lines must be ast's for its positions to hold.
+        self.lines = io.StringIO(text, newline="").readlines()
         self.bytes = [line.encode("utf-8") for line in self.lines]
 
     def segment(self, start: tuple[int, int], end: tuple[int, int]) -> str:
@@ -293,27 +310,43 @@ def _span(node: ast.AST) -> tuple[tuple[int, int], tuple[int, int]]:
     return (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
 
 
-def _literal_edit(side: ast.AST, src: _Source, rng: random.Random) -> _Edit | None:
+def _literal_edit(side: ast.AST, src: _Source, rng: random.Random, context: str = "") -> _Edit | None:
     leaves = _leaves(side)
     rng.shuffle(leaves)
     for leaf in leaves:
         start, end = _span(leaf)
-        new = _perturb_text(leaf.value, src.segment(start, end), rng)
+        text = src.segment(start, end)
+        if context.count(text) > 1:
+            continue  # echoed elsewhere (a message, a comment, `expected = 5`): the twin would show it
+        new = _perturb_text(leaf.value, text, rng)
         if new is not None:
             return _Edit(start, end, new)
     return None
 
 
-def _contradiction(stmt: ast.stmt, src: _Source, rng: random.Random) -> tuple[_Edit, str] | None:
-    """An edit of one top-level statement that contradicts it, and what kind it is."""
+def _calls_approx(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) == "approx"
+        for n in ast.walk(node)
+    )
+
+
+def _contradiction(
+    stmt: ast.stmt, src: _Source, rng: random.Random, *, literal_only: bool = False, context: str = ""
+) -> tuple[_Edit, str] | None:
+    """An edit of one top-level statement that contradicts it, and what kind it is. `literal_only`:
+    only a changed literal (a negated check of a test that fails on the buggy code passes there,
+    which would tell a forger which twin is the canary)."""
     if isinstance(stmt, ast.Assert):
         test = stmt.test
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             left, right, op = test.left, test.comparators[0], test.ops[0]
-            if isinstance(op, ast.Eq):
+            if isinstance(op, ast.Eq) and not _calls_approx(test):  # approx(abs=...) may swallow a change
                 for side in (right, left) if _is_literal(right) else (left, right):
-                    if _is_literal(side) and (edit := _literal_edit(side, src, rng)) is not None:
+                    if _is_literal(side) and (edit := _literal_edit(side, src, rng, context)) is not None:
                         return edit, "literal"
+            if literal_only:
+                return None
             negated = _NEGATED_OPS.get(type(op))
             if negated is not None:
                 between = src.segment(_span(left)[1], _span(right)[0])
@@ -325,6 +358,8 @@ def _contradiction(stmt: ast.stmt, src: _Source, rng: random.Random) -> tuple[_E
                         col = start[1] + len(between[: m.start()].encode("utf-8"))
                         end_col = start[1] + len(between[: m.end()].encode("utf-8"))
                         return _Edit((start[0], col), (start[0], end_col), negated), "comparison"
+        if literal_only:
+            return None
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             start, end = _span(test)
             inner = src.segment(*_span(test.operand))
@@ -347,10 +382,10 @@ def _contradiction(stmt: ast.stmt, src: _Source, rng: random.Random) -> tuple[_E
         name = func.attr
         if name in _UNITTEST_EQUAL and len(call.args) >= 2:
             for arg in sorted(call.args[:2], key=lambda a: not _is_literal(a)):
-                if _is_literal(arg) and (edit := _literal_edit(arg, src, rng)) is not None:
+                if _is_literal(arg) and (edit := _literal_edit(arg, src, rng, context)) is not None:
                     return edit, "unittest"
         swap = _UNITTEST_SWAPS.get(name)
-        if swap is not None and call.args:
+        if swap is not None and call.args and not literal_only:
             (l2, c2) = _span(func)[1]
             return _Edit((l2, c2 - len(name.encode())), (l2, c2), swap), "unittest"
     return None
@@ -422,6 +457,7 @@ class _File:
     text: str
     tree: ast.Module
     src: _Source
+    encoding: str = "utf-8"
 
 
 def _plant_in_file(
@@ -430,6 +466,7 @@ def _plant_in_file(
     referenced: Callable[[str], bool],
     rng: random.Random,
     plan: CanaryPlan,
+    literal_only: list[str] | None = None,
 ) -> dict[str, list[tuple[str, str, str, str]]]:
     """Twin the considered tests of one file, rewriting it; returns, per owner (class name, or
     "" for the module), the (name, real name, canary name, how) of each twin."""
@@ -439,12 +476,26 @@ def _plant_in_file(
     words = sorted({w for c in every for w in c.node.name.split("_")[1:] if w.isalpha() and len(w) > 2})
     inserts: list[tuple[int, int, str]] = []  # (first line, last line, the pair's text)
     planted: dict[str, list[tuple[str, str, str, str]]] = {}
+    one_shot = _one_shot_names(f.tree)
     for cand in candidates:
         fn = cand.node
-        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if referenced(fn.name) or _uses(fn.decorator_list, one_shot):
+            # Code that finds the test by its name (parametrization keyed on it, a subclass, a
+            # snapshot file) or a parametrization that can be consumed once: a copy would differ.
+            plan.uncovered.append(cand.prefix)
+            continue
+        context = "".join(src.lines[fn.lineno - 1 : fn.end_lineno])
+        strict = literal_only is not None and _selected(cand.prefix, literal_only)
         found = None
-        for stmt in rng.sample(body, len(body)):
-            if (found := _contradiction(stmt, src, rng)) is not None:
+        reached = _always_reached(fn.body)
+        # A literal not echoed elsewhere in the test first; an echoed one rather than no twin.
+        for echo_context in (context, ""):
+            for stmt in rng.sample(reached, len(reached)):
+                if (
+                    found := _contradiction(stmt, src, rng, literal_only=strict, context=echo_context)
+                ) is not None:
+                    break
+            if found is not None:
                 break
         if found is None:
             plan.uncovered.append(cand.prefix)
@@ -461,9 +512,8 @@ def _plant_in_file(
         real_text = "".join(src.lines[first - 1 : last])
         new = _new_name(fn.name, cand.siblings, words, rng)
         cand.siblings.add(new)
-        # Which of the two keeps the original name is a coin flip, unless other code refers to
-        # the test by name (a subclass, an import, a call): then the real test keeps it.
-        if rng.random() < 0.5 or referenced(fn.name):
+        # Which of the two keeps the original name is a coin flip.
+        if rng.random() < 0.5:
             real_name, canary_name = fn.name, new
         else:
             real_name, canary_name = new, fn.name
@@ -476,12 +526,61 @@ def _plant_in_file(
         planted.setdefault(owner[len(f.rel) + 2 :], []).append((fn.name, real_name, canary_name, how))
     if inserts:
         lines = list(src.lines)
-        if lines and not lines[-1].endswith("\n"):
+        if lines and not lines[-1].endswith(("\n", "\r")):
             lines[-1] += "\n"
         for first, last, block in sorted(inserts, reverse=True):
             lines[first - 1 : last] = [block]
-        f.path.write_text("".join(lines), encoding="utf-8")
+        text = "".join(lines)
+        try:
+            ast.parse(text)
+        except SyntaxError:  # an edit this module got wrong: no twins here rather than a broken file
+            plan.twins = [t for t in plan.twins if not t.original.startswith(f.rel + "::")]
+            plan.uncovered.extend(c.prefix for c in candidates if c.prefix not in plan.uncovered)
+            return {}
+        f.path.write_bytes(text.encode(f.encoding))
     return planted
+
+
+def _always_reached(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The body's statements (docstrings aside) that every passing run executes: those before the
+    first statement that can `return` (an early return skips the rest, and the test still passes)."""
+    out = []
+    for stmt in body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        out.append(stmt)
+        if any(isinstance(n, ast.Return) for n in _walk_no_defs(stmt)):
+            out.pop()  # the statement that may return is itself not always completed
+            break
+    return out
+
+
+def _walk_no_defs(node: ast.AST):
+    """ast.walk that does not enter nested functions, lambdas or classes."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.append(child)
+
+
+def _one_shot_names(tree: ast.Module) -> set[str]:
+    """Module-level names bound to something other than a literal display or a comprehension into
+    one (zip, map, a generator...): a parametrization over them may be consumed by one copy."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            value = node.value
+            if isinstance(value, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.ListComp, ast.Constant)):
+                continue
+            out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return out
+
+
+def _uses(nodes: list[ast.expr], names: set[str]) -> bool:
+    return bool(names) and any(isinstance(n, ast.Name) and n.id in names for d in nodes for n in ast.walk(d))
 
 
 def _base_names(cls: ast.ClassDef) -> list[str]:
@@ -494,38 +593,63 @@ def _base_names(cls: ast.ClassDef) -> list[str]:
     return out
 
 
+def _resolve_base(f: _File, name: str, by_stem: dict[str, _File]) -> tuple[str, str] | None:
+    """(file, class) a base class name refers to in `f`: a class of the same file, else one
+    imported by name (aliases followed) from another hidden test file."""
+    if any(isinstance(n, ast.ClassDef) and n.name == name for n in f.tree.body):
+        return f.rel, name
+    for node in f.tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name and (
+                    src := by_stem.get(node.module.rsplit(".", 1)[-1])
+                ):
+                    return src.rel, alias.name
+    return None
+
+
 def _inherited(
     files: list[_File], planted: dict[str, dict[str, list[tuple[str, str, str, str]]]], plan: CanaryPlan
 ) -> None:
-    """Twins seen under other node ids: test methods a subclass inherits (in any file, by the
-    base's name) and module-level tests another file star-imports. Each is a twin pair there too."""
-    by_class: dict[str, list[tuple[str, str, str, str]]] = {}
-    for owners in planted.values():
+    """Twins seen under other node ids: test methods a subclass inherits (the base resolved in its
+    own file or through an import) and module-level tests another file star-imports. Each is a
+    twin pair there too; a canary a subclass inherits while overriding the test has no partner
+    there and is only dropped from the results."""
+    by_stem = {Path(f.rel).stem: f for f in files}
+    by_class: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
+    for rel, owners in planted.items():
         for owner, twins in owners.items():
             if owner:
-                by_class.setdefault(owner, []).extend(twins)
+                by_class.setdefault((rel, owner), []).extend(twins)
     changed = True
     while changed:  # transitively: a subclass of a subclass
         changed = False
         for f in files:
             for cls in (n for n in f.tree.body if isinstance(n, ast.ClassDef)):
                 own = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                here = f"{f.rel}::{cls.name}"
                 for base in _base_names(cls):
-                    for name, real, canary, how in by_class.get(base, []):
-                        if real in own or canary in own:
+                    key = _resolve_base(f, base, by_stem)
+                    for name, real, canary, how in by_class.get(key, []) if key else []:
+                        if name in own or real in own or canary in own:
+                            if canary not in own:
+                                plan.dropped.add(f"{here}::{canary}")
                             continue
-                        twin = Twin(f"{f.rel}::{cls.name}::{name}", f"{f.rel}::{cls.name}::{real}",
-                                    f"{f.rel}::{cls.name}::{canary}", how)  # fmt: skip
+                        twin = Twin(f"{here}::{name}", f"{here}::{real}", f"{here}::{canary}", how)
                         if twin not in plan.twins:
                             plan.twins.append(twin)
-                            by_class.setdefault(cls.name, []).append((name, real, canary, how))
+                            by_class.setdefault((f.rel, cls.name), []).append((name, real, canary, how))
                             changed = True
-    stems = {Path(f.rel).stem: f.rel for f in files}
     for f in files:
         for node in f.tree.body:
             if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names) and node.module:
-                source = stems.get(node.module.rsplit(".", 1)[-1])
-                for name, real, canary, how in planted.get(source or "", {}).get("", []):
+                source = by_stem.get(node.module.rsplit(".", 1)[-1])
+                if source is None or any(
+                    isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+                    for n in source.tree.body
+                ):
+                    continue  # `__all__` decides what a star import takes: not worth guessing
+                for name, real, canary, how in planted.get(source.rel, {}).get("", []):
                     plan.twins.append(Twin(f"{f.rel}::{name}", f"{f.rel}::{real}", f"{f.rel}::{canary}", how))
 
 
@@ -566,13 +690,16 @@ def plant_canaries(
     root: Path,
     *,
     considered: list[str] | None = None,
+    literal_only: list[str] | None = None,
     rng: random.Random | None = None,
 ) -> CanaryPlan:
     """Give every considered test under `root` (a staged copy of the hidden tests, rewritten in
     place) a canary twin; see the module docstring.
 
     `considered`: node ids relative to `root` (`test_x.py::TestA::test_b`, parametrization
-    ignored) or bare test names (`test_b`); None: every test function. `rng`: the draw of names,
+    ignored) or bare test names (`test_b`); None: every test function. `literal_only`: tests (the
+    same forms) whose twin may only change a literal, never negate a check: the FAIL_TO_PASS
+    tests, which fail on the buggy code, where a negated check would pass. `rng`: the draw of names,
     order and perturbations (default: seeded from the OS, fresh per run).
     """
     rng = rng or random.Random(secrets.randbits(64))
@@ -580,23 +707,41 @@ def plant_canaries(
     paths = [root] if root.is_file() else sorted(root.rglob("*.py"))
     files: list[_File] = []
     for path in paths:
-        text = path.read_text(encoding="utf-8", errors="replace")
         try:
+            with tokenize.open(path) as fh:  # the file's own encoding (a coding line, a BOM)
+                text, encoding = fh.read(), fh.encoding
             tree = ast.parse(text)
-        except SyntaxError:
+        except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # pytest reports it as a collection error; nothing to twin
         rel = path.name if root.is_file() else path.relative_to(root).as_posix()
-        files.append(_File(path, rel, text, tree, _Source(text)))
-    # How often each name occurs in the tests (its definition is one): a name used elsewhere
-    # keeps pointing at the real test.
+        files.append(_File(path, rel, text, tree, _Source(text), encoding))
+    # How often each name occurs in the hidden tests, every file (its definition is one): a test
+    # named anywhere else gets no twin.
     counts: dict[str, int] = {}
-    for f in files:
-        for word in re.findall(r"\b(test\w*|Test\w*)", f.text):
+    others = [] if root.is_file() else [p for p in root.rglob("*") if p.is_file() and p.suffix != ".py"]
+    texts = [f.text for f in files] + [
+        p.read_text(errors="replace") for p in others if p.stat().st_size < 2**20
+    ]
+    for text in texts:
+        for word in re.findall(r"\b(test\w*|Test\w*)", text):
             counts[word] = counts.get(word, 0) + 1
-    considered = _through_bases(files, considered)
+    expanded = _through_bases(files, considered)
     planted: dict[str, dict[str, list[tuple[str, str, str, str]]]] = {}
     for f in files:
         if f.path.name.startswith("test") or f.path.name.endswith("_test.py"):
-            planted[f.rel] = _plant_in_file(f, considered, lambda name: counts.get(name, 0) > 1, rng, plan)
+            planted[f.rel] = _plant_in_file(
+                f,
+                expanded,
+                lambda name: counts.get(name, 0) > 1,
+                rng,
+                plan,
+                _through_bases(files, literal_only),
+            )
     _inherited(files, planted, plan)
+    if considered is not None:  # a listed test no file defines where it could be twinned: say so
+        known = {t.original for t in plan.twins} | set(plan.uncovered)
+        names = {k.rsplit("::", 1)[-1] for k in known}
+        for entry in dict.fromkeys(_split(e)[0] for e in considered):
+            if entry not in known and ("::" in entry or entry not in names):
+                plan.uncovered.append(entry)
     return plan

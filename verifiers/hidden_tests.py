@@ -146,6 +146,7 @@ import ast
 import hashlib
 import hmac
 import json
+import logging
 import random
 import re
 import secrets
@@ -170,6 +171,7 @@ _SEVERITY: dict[str, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 SYSTEM_PYTHON = "/usr/bin/python3"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _DETAILS_LIMIT = 3000
+log = logging.getLogger(__name__)
 
 # The runner's text, sent on stdin (never imported here: it runs the agent's code).
 RUNNER_SOURCE = Path(__file__).with_name("pytest_runner.py").read_text()
@@ -763,6 +765,16 @@ class HiddenTestsVerifier:
                 f"python must be an absolute path on the image's read-only root file system "
                 f"(e.g. {SYSTEM_PYTHON}), got {self.python!r}: a PATH lookup could find the agent's"
             )
+        if self.canaries and (
+            bad := [
+                a for a in self.pytest_args if a in ("-x", "--exitfirst", "-k") or a.startswith("--maxfail")
+            ]
+        ):
+            raise ValueError(
+                f"pytest_args {bad} cannot be used with canary twins (a run stopped at the first failure "
+                "or filtered by name leaves twins out): list the tests in fail_to_pass/pass_to_pass, or "
+                "pass canaries=False"
+            )
         if self.canary_pass_to_pass < 0:
             raise ValueError(f"canary_pass_to_pass must be a count >= 0, got {self.canary_pass_to_pass}")
         if self.max_report_mb <= 0:
@@ -813,9 +825,40 @@ class HiddenTestsVerifier:
             nonlocal plan
             rng = random.Random(secrets.randbits(64))
             p2p = [t for t in dict.fromkeys(pass_to_pass) if t not in fail_to_pass]
-            n = min(len(p2p), self.canary_pass_to_pass)
-            considered = [*fail_to_pass, *rng.sample(p2p, n)] if fail_to_pass or p2p else None
-            plan = plant_canaries(staged, considered=considered, rng=rng)
+            pristine = staged.with_name("pristine")
+            shutil.copytree(staged, pristine, symlinks=True)
+            # Twins must exist for blanket forging to meet one: when the first choice leaves none,
+            # negated checks are allowed for FAIL_TO_PASS tests too, then more PASS_TO_PASS tests.
+            tries = [
+                (self.canary_pass_to_pass, True),
+                (self.canary_pass_to_pass, False),
+                (max(20, 2 * len(p2p) // 10), False),
+            ]
+            for n_p2p, strict in tries:
+                considered = (
+                    [*fail_to_pass, *rng.sample(p2p, min(len(p2p), n_p2p))] if fail_to_pass or p2p else None
+                )
+                try:
+                    plan = plant_canaries(
+                        staged,
+                        considered=considered,
+                        literal_only=(fail_to_pass or None) if strict else None,
+                        rng=rng,
+                    )
+                except Exception as exc:  # a planter's bug must not cost an honest agent its reward
+                    log.warning(
+                        "no canary twins for task %s: planting failed (%s: %s)",
+                        task.id,
+                        type(exc).__name__,
+                        exc,
+                    )
+                    plan = None
+                if plan is not None and plan.twins:
+                    break
+                # Back to the untouched tests: a half-rewritten file must not be what runs.
+                shutil.rmtree(staged)
+                shutil.copytree(pristine, staged, symlinks=True)
+            shutil.rmtree(pristine)
 
         tests = install_tests(sandbox, hidden, rewrite=plant if self.canaries else None)
         ids = node_ids_to_run(fail_to_pass, pass_to_pass)

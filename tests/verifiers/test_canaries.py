@@ -246,3 +246,38 @@ def test_an_inherited_test_listed_under_its_subclass_gets_a_twin(tmp_path):
     outcomes = run_pytest(tmp_path, ids=ids)
     assert plan.to_original(outcomes) == {"test_lib.py::TestChild::test_method": "passed"}
     assert plan.tampering(outcomes, collected=outcomes) == []
+
+
+# Valid test files that once broke planting or made honest code look forged.
+TRICKY = {
+    "early-return": "def test_a():\n    try:\n        import no_such_module_x\n    except ImportError:\n        return\n    assert no_such_module_x.x == 1\n",
+    "form-feed": "import os\n\x0c\ndef test_a():\n    x = 1\n    assert x == 1\n",
+    "unicode-digit": "def test_a():\n    assert 'm' + '\u00b2' == 'm\u00b2'\n",
+    "named-params": (
+        "def pytest_generate_tests(metafunc):\n"
+        "    if metafunc.function.__name__ in PARAMS:\n"
+        "        metafunc.parametrize('x', PARAMS[metafunc.function.__name__])\n\n\n"
+        "PARAMS = {'test_a': [1, 2]}\n\n\n"
+        "def test_a(x):\n    assert x + 0 == x\n"
+    ),
+    "one-shot-params": (
+        "import pytest\n\nCASES = zip([1, 2], [2, 4])\n\n\n"
+        "@pytest.mark.parametrize('a, b', CASES)\ndef test_double(a, b):\n    assert a * 2 == b\n"
+    ),
+    "latin-1": "# -*- coding: latin-1 -*-\ndef test_a():\n    assert 'caf\u00e9'.upper() == 'CAF\u00c9'\n",
+    "crlf-no-final-newline": "def test_a():\r\n    assert 1 + 1 == 2\r\n\r\ndef test_b():\r\n    assert [1] == [1]",
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRICKY))
+def test_tricky_files_still_parse_and_honest_runs_are_never_tampering(tmp_path, case):
+    encoding = "latin-1" if case == "latin-1" else "utf-8"
+    for seed in range(6):
+        root = tmp_path / str(seed)
+        (root / "src").mkdir(parents=True)
+        (root / "tests").mkdir()
+        (root / "tests" / "test_t.py").write_bytes(TRICKY[case].encode(encoding))
+        plan = plant_canaries(root / "tests", rng=random.Random(seed))
+        outcomes = run_pytest(root)
+        assert plan.tampering(outcomes, collected=outcomes) == [], (case, seed)
+        assert all(o == "passed" for n, o in plan.to_original(outcomes).items()), (case, seed, outcomes)
