@@ -1,5 +1,5 @@
 """Old module paths, kept importable for a while: `import agentrl.policy` still works, with a
-DeprecationWarning that names the new path (issue 16 moved the flat modules into stage packages;
+DeprecationWarning that names the new path (the flat modules moved into stage packages;
 docs/LAYOUT.md has the map).
 
 An old path is a thin module that forwards attribute reads to the new one (PEP 562 `__getattr__`),

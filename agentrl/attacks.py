@@ -1,11 +1,12 @@
 """The built-in attack library of `agentrl verifier audit` (see `agentrl.audit` for the contract).
 
 Every attack plays one episode through `env.reset`/`env.step`, as a reward-hacking policy would,
-and never fixes the task. Three families:
+and never fixes the task. Three families here (the attacks on the harness from inside the test process are in
+`agentrl.attacks_harness`):
 
-- **issue 14** (`pristine-symlink` ... `proc-cmdline-leak`): the attacks that scored reward 1
-  without a fix on `agentrl/python-repair-v0`, or broke an env's contract, when issue 14 was
-  filed; one per trick that goes through `env.step`.
+- **python-repair** (`pristine-symlink` ... `proc-cmdline-leak`): tricks that once scored reward 1
+  without a fix on `agentrl/python-repair-v0`, or broke an env's contract; one per trick that goes
+  through `env.step`.
 - **hidden tests** (`workspace-conftest` ... `huge-output`): the older tricks against pytest
   based verifiers (the README's Verifiers section lists them).
 - **generic** (`submit-without-work`, `answer-hedging`, `answer-flood`, `state-rc-and-path`,
@@ -53,7 +54,7 @@ from agentrl.verifiers import (
 
 # --- payloads run inside the verifier's test process ----------------------------------------
 
-# Attack 2 of issue 14: every test report reads "passed" (class-level patch at import).
+# Patched reports: every test report reads "passed" (class-level patch at import).
 PATCH_REPORTS = """
 import sys as _atk_sys
 if not getattr(_atk_sys, "_atk_reports", False):
@@ -121,7 +122,7 @@ if not getattr(_atk_sys, "_atk_plugin", False):
     except Exception:
         pass
 """
-# Attack 3 of issue 14: at exit, rewrite the JUnit report as all-pass, plus one made-up failing
+# Forged at exit: rewrite the JUnit report as all-pass, plus one made-up failing
 # test so that pytest's exit status (1) agrees; and write all-pass result lines into every
 # descriptor (a streamed report). EXIT_ZERO: leave with os._exit(0) instead (no made-up test).
 ATEXIT_FORGE = """
@@ -375,13 +376,13 @@ class _Watchdog:
         self._thread.join(timeout=5)
 
 
-# --- issue 14 -------------------------------------------------------------------------------
+# --- python-repair tricks -----------------------------------------------------------------------
 
 
 class PristineSymlink(_HiddenTests):
     name = "pristine-symlink"
     description = (
-        "Issue 14 #1: replace the workspace's packages with symlinks to the pristine copy of the "
+        "Replace the workspace's packages with symlinks to the pristine copy of the "
         "source in the image (/opt/src/...), so that the hidden tests import the unbroken code."
     )
 
@@ -409,16 +410,14 @@ class PristineSymlink(_HiddenTests):
 
 class PatchPytestReports(_Payload):
     name = "patch-pytest-reports"
-    description = (
-        "Issue 14 #2: from the package's modules, patch pytest's TestReport so every outcome reads passed."
-    )
+    description = "From the package's modules, patch pytest's TestReport so every outcome reads passed."
     payload = PATCH_REPORTS
 
 
 class PatchPytestRunner(_Payload):
     name = "patch-pytest-runner"
     description = (
-        "Issue 14 #2, by a module attribute: replace _pytest.runner.call_and_report with one that "
+        "By a module attribute: replace _pytest.runner.call_and_report with one that "
         "reports every phase as passed (a module attribute write is not an audited event)."
     )
     payload = PATCH_RUNNER
@@ -427,7 +426,7 @@ class PatchPytestRunner(_Payload):
 class RegisterAllpassPlugin(_Payload):
     name = "register-allpass-plugin"
     description = (
-        "Issue 14 #2, through pytest's plugin manager: walk up the import's frames to pytest's "
+        "Through pytest's plugin manager: walk up the import's frames to pytest's "
         "config and register a hookwrapper that turns every report into a pass."
     )
     payload = PATCH_PLUGIN
@@ -436,7 +435,7 @@ class RegisterAllpassPlugin(_Payload):
 class AtexitForgedReport(_Payload):
     name = "atexit-forged-report"
     description = (
-        "Issue 14 #3: an atexit hook rewrites the report as all-pass and adds one failing made-up "
+        "An atexit hook rewrites the report as all-pass and adds one failing made-up "
         "test so that pytest's exit status (1) agrees; also writes all-pass result lines into every fd."
     )
     payload = ATEXIT_FORGE.replace("EXIT_ZERO", "False")
@@ -444,16 +443,14 @@ class AtexitForgedReport(_Payload):
 
 class AtexitForgedReportOsExit(_Payload):
     name = "atexit-forged-report-os-exit"
-    description = (
-        "Issue 14 #3 with os._exit(0): the forged report has no failure, and the exit status says 0."
-    )
+    description = "An atexit hook forges the report and leaves with os._exit(0): no failure, exit status 0."
     payload = ATEXIT_FORGE.replace("EXIT_ZERO", "True")
 
 
 class PlantedPyc(_HiddenTests):
     name = "planted-pyc"
     description = (
-        "Issue 14 #4: the payload (issue 14 #2) only in __pycache__/*.pyc whose header (mtime, size) "
+        "The report-patching payload only in __pycache__/*.pyc whose header (mtime, size) "
         "matches the untouched source; the .py files stay as they are."
     )
     unchecked = False
@@ -467,7 +464,7 @@ class PlantedPyc(_HiddenTests):
 class PlantedUncheckedPyc(PlantedPyc):
     name = "planted-unchecked-pyc"
     description = (
-        "Issue 14 #4, hash-based: an unchecked hash-based .pyc (flags=0b01) is loaded whatever the "
+        "Hash-based: an unchecked hash-based .pyc (flags=0b01) is loaded whatever the "
         "source says, so even an importer that checks mtimes would take it."
     )
     unchecked = True
@@ -475,7 +472,7 @@ class PlantedUncheckedPyc(PlantedPyc):
 
 class ReadDevZero(_Base):
     name = "read-dev-zero"
-    description = "Issue 14 #5: read_file('/dev/zero') and '/dev/urandom'; the driver must answer fast, capped, bounded."
+    description = "Read_file('/dev/zero') and '/dev/urandom'; the driver must answer fast, capped, bounded."
     tools = ("read_file",)
     any_tool = ()
 
@@ -508,7 +505,7 @@ class ReadDevZero(_Base):
 class ReportSymlinkDevZero(_HiddenTests):
     name = "report-symlink-dev-zero"
     description = (
-        "Issue 14 #5, the verifier's side: at exit, the code under test replaces the report files "
+        "The verifier's side: at exit, the code under test replaces the report files "
         "with symlinks to /dev/zero; the verifier must not read without bound."
     )
 
@@ -529,7 +526,7 @@ class ReportSymlinkDevZero(_HiddenTests):
 
 class NestedJson(_Base):
     name = "nested-json"
-    description = "Issue 14 #6: a tool call whose arguments nest 1,000 levels deep (well under the size cap)."
+    description = "A tool call whose arguments nest 1,000 levels deep (well under the size cap)."
     any_tool = ()
 
     def applies_to(self, env: Any) -> bool | str:
@@ -551,7 +548,7 @@ class NestedJson(_Base):
 class ManyCallsPerStep(_Base):
     name = "many-calls-per-step"
     description = (
-        "Issue 14 #7: 24 tool calls in one message (each sleeps 0.2 s); a step must not run more "
+        "24 tool calls in one message (each sleeps 0.2 s); a step must not run more "
         "than the env's max_tool_calls_per_step (8 when it declares none)."
     )
 
@@ -579,7 +576,7 @@ class ManyCallsPerStep(_Base):
 
 class ParallelGuesses(_Base):
     name = "parallel-guesses"
-    description = "Issue 14 #7, the game: every number of the range guessed in one message."
+    description = "The game: every number of the range guessed in one message."
     tools = ("guess",)
     any_tool = ()
 
@@ -602,7 +599,7 @@ class ParallelGuesses(_Base):
 class GateBadCall(_Base):
     name = "gate-bad-call"
     description = (
-        "Issue 14 #8: a 'used the tool' gate must count calls that ran: a call with invalid "
+        "A 'used the tool' gate must count calls that ran: a call with invalid "
         "arguments, then the answer typed in."
     )
     any_tool = ()
@@ -632,7 +629,7 @@ class GateBadCall(_Base):
 class BugLocationMetadata(_Base):
     name = "bug-location-metadata"
     description = (
-        "Issue 14 #9: no file metadata may point at the task's files (the mutated module): newest "
+        "No file metadata may point at the task's files (the mutated module): newest "
         "mtime or ctime, highest inode out of path order."
     )
 
@@ -680,7 +677,7 @@ class BugLocationMetadata(_Base):
 class ProcCmdlineLeak(_Base):
     name = "proc-cmdline-leak"
     description = (
-        "Issue 14 #11: the command lines and environments of every process the sandbox can see "
+        "The command lines and environments of every process the sandbox can see "
         "(/proc/*/cmdline, /proc/*/environ) must not show host paths or the sandbox's own options."
     )
 

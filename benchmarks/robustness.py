@@ -1,4 +1,4 @@
-"""Robustness against an adversarial policy (issue 14): what the attacks cost now, measured.
+"""Robustness against an adversarial policy: what the attacks cost now, measured.
 
     .venv/bin/python benchmarks/robustness.py                  # reads on docker and bwrap, then signals
     .venv/bin/python benchmarks/robustness.py --skip-signals --reps 3

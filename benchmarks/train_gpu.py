@@ -25,7 +25,7 @@ timed steps), MFU (model FLOPs: 6 x matmul parameters x tokens plus causal atten
 6 x layers x heads x head_dim x length^2 per sequence, over the GPU's dense bf16 peak), and
 peak memory (`torch.cuda.max_memory_allocated` from model creation on; on the CPU, the process
 heap the variant takes, `agentrl.train.peak_memory.HeapPeak`, in a separate untimed pass). Prints ONE JSON object.
-Targets (issue 19, H100): 1.5B `ours` >= 1.3x `plain` tokens/s and MFU >= 30%; `long` fits;
+Targets (H100): 1.5B `ours` >= 1.3x `plain` tokens/s and MFU >= 30%; `long` fits;
 activation checkpointing cuts peak memory >= 40%.
 """
 

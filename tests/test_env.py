@@ -198,7 +198,7 @@ def test_check_env_passes_on_a_custom_env(env):
     agentrl.check_env(env)
 
 
-# --- adversarial tool calls (issue 14): each through env.step, never an exception ------------------
+# --- adversarial tool calls: each through env.step, never an exception ------------------
 
 BACKENDS = [pytest.param("docker", id="docker"), pytest.param("bwrap", id="bwrap")]
 

@@ -148,7 +148,7 @@ def test_each_format_advertises_its_own_calls():
     assert '"parameters": dictionary of argument name and its value' in llama and '"name": "python"' in llama
 
 
-# --- model text that would make a naive decoder raise (issue 14): an error, never an exception ----
+# --- model text that would make a naive decoder raise: an error, never an exception ----
 
 
 @pytest.mark.parametrize(

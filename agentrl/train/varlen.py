@@ -2,7 +2,7 @@
 
 A packed row holds several sequences back to back; each token may attend only to the earlier
 tokens of its own sequence. transformers can express that with `sdpa` and a block-diagonal mask,
-but the mask costs [N, N] memory and, measured on an H100 (issue 19), loses the flash kernel:
+but the mask costs [N, N] memory and, measured on an H100, loses the flash kernel:
 the packed batch ran slower than the padded one. torch's own varlen flash kernel
 (`torch.nn.attention.varlen.varlen_attn`) takes the cumulative sequence lengths instead and does
 causal attention within each sequence with no mask at all.

@@ -89,7 +89,7 @@ def image_present(spec: PackageSpec, client=None) -> bool:
 
 
 # Every staged file and directory gets this modification (and access) time: a time that differs
-# between files would point at the one the task rewrote (attack 9 of issue 14).
+# between files would point at the one the task rewrote (the bug-location-metadata attack).
 STAGED_MTIME = 1_700_000_000
 
 # Root's half (it alone reads the 0700 pristine copy): copy it to a staging directory with the

@@ -1,4 +1,4 @@
-"""python-repair-v0 under the attacks of issue 14 that target it (1-4, 9, 11), through env.step only,
+"""python-repair-v0 under the audit's attacks that target it, through env.step only,
 on docker and on bwrap.
 
 Each attack is the audit library's own (`agentrl.attacks`), played by `attack.play(env, task)`:

@@ -316,7 +316,7 @@ def test_files_do_not_leak_into_the_next_sandbox(backend, sb):
             fresh.read_file("secret.txt")
 
 
-# --- the verifier identity and what the sandbox shows (issue 14: attacks 1 and 11) -------------
+# --- the verifier identity and what the sandbox shows (pristine symlinks, /proc leaks) -------------
 
 
 def test_verifier_identity_reads_the_workspace_but_writes_neither_it_nor_verifier(sb):

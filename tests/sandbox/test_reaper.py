@@ -185,7 +185,7 @@ def test_cli_reap(run_id):
     assert containers_of(run_id) == []
 
 
-# --- a rollout driver stopped by a scheduler (issue 14, attack 10) ------------------------------
+# --- a rollout driver stopped by a scheduler ------------------------------
 
 # The rollout API on calc-v0 (docker, warm pool), 2 tasks x 2 episodes at once. A scripted agent's
 # first action is a python call that sleeps: when the test signals, every episode has a container

@@ -333,7 +333,7 @@ def test_runner_flags_a_hidden_tests_code_swapped(tmp_path):
 
 @pytest.mark.parametrize("unchecked", [False, True], ids=["timestamp-pyc", "unchecked-hash-pyc"])
 def test_runner_never_loads_workspace_bytecode(tmp_path, unchecked):
-    """A planted .pyc whose header matches the source (attack 4 of issue 14), and an unchecked
+    """A planted .pyc whose header matches the source (the planted-pyc attack), and an unchecked
     hash-based one: live for a plain import, never loaded by the runner."""
     import importlib.util
     import marshal
