@@ -506,6 +506,17 @@ _EXIT_MEANING = {
 # --- running the hidden tests in a sandbox -------------------------------------------------
 
 
+def stage_tests(hidden: Path, staged: Path) -> None:
+    """Copy the hidden tests (a file or a folder) to `staged`, a folder, afresh."""
+    if staged.exists():
+        shutil.rmtree(staged)
+    if hidden.is_file():
+        staged.mkdir()
+        shutil.copy2(hidden, staged / hidden.name)
+    else:
+        shutil.copytree(hidden, staged, symlinks=True)
+
+
 @dataclass(frozen=True)
 class InstalledTests:
     """Hidden tests copied under /verifier (with our ini), ready to run any number of times."""
@@ -534,11 +545,7 @@ def install_tests(
     with tempfile.TemporaryDirectory(prefix="agentrl-hidden-tests-") as stage:
         Path(stage, "pytest.ini").write_text(INI)
         staged = Path(stage, "tests")
-        if hidden.is_file():
-            staged.mkdir()
-            shutil.copy2(hidden, staged / hidden.name)
-        else:
-            shutil.copytree(hidden, staged, symlinks=True)
+        stage_tests(hidden, staged)
         if rewrite is not None:
             rewrite(staged)
         # Readable by the verifier identity (not root on docker); the modes travel with the copy.
@@ -825,8 +832,6 @@ class HiddenTestsVerifier:
             nonlocal plan
             rng = random.Random(secrets.randbits(64))
             p2p = [t for t in dict.fromkeys(pass_to_pass) if t not in fail_to_pass]
-            pristine = staged.with_name("pristine")
-            shutil.copytree(staged, pristine, symlinks=True)
             # Twins must exist for blanket forging to meet one: when the first choice leaves none,
             # negated checks are allowed for FAIL_TO_PASS tests too, then more PASS_TO_PASS tests.
             tries = [
@@ -856,9 +861,7 @@ class HiddenTestsVerifier:
                 if plan is not None and plan.twins:
                     break
                 # Back to the untouched tests: a half-rewritten file must not be what runs.
-                shutil.rmtree(staged)
-                shutil.copytree(pristine, staged, symlinks=True)
-            shutil.rmtree(pristine)
+                stage_tests(hidden, staged)
 
         tests = install_tests(sandbox, hidden, rewrite=plant if self.canaries else None)
         ids = node_ids_to_run(fail_to_pass, pass_to_pass)
