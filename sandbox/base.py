@@ -487,6 +487,19 @@ class SandboxBase:
     def alive(self) -> bool:
         raise NotImplementedError
 
+    @property
+    def resident_executor(self) -> object | None:
+        """The resident executor the agent's commands run through now (`agentrl.sandbox.executor`),
+        or None (a backend without one, `SandboxSpec.executor=False`, none started yet)."""
+        slot = getattr(self, "_executor", None)
+        return getattr(slot, "current", None)
+
+    def check_intact(self) -> None:
+        """Raise `SandboxDead` when what ran the agent's commands can no longer be trusted: a
+        resident executor (`agentrl.sandbox.executor`) killed, replaced or frozen from inside.
+        `ToolEnv` asks before its verifier runs, so such an episode ends `env_error`, never with a
+        reward. A backend without such a thing has nothing to check."""
+
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxDead(

@@ -2,13 +2,24 @@
 
 How an exec runs
 ----------------
-Each `exec` is one fresh `bwrap` invocation over the sandbox's persistent workspace and
-/tmp, so files persist across execs while every process dies with its exec (10-30 ms here,
-on two busy cores). Why not one long-lived bwrap with an exec server inside: a per-exec pid
-namespace makes "kill the whole tree on timeout" exact and free (the namespace dies with its
-init; setsid, nohup, double forks and scrubbed environments cannot escape it), there is no
-in-sandbox protocol to get wrong, and the cost is small next to an LLM turn. The price: a
-background process (`server &`) does not outlive the exec that started it (on docker it does).
+The agent's commands run through the sandbox's *resident executor* (`agentrl.sandbox.executor`,
+on unless `SandboxSpec.executor=False`): one long-lived bwrap, started with the sandbox, whose
+PID 1 is the executor itself (`--as-pid-1`), over the agent's view of the sandbox. Each command
+is its child: a fork and two pipe hops instead of setting up namespaces again (a few ms against
+30-40 ms). Being PID 1 of its pid namespace, the executor is out of the agent's reach: the kernel
+drops every signal sent to a namespace's init from inside it, and the executor is non-dumpable
+(no ptrace, no /proc/1/fd). What an exec leaves behind dies with it, as before: the executor
+kills its marked processes and their descendants when it ends, and every process but itself
+once no other exec runs (on a timeout too). If the executor itself is ever overdue, the whole
+resident bwrap is killed (its pid namespace and everything in it) and the next command starts
+a new one. `privileged` and `as_verifier` execs never use it.
+
+Those, and every exec with the executor off, are one fresh `bwrap` invocation each over the
+sandbox's persistent workspace and /tmp, so files persist across execs while every process dies
+with its exec: a per-exec pid namespace makes "kill the whole tree on timeout" exact (the
+namespace dies with its init; setsid, nohup, double forks and scrubbed environments cannot
+escape it). Either way a background process (`server &`) does not outlive the exec that started
+it (on docker it does).
 
 One long-lived process per sandbox does exist, for the disk cap only: the *tmpfs holder*
 (`_Holder`), a `read` on a pipe inside a user + mount namespace of ours where size-capped
@@ -57,7 +68,8 @@ exported root file system's host directory (as docker's shows its overlay direct
 
 Isolation: `--unshare-all` (user, mount, pid, net, ipc, uts, cgroup namespaces; the
 network comes back only with `limits.network` via `--share-net`), `--disable-userns` (no
-nested user namespaces), `--die-with-parent`, `--new-session` (no TIOCSTI into our tty),
+nested user namespaces), `--die-with-parent` (per-exec bwraps; the resident executor's ends
+on EOF from us instead), `--new-session` (no TIOCSTI into our tty),
 `--cap-drop ALL`, no_new_privs (bwrap always sets it), `--clearenv`, uid/gid 1000.
 
 Limits: what bwrap enforces
@@ -74,9 +86,11 @@ memory_mb          ENFORCED in aggregate: memory (+memsw) limit  PER PROCESS onl
                    included; the OOM killer answers (-9).        allocation fails (MemoryError), no OOM kill.
                                                                  SysV shm of the exec's ipc namespace is
                                                                  outside RLIMIT_AS until the exec ends.
-pids               ENFORCED: pids.max of the cgroup, all execs   ENFORCED per exec: RLIMIT_NPROC=pids, set
+pids               ENFORCED: pids.max of the cgroup, all execs   ENFORCED per bwrap: RLIMIT_NPROC=pids, set
                    together.                                     *inside* the new user namespace (the kernel
-                                                                 counts per uid per user namespace). The
+                                                                 counts per uid per user namespace: the
+                                                                 agent's commands, through the resident
+                                                                 executor, count together). The
                                                                  kernel exempts host root from RLIMIT_NPROC:
                                                                  root gets cgroups instead.
 cpus               ENFORCED: cfs quota.                          NOT enforced (no rlimit expresses a share).
@@ -84,10 +98,15 @@ disk_mb            ENFORCED: size-capped tmpfs on /workspace     ENFORCED (same,
                    and /tmp (ENOSPC), /dev/shm 64 MiB.           the holder cannot start: RLIMIT_FSIZE per
                                                                  file only; many files can fill the host disk.
 network            ENFORCED: own empty net namespace.            ENFORCED (same).
-exec_timeout_s     ENFORCED: the exec's processes frozen (with   ENFORCED: SIGKILL of bwrap; the pid
-                   a freezer cgroup) and killed, then SIGKILL    namespace and every process in it die.
-                   of bwrap; its pid namespace dies with it.
-output_limit_bytes ENFORCED on the host side while reading.      ENFORCED (same).
+exec_timeout_s     ENFORCED. Through the executor: the command's ENFORCED (same; without the freezer, a
+                   process group stopped and killed, then every  late executor's namespace is killed
+                   process a /proc scan finds of it (all but the outright).
+                   executor when alone); a late reply: the
+                   resident's processes frozen and killed, its
+                   namespace with them. Per exec: its processes
+                   frozen and killed, then SIGKILL of bwrap.
+output_limit_bytes ENFORCED while reading (by the executor       ENFORCED (same).
+                   inside, else on the host side).
 =================  ============================================  =============================================
 
 RLIMIT_* are set inside the sandbox with the rootfs's `prlimit` (util-linux, in every
@@ -121,7 +140,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Unpack
+from typing import NoReturn, Unpack
 
 from agentrl.sandbox.base import (
     AGENT_UID,
@@ -140,9 +159,18 @@ from agentrl.sandbox.base import (
     SpecFields,
     signal_exit,
 )
+from agentrl.sandbox.executor import (
+    ExecutorLost,
+    ExecutorSlot,
+    ExecutorUnavailable,
+    Pipes,
+    ResidentExecutor,
+    launch_argv,
+)
 from agentrl.sandbox.hostfs import HostView, Mount
 from agentrl.sandbox.hostkill import CgroupView, Proc
 from agentrl.sandbox.process import kill_group, run_capped
+from agentrl.sandbox.reaper import process_start_ticks
 
 ROOTFS_ENV = "AGENTRL_BWRAP_ROOTFS"
 _COMPLETE_MARK = ".agentrl-rootfs-complete"
@@ -460,11 +488,18 @@ class _Cgroups:
         view = self.freezer()
         return view is not None and view.kill(select, timeout_s=wait_s)
 
-    def kill_all(self, wait_s: float = 2.0) -> None:
-        if self.kill(lambda procs: [p.pid for p in procs], wait_s):
+    def kill_all(self, wait_s: float = 2.0, spare: Callable[[], set[int]] | None = None) -> None:
+        """Kill every process of the sandbox's but those `spare()` names (the resident executor
+        and its commands), and wait until they have left the cgroups."""
+
+        def pick(procs: list[Proc]) -> list[int]:
+            keep = spare() if spare else set()
+            return [p.pid for p in procs if p.pid not in keep]
+
+        if self.kill(pick, wait_s):
             return
         deadline = time.monotonic() + wait_s
-        while (pids := self.pids()) and time.monotonic() < deadline:
+        while (pids := self.pids() - (spare() if spare else set())) and time.monotonic() < deadline:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
@@ -578,9 +613,61 @@ def _descendants(procs: list[Proc], pid: int) -> set[int]:
     return found
 
 
-def _cleanup(root: Path, holder: _Holder | None, cgroups: _Cgroups | None) -> None:
+class _Resident:
+    """The host's handle on a sandbox's resident executor: the outer bwrap (our child) and the
+    executor itself, PID 1 of the sandbox's pid namespace (`pid` on the host; killing it ends
+    the namespace and every process in it)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], pid: int, start_ticks: str) -> None:
+        self.proc = proc
+        self.pid = pid
+        self.start_ticks = start_ticks
+
+    def descendants(self) -> set[int]:
+        """The executor and every process under it (its commands), by this host's /proc."""
+        procs = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat_ = Path(f"/proc/{entry.name}/stat").read_bytes()
+                    procs.append(Proc(int(entry.name), int(stat_[stat_.rindex(b")") + 2 :].split()[1]), 0, 0))
+        return _descendants(procs, self.pid) if self.alive() else set()
+
+    def alive(self) -> bool:
+        return bool(self.start_ticks) and process_start_ticks(self.pid) == self.start_ticks
+
+    def kill(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signal.SIGKILL)
+        kill_group(self.proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        # Its stdout and stderr are closed by the executor's reader thread, at their EOF.
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+
+class _Residents:
+    """The resident executor a sandbox has now (restarts replace it), for its finalizer."""
+
+    def __init__(self) -> None:
+        self.current: _Resident | None = None
+
+    def kill(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            current.kill()
+
+
+def _cleanup(
+    root: Path, holder: _Holder | None, cgroups: _Cgroups | None, residents: _Residents | None = None
+) -> None:
     """Everything a sandbox holds on the host. Runs from close() and, if close() was never
     called, when the sandbox is garbage collected or the interpreter exits."""
+    if residents is not None:
+        residents.kill()
     if cgroups is not None:
         cgroups.remove()
     if holder is not None:
@@ -616,6 +703,11 @@ def reap_stale(tmpdir: str | None = None) -> list[str]:
             continue  # still being created, or not ours
         if _pid_alive(pid):
             continue
+        # Its resident executor ends on EOF when its owner dies; one that was frozen would not.
+        executor = meta.get("executor") or []
+        if len(executor) == 2 and process_start_ticks(int(executor[0])) == str(executor[1]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(executor[0]), signal.SIGKILL)
         groups = [Path(d) for d in meta.get("cgroups", []) if Path(d).is_dir()]
         _cleanup(root, None, _Cgroups(groups) if groups else None)
         reaped.append(sid)
@@ -643,7 +735,8 @@ class Enforcement:
 
 
 class BwrapSandbox(SandboxBase):
-    """A bubblewrap sandbox: one fresh bwrap (own namespaces) per exec over persistent dirs."""
+    """A bubblewrap sandbox over persistent dirs: the agent's commands through a resident executor
+    (one long-lived bwrap), the others one fresh bwrap (own namespaces) each."""
 
     backend = "bwrap"
     # One uid, so no separate users, but a verifier identity by mount view; every process of an
@@ -689,7 +782,7 @@ class BwrapSandbox(SandboxBase):
             pids=(
                 "cgroup pids.max"
                 if cg
-                else "RLIMIT_NPROC (per exec)"
+                else "RLIMIT_NPROC (per bwrap: the agent's commands together)"
                 if os.geteuid() != 0
                 else f"NOT enforced ({cg_note}; root is exempt from RLIMIT_NPROC)"
             ),
@@ -701,7 +794,10 @@ class BwrapSandbox(SandboxBase):
             ),
             network="shared with host (limits.network)" if self.limits.network else "namespace (none)",
         )
-        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._holder, self._cgroups)
+        self._residents = _Residents()
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._root, self._holder, self._cgroups, self._residents
+        )
         self.files = HostView(
             [
                 Mount("/", self.rootfs, agent_writable=False, privileged_writable=False),
@@ -718,7 +814,9 @@ class BwrapSandbox(SandboxBase):
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._in_flight = 0
-        # One trial run, so a broken setup fails here, with bwrap's own words, not at the first tool call.
+        self._executor = ExecutorSlot(self._start_executor, enabled=self.spec.executor)
+        # One trial run, so a broken setup fails here, with bwrap's own words, not at the first
+        # tool call; it starts the resident executor (or finds it cannot run here).
         try:
             trial = self.exec(["/bin/true"], timeout=30)
         except BaseException:
@@ -760,6 +858,9 @@ class BwrapSandbox(SandboxBase):
             "image": self.image,
             "labels": self.labels,
             "cgroups": [str(d) for d in self._cgroups.dirs] if self._cgroups else [],
+            "executor": [resident.pid, resident.start_ticks]
+            if (resident := getattr(self, "_residents", _Residents()).current) is not None
+            else [],
         }
         tmp = self._root / "sandbox.json.tmp"
         tmp.write_text(json.dumps(meta) + "\n")
@@ -767,16 +868,22 @@ class BwrapSandbox(SandboxBase):
 
     # -- commands -------------------------------------------------------------------------
 
-    def _options(self, env: Mapping[str, str], identity: Identity, scratch: Path | None) -> list[str]:
+    def _options(
+        self, env: Mapping[str, str], identity: Identity, scratch: Path | None, *, resident: bool = False
+    ) -> list[str]:
         """bwrap's options for one exec. They reach bwrap through a file descriptor
         (`--args`), never its argv: bwrap's own process is PID 1 inside the sandbox, and its
-        command line (host paths, environment values) is readable at /proc/1/cmdline."""
+        command line (host paths, environment values) is readable at /proc/1/cmdline.
+
+        `resident`: the resident executor's bwrap. It is PID 1 itself (`--as-pid-1`: no signal
+        from inside reaches it), and lives past the thread that started it, so no
+        `--die-with-parent` (which follows that thread): it ends on EOF from us instead."""
         lim = self.limits
         args = ["--unshare-all", "--unshare-user", "--disable-userns"]
         if lim.network:
             args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+        args += ["--as-pid-1"] if resident else ["--die-with-parent"]
         args += [
-            "--die-with-parent",
             "--new-session",
             "--cap-drop", "ALL",
             "--uid", str(AGENT_UID),
@@ -843,16 +950,94 @@ class BwrapSandbox(SandboxBase):
             args = ["/bin/sh", "-c", f'{joins} && exec "$@"', "agentrl-cgroup-join", *args]
         return args
 
-    def _exec(self, request: ExecRequest) -> ExecResult:
-        full_env = {
+    def _base_env(self) -> dict[str, str]:
+        return {
             "PATH": _PATH,
             "HOME": self.workdir,
             "USER": AGENT_USER,
             "LOGNAME": AGENT_USER,
             "LANG": "C.UTF-8",
             **self.env,
-            **request.env,
         }
+
+    # -- the resident executor --------------------------------------------------------------
+
+    def _start_executor(self) -> ResidentExecutor:
+        """One long-lived bwrap whose PID 1 is the executor, over the agent's view of the sandbox."""
+        options = self._options(self._base_env(), "agent", None, resident=True)
+        options_fd = os.memfd_create("agentrl-bwrap-args", 0)
+        try:
+            os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")
+            os.lseek(options_fd, 0, os.SEEK_SET)
+            proc = subprocess.Popen(
+                self._argv(launch_argv(), options_fd),
+                cwd="/",
+                env={},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(options_fd,),
+            )
+        except OSError as exc:
+            raise ExecutorUnavailable(f"could not start bwrap for it: {exc}") from exc
+        finally:
+            os.close(options_fd)
+        executor = ResidentExecutor(Pipes(proc), name=self.id, workdir=self.workdir)
+        try:
+            executor.start(reap=True)
+            pid = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        except (ExecutorUnavailable, ExecutorLost, OSError, ValueError, IndexError) as exc:
+            executor.close()
+            _Resident(proc, 0, "").kill()
+            why = exc.why if isinstance(exc, ExecutorLost) else str(exc)
+            raise ExecutorUnavailable(why) from exc
+        self._residents.kill()  # a retired one, if it still lingers
+        self._residents.current = _Resident(proc, pid, process_start_ticks(pid))
+        self._write_meta()
+        return executor
+
+    def _agent_executor(self) -> ResidentExecutor | None:
+        try:
+            return self._executor.get()
+        except ExecutorLost as exc:
+            self._executor_lost(exc)
+
+    def _executor_lost(self, exc: ExecutorLost) -> NoReturn:
+        if not self._base_alive():
+            raise SandboxDead(f"sandbox {self.id} went away (closed, or its directories were removed)")
+        raise SandboxDead(
+            f"bwrap sandbox {self.id}: its resident executor {exc.why}; the agent's commands can no "
+            "longer be trusted there, so the sandbox is given up (the episode is not scored)"
+        )
+
+    def _retire_executor(self) -> None:
+        """Kill the resident executor and every command it runs (the next agent command starts anew)."""
+        retired = self._executor.retire()
+        if self._cgroups is not None and (resident := self._residents.current) is not None:
+            self._cgroups.kill(lambda procs: _descendants(procs, resident.pid), wait_s=_KILL_EXEC_S)
+        self._residents.kill()
+        if retired is not None:
+            retired.close()
+
+    def check_intact(self) -> None:
+        self._check_open()
+        if (problem := self._executor.problem()) is not None:
+            raise SandboxDead(
+                f"bwrap sandbox {self.id}: its resident executor {problem}; the episode is not scored"
+            )
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _exec(self, request: ExecRequest) -> ExecResult:
+        if request.identity == "agent" and (executor := self._agent_executor()) is not None:
+            try:
+                # Overdue past its deadline (a starved executor): the whole resident goes, its
+                # pid namespace with it; the reply then reads as killed.
+                return executor.run(request, uuid.uuid4().hex, lambda _elapsed: self._retire_executor())
+            except ExecutorLost as exc:
+                self._executor_lost(exc)
+        full_env = {**self._base_env(), **request.env}
         scratch = None
         if request.identity == "verifier":
             # Made from the host side (the verifier's exec cannot write /verifier), in the capped tmpfs.
@@ -872,7 +1057,7 @@ class BwrapSandbox(SandboxBase):
                 shutil.rmtree(self.host_protected / scratch.name, ignore_errors=True)
         if not result.timed_out:
             result = replace(result, exit_code=signal_exit(result.exit_code))
-        if not self.alive():
+        if not self._base_alive():
             raise SandboxDead(
                 f"sandbox {self.id} went away during exec (closed, or its directories were removed)"
             )
@@ -909,7 +1094,8 @@ class BwrapSandbox(SandboxBase):
                     # namespace; until then the dying processes still count against pids.max
                     # and the next exec would fail to start. Wait them out (killing any
                     # straggler) while no exec is in flight: the lock keeps new ones waiting.
-                    self._cgroups.kill_all(wait_s=5.0)
+                    # The resident executor and its commands share the cgroups: they stay.
+                    self._cgroups.kill_all(wait_s=5.0, spare=self._resident_pids)
 
     def _kill_exec(self, proc: subprocess.Popen[bytes]) -> None:
         """An exec's timeout: its bwrap dies, --die-with-parent takes bwrap's pid 1 along, and the
@@ -921,17 +1107,34 @@ class BwrapSandbox(SandboxBase):
             self._cgroups.kill(lambda procs: _descendants(procs, proc.pid), wait_s=_KILL_EXEC_S)
         kill_group(proc)
 
+    def _resident_pids(self) -> set[int]:
+        resident = self._residents.current
+        return set() if resident is None else {resident.proc.pid, *resident.descendants()}
+
     def kill_agent_processes(self) -> None:
+        """Kill every process of the agent's, the resident executor with them (the next agent
+        command starts a new one). Raises `SandboxDead` afterwards when the executor had been
+        replaced or stopped answering: the episode must not be scored."""
+        problem = self._executor.problem() if not self._closed else None
+        self._retire_executor()
         with self._lock:
             running = list(self._running)
         for proc in running:
             kill_group(proc)
         if self._cgroups is not None:
             self._cgroups.kill_all()
+        if problem is not None:
+            raise SandboxDead(
+                f"bwrap sandbox {self.id}: its resident executor {problem}; the episode is not scored"
+            )
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def alive(self) -> bool:
+        """Whether the sandbox's directories exist and its resident executor (if any) answers as itself."""
+        return self._base_alive() and self._executor.problem() is None
+
+    def _base_alive(self) -> bool:
         return (
             not self._closed
             and (self._holder is None or self._holder.alive())

@@ -1,5 +1,16 @@
 """The default sandbox backend: one Docker container per sandbox, through the docker SDK.
 
+How a command runs: the agent's commands (and its `read_file`/`write_file`) go through the
+sandbox's resident executor (`agentrl.sandbox.executor`): one `docker exec` as the agent, started
+with the container, whose attached stdio stays open as its channel; each command is its child
+(a few ms, against tens for a fresh `docker exec`). `privileged` and `as_verifier` commands, and
+every command with `SandboxSpec.executor=False` or an image without python3, are one fresh
+`docker exec` each. The agent can kill the executor (same uid) but not read or write its channel
+or memory (it is non-dumpable); a killed, replaced or frozen executor makes the sandbox raise
+`SandboxDead` (`check_intact`, `kill_agent_processes` and every later agent command say so), and
+`kill_agent_processes` kills it with the agent's other processes (the next agent command starts
+a new one).
+
 What it covers:
 - no network (`network_mode="none"`) unless `Limits.network`;
 - memory (no swap), CPU and pids limits from `Limits`; the OOM killer and the pids cgroup act
@@ -9,12 +20,15 @@ What it covers:
 - a read-only root file system; the agent (uid 1000) can write only its workspace and /tmp,
   both size-capped tmpfs, plus /dev/shm (Docker's default, counted in the memory cap);
 - `/verifier` (`PROTECTED_DIR`) is a root-owned tmpfs: only `privileged=True` can write it;
-- per-exec timeouts that kill the command's whole process tree, daemonized children too; the
+- per-exec timeouts that kill the command's whole process tree, daemonized children too (the
+  executor stops and kills the command's process group and every process of it a /proc scan
+  finds, at the deadline; when its reply is late, the host-side kill below runs); the
   kill runs from the host (`agentrl.sandbox.hostkill`: the container's cgroup frozen, then its
   processes signalled), so a fork bomb holding every pid of the pids limit cannot delay it. An
   engine on another machine leaves only killers inside the container, which such a bomb can
   starve: past a few seconds the container is killed and the sandbox raises `SandboxDead`;
-- stdout/stderr capped while they stream, so a 100 MB print never reaches host memory;
+- stdout/stderr capped while they stream (inside the container, by the executor), so a 100 MB
+  print never reaches host memory;
 - `read_file` reads regular files only, in the container as the agent, at most
   `Limits.read_limit_bytes` (`/dev/zero`, a FIFO, a link to either: refused, nothing read);
 - engine trouble is named (`agentrl.sandbox.engine`): create/start/remove bounded in concurrency,
@@ -79,6 +93,15 @@ from agentrl.sandbox.base import (
 )
 from agentrl.sandbox.engine import Engine, is_engine_failure
 from agentrl.sandbox.engine import engine as engine_for
+from agentrl.sandbox.executor import (
+    EXEC_MARKER,
+    DockerStream,
+    ExecutorLost,
+    ExecutorSlot,
+    ExecutorUnavailable,
+    ResidentExecutor,
+    launch_argv,
+)
 from agentrl.sandbox.hostkill import CLK_TCK, CgroupView, Proc, host_uid, uptime_ticks
 
 log = logging.getLogger(__name__)
@@ -89,9 +112,8 @@ ROOT_USER = "0:0"
 # image's root-only files, and cannot write the workspace (0755, uid 1000) or /verifier (root's).
 VERIFIER_USER = f"{VERIFIER_UID}:{VERIFIER_UID}"
 _USERS: dict[Identity, str] = {"agent": AGENT_USER, "privileged": ROOT_USER, "verifier": VERIFIER_USER}
-# Every exec's processes inherit this variable (value: a fresh uuid per exec); on timeout the
+# Every exec's processes inherit `EXEC_MARKER` (value: a fresh uuid per exec); on timeout the
 # killer finds the command's whole tree by it, including children that left its session.
-EXEC_MARKER = "AGENTRL_EXEC"
 # Set on the keep-alive process only, so that no killer ever picks it.
 KEEPALIVE_MARKER = "AGENTRL_KEEPALIVE"
 KEEPALIVE_ENTRY = f"{KEEPALIVE_MARKER}=1".encode()
@@ -219,6 +241,8 @@ exec head -c "$2" -- "$p"
 _READ_TIMEOUT_S = 30.0
 # How long an exec killed by SIGKILL waits to learn whether its whole container was stopped.
 _STOP_CHECK_S = 0.5
+# The same when the resident executor's channel closed: was it the container's end, or tampering?
+_EXECUTOR_STOP_CHECK_S = 3.0
 
 # The killers inside the container (used only when the host cannot reach the container's
 # cgroup, e.g. a remote engine) are `docker exec`s: under a fork bomb each waits for a free pid
@@ -357,6 +381,8 @@ class DockerSandbox(SandboxBase):
         self._host_view: CgroupView | None = None
         self._host_resolved = False
         self._dead_why: str | None = None  # set when we killed the container ourselves
+        # The resident executor the agent's commands run through (`agentrl.sandbox.executor`).
+        self._executor = ExecutorSlot(self._start_executor, enabled=self.spec.executor)
         # First sandbox of this process: exit handlers for our containers, reap of dead runs.
         reaper.install_exit_handlers()
         if reaper.pending_removals():
@@ -449,10 +475,77 @@ class DockerSandbox(SandboxBase):
                     f"container from {image!r} would not start: {exc.explanation or exc}"
                 ) from exc
             raise
+        try:
+            self._executor.get()  # started with the sandbox, so a pool's warm one has it ready
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
+
+    # --- the resident executor -------------------------------------------------------------
+
+    def _start_executor(self) -> ResidentExecutor:
+        """One `docker exec` as the agent whose stdio stays attached: the executor's channel."""
+        with self._docker_errors():
+            exec_id = self._api.exec_create(
+                self._cid, launch_argv(), stdin=True, user=AGENT_USER, workdir=self.workdir
+            )["Id"]
+            sio = self._api.exec_start(exec_id, socket=True)
+        sio._sock.setblocking(False)
+        executor = ResidentExecutor(
+            DockerStream(sio, _buffered_prefix(sio)), name=self.name, workdir=self.workdir
+        )
+        try:
+            executor.start(reap=False)
+        except ExecutorLost as exc:
+            executor.close()
+            raise ExecutorUnavailable(exc.why) from exc
+        return executor
+
+    def _agent_executor(self) -> ResidentExecutor | None:
+        """The executor for an agent command or file (None: this sandbox runs without one)."""
+        if self._dead_why is not None:
+            self._dead(self._dead_why)
+        try:
+            return self._executor.get()
+        except ExecutorLost as exc:
+            self._executor_lost(exc)
+
+    def _executor_lost(self, exc: ExecutorLost) -> NoReturn:
+        if self._dead_why is not None:
+            self._dead(self._dead_why)
+        # The container's end takes its executor along; a loaded engine records it late, and the
+        # episode is over either way, so this waits longer than a command's check does.
+        if self._stopped_from_outside(_EXECUTOR_STOP_CHECK_S):
+            self._dead("its container was killed or stopped from outside (docker kill/stop/rm)")
+        raise SandboxDead(_tampered_message(self.id, exc.why))
+
+    def _container_running(self) -> bool:
+        try:
+            return bool(self._api.inspect_container(self._cid)["State"]["Running"])
+        except Exception:
+            return False
+
+    def _overdue(self, marker: str, elapsed_s: float) -> None:
+        """An agent command's reply is late past its deadline: the host-side killers take its processes."""
+        self._kill_tree(marker, AGENT_USER, elapsed_s)
+
+    def check_intact(self) -> None:
+        self._check_open()
+        if self._dead_why is not None:
+            self._dead(self._dead_why)
+        if (problem := self._executor.problem()) is not None:
+            raise SandboxDead(_tampered_message(self.id, problem))
 
     # --- commands --------------------------------------------------------------------------
 
     def _exec(self, request: ExecRequest) -> ExecResult:
+        if request.identity == "agent" and (executor := self._agent_executor()) is not None:
+            marker = uuid.uuid4().hex
+            try:
+                return executor.run(request, marker, lambda elapsed: self._overdue(marker, elapsed))
+            except ExecutorLost as exc:
+                self._executor_lost(exc)
         raw = self._run(
             list(request.argv),
             user=_USERS[request.identity],
@@ -608,13 +701,13 @@ class DockerSandbox(SandboxBase):
             raise SandboxDead(f"docker sandbox {self.id} died while running a command")
         raise SandboxError(f"docker never reported an exit code for exec {exec_id[:12]} in sandbox {self.id}")
 
-    def _stopped_from_outside(self) -> bool:
+    def _stopped_from_outside(self, wait_s: float = _STOP_CHECK_S) -> bool:
         """After an exec died of SIGKILL: did the container itself stop? The engine records a
         stop a few tens of milliseconds after the exec's stream ends, so wait for it, briefly."""
         import docker.errors
 
         try:
-            self._api.wait(self._cid, timeout=_STOP_CHECK_S, condition="not-running")
+            self._api.wait(self._cid, timeout=wait_s, condition="not-running")
         except docker.errors.NotFound:
             return True
         except Exception:
@@ -677,6 +770,20 @@ class DockerSandbox(SandboxBase):
         )
 
     def kill_agent_processes(self) -> None:
+        """Kill every process of the agent's, the resident executor with them (the next agent
+        command starts a new one). Raises `SandboxDead` afterwards when the executor had been
+        killed, replaced or frozen from inside: the episode must not be scored."""
+        problem = self._executor.problem() if not self._closed else None
+        retired = self._executor.retire()
+        try:
+            self._kill_agent_processes()
+        finally:
+            if retired is not None:
+                retired.close()
+        if problem is not None:
+            raise SandboxDead(_tampered_message(self.id, problem))
+
+    def _kill_agent_processes(self) -> None:
         host = self._host_cgroup()
         if host is not None and (uid := host_uid(host.init_pid, AGENT_UID)) is not None:
             if host.kill(lambda procs: [p.pid for p in procs if p.uid == uid], timeout_s=_HOST_KILL_S):
@@ -689,6 +796,8 @@ class DockerSandbox(SandboxBase):
 
     def _kill_all_inside(self, user: str, deadline: float) -> bool:
         """Kill every process of `user` (never root) from inside the container, trying until `deadline`."""
+        if user == AGENT_USER:
+            self._executor.retire()  # it is one of them: its end is ours, not the agent's doing
         uid = user.split(":")[0]
         while (left := deadline - time.monotonic()) > 0:
             raw = self._internal(["/bin/sh", "-c", _KILL_ALL_OF_UID, "agentrl-kill", uid], user, timeout=left)
@@ -716,17 +825,23 @@ class DockerSandbox(SandboxBase):
         raise SandboxDead(f"docker sandbox {self.id} ({self.name}) is gone: {why}; open a new sandbox")
 
     def alive(self) -> bool:
+        """Whether the container runs and its resident executor (if any) answers as itself."""
         if self._closed or not self._engine.healthy():
             return False  # an engine known to be down is not asked again (that costs a timeout)
-        try:
-            return bool(self._api.inspect_container(self._cid)["State"]["Running"])
-        except Exception:
-            return False
+        return self._container_running() and self._executor.problem() is None
 
     def _close(self) -> None:
         """Remove the container. With the engine down or hung, the removal is owed, not forgotten
         (`reaper.pending_removals()`): retried when the next sandbox opens, at exit, and, after
         this process ends, by the next start-up reap (the labels name it)."""
+        retired = self._executor.retire()
+        try:
+            self._remove_container()
+        finally:
+            if retired is not None:
+                retired.close()
+
+    def _remove_container(self) -> None:
         import docker.errors
 
         try:
@@ -745,6 +860,13 @@ class DockerSandbox(SandboxBase):
             log.warning("container %s is owed a removal: %s", self.name, exc)
             return
         reaper.unregister(self.name)
+
+
+def _tampered_message(sandbox_id: str, why: str) -> str:
+    return (
+        f"docker sandbox {sandbox_id}: its resident executor {why}; the agent's commands can no "
+        "longer be trusted there, so the sandbox is given up (the episode is not scored)"
+    )
 
 
 class _DockerErrors:
@@ -793,8 +915,21 @@ class _ContainerFiles:
     def lost(self) -> str | None:
         return None  # a container that went away says so at the next engine call
 
+    def _executor(self, privileged: bool) -> ResidentExecutor | None:
+        return None if privileged else self.sandbox._agent_executor()
+
     def write(self, path: str, data: bytes, *, mode: int, privileged: bool) -> None:
         target = self._path(path)
+        if (executor := self._executor(privileged)) is not None:
+            timeout = max(self.sandbox.limits.exec_timeout_s, _INTERNAL_TIMEOUT_S)
+            try:
+                reply = executor.write(target, data, mode, timeout)
+            except ExecutorLost as exc:
+                self.sandbox._executor_lost(exc)
+            if "ok" not in reply:
+                message = str(reply.get("message") or reply.get("error"))
+                self._raise_write_error(f"{message}: {target}", target, privileged)
+            return
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
             info = tarfile.TarInfo(target.lstrip("/"))
@@ -880,6 +1015,17 @@ class _ContainerFiles:
         users = [AGENT_USER]
         if target.startswith(PROTECTED_DIR + "/"):
             users.append(ROOT_USER)
+        if (executor := self._executor(False)) is not None:
+            try:
+                reply, data = executor.read(target, limit + 1, timeout)
+            except ExecutorLost as exc:
+                self.sandbox._executor_lost(exc)
+            if "ok" in reply:
+                return data
+            kind = reply.get("error")
+            if ROOT_USER not in users or kind not in ("missing", "permission"):
+                self._raise_read_error(str(kind), str(reply.get("message")), target, where)
+            users = [ROOT_USER]  # the verifier's own path, which the agent may not even see into
         raw = None
         for user in users:
             raw = self.sandbox._run(
@@ -898,20 +1044,35 @@ class _ContainerFiles:
             if "Permission denied" not in message and "agentrl-read: missing" not in message:
                 break
         assert raw is not None
-        if "agentrl-read: special" in message:
+        if raw.timed_out:
+            message += f" (timed out after {timeout:g}s: was it swapped for a FIFO while being read?)"
+        for kind in ("special", "outside", "missing", "directory"):
+            if f"agentrl-read: {kind}" in message:
+                self._raise_read_error(kind, message, target, where)
+        if "No such file" in message or "Not a directory" in message:
+            self._raise_read_error("missing", message, target, where)
+        if "Is a directory" in message:
+            self._raise_read_error("directory", message, target, where)
+        if "Permission denied" in message:
+            self._raise_read_error("permission", message, target, where)
+        self._raise_read_error("other", message, target, where)
+
+    @staticmethod
+    def _raise_read_error(kind: str, message: str, target: str, where: str) -> NoReturn:
+        """The error a read that failed for reason `kind` raises (the executor's kinds, and the
+        read script's)."""
+        if kind == "special":
             raise NotRegularFileError(
                 f"{target} in {where} is not a regular file (a device, FIFO or socket); refused"
             )
-        if "agentrl-read: outside" in message:
+        if kind == "outside":
             raise SandboxPathError(
                 f"{target} in {where} resolves outside {PROTECTED_DIR}; refused (it is read as the agent)"
             )
-        if "No such file" in message or "Not a directory" in message or "agentrl-read: missing" in message:
+        if kind == "missing":
             raise FileNotFoundError(errno.ENOENT, f"no such file in {where}", target)
-        if "agentrl-read: directory" in message or "Is a directory" in message:
+        if kind == "directory":
             raise IsADirectoryError(errno.EISDIR, f"is a directory in {where}", target)
-        if "Permission denied" in message:
+        if kind == "permission":
             raise PermissionError(errno.EACCES, f"unreadable in {where}", target)
-        if raw.timed_out:
-            message = f"timed out after {timeout:g}s (was it swapped for a FIFO while being read?)"
         raise SandboxError(f"could not read {target} in {where}: {message}")

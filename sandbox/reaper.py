@@ -7,6 +7,10 @@ process is gone: the pid is dead, the pid was reused by a newer process (start t
 or the machine rebooted since (boot id differs). Containers owned by other hosts are never
 judged: this machine cannot see their processes (use `reap(include_live=True)` there).
 
+A container's resident executor (`agentrl.sandbox.executor`) goes with it: it also ends by
+itself when its owner dies (its channel closes). bwrap sandboxes are reaped by
+`agentrl.sandbox.bwrap.reap_stale`, which also kills a resident executor its dead owner left.
+
 Four things call into here:
 - `install_signal_handlers()`, from every agentrl entry point that runs on the main thread
   (the CLI, `ToolEnv`, `rollout.collect`, `SandboxPool`, a sandbox opened there): SIGTERM and

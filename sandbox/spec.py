@@ -4,8 +4,8 @@
     spec = SandboxSpec(image="agentrl/base:bookworm", limits=Limits(memory_mb=512), env={"LANG": "C"})
     with open_sandbox("docker", spec) as sb: ...
 
-A `SandboxSpec` is the one place the five settings of a sandbox (image, limits, workdir, env,
-labels) are declared, defaulted and checked. Backends and the warm pool take a spec; the keyword
+A `SandboxSpec` is the one place the settings of a sandbox (image, limits, workdir, env, labels,
+executor) are declared, defaulted and checked. Backends and the warm pool take a spec; the keyword
 form `open_sandbox(backend, image=..., limits=...)` builds one. A spec is frozen and hashable: the
 pool keys its warm sandboxes by (backend, spec).
 """
@@ -20,7 +20,8 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-DEFAULT_IMAGE = "agentrl/base:bookworm"
+from agentrl.task import DEFAULT_IMAGE
+
 DEFAULT_WORKDIR = "/workspace"
 # Root-owned and unwritable by the agent: verifiers copy hidden tests here after the episode.
 PROTECTED_DIR = "/verifier"
@@ -149,6 +150,11 @@ class SandboxSpec:
     """Environment variables every exec starts with (an exec's own `env` adds to them)."""
     labels: Mapping[str, str] = field(default_factory=FrozenMap)
     """Recorded on the sandbox (docker: container labels) next to the run id, for the reaper and for you."""
+    executor: bool = True
+    """Run the agent's commands (and, on docker, its file reads and writes) through a resident
+    executor inside the sandbox: a fork per command instead of a fresh `docker exec` or bwrap
+    (`agentrl.sandbox.executor`). Off: every command starts from scratch. Privileged and verifier
+    commands never use it. An image without python3 runs without one."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip():
@@ -168,6 +174,8 @@ class SandboxSpec:
         object.__setattr__(self, "workdir", check_workdir(self.workdir))
         object.__setattr__(self, "env", check_string_map(self.env, "env"))
         object.__setattr__(self, "labels", check_string_map(self.labels, "labels"))
+        if not isinstance(self.executor, bool):
+            raise ValueError(f"executor must be True or False, got {self.executor!r}")
 
     @classmethod
     def of(cls, spec: SandboxSpec | None = None, **fields: Any) -> SandboxSpec:
@@ -202,6 +210,7 @@ class SpecFields(TypedDict, total=False):
     workdir: str | None
     env: Mapping[str, str] | None
     labels: Mapping[str, str] | None
+    executor: bool | None
 
 
 @dataclass(frozen=True)

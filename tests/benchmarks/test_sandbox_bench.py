@@ -45,11 +45,22 @@ def test_quick_run_prints_one_json_object_and_leaves_nothing_behind() -> None:
     assert overhead["ratio_p50"] > 0 and overhead["reps"] == result["config"]["reps"]
     concurrency = result["docker_concurrency"]
     assert concurrency["started"] == concurrency["answered_exec"] == concurrency["requested"]
+    assert concurrency["answered_through_executor"] == concurrency["requested"]
     assert concurrency["error"] is None
+
+    # Tool calls and env steps with and without the resident executor, at each concurrency.
+    for mode in ("docker_exec", "docker_executor"):
+        for n in result["config"]["concurrency"]:
+            calls = result["tool_calls"][mode][str(n)]
+            assert set(calls["latency_ms"]) == LATENCY_KEYS and calls["calls_per_s"] > 0, (mode, n, calls)
+            assert calls["cpu_ms_per_call"]["stack"] > 0 and len(calls["load_before"]) == 3
+            assert result["env_steps"][mode][str(n)]["steps_per_s"] > 0, (mode, n)
     assert {
         "docker.exec_overhead_ratio_p50",
         "docker.concurrent_sandboxes",
         "docker.pool_reset_p50_ms",
+        "docker.executor_p50_ms",
+        "docker.executor_speedup_p50",
     } <= set(result["targets"])
 
     import docker

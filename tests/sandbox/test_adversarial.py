@@ -59,10 +59,11 @@ def py(code: str) -> list[str]:
 
 
 def running_commands(box) -> list[str]:
-    """Command lines of every live process in the sandbox (zombies show as `[name] <defunct>`)."""
+    """Command lines of every live process in the sandbox (zombies show as `[name] <defunct>`),
+    but the resident executor's (`python3 -I -S -c ...'agentrl-executor'...`)."""
     r = box.exec(["ps", "-eo", "args="])
     assert r.exit_code == 0, r
-    return r.stdout.splitlines()
+    return [line for line in r.stdout.splitlines() if "agentrl-executor" not in line]
 
 
 def test_network_egress_refused(sb):

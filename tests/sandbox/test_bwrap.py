@@ -332,5 +332,8 @@ def _run_unprivileged(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "RLIMIT_NPROC (per exec)|RLIMIT_AS (per process)|tmpfs size cap (workspace and /tmp)"
+    assert lines[0] == (
+        "RLIMIT_NPROC (per bwrap: the agent's commands together)|RLIMIT_AS (per process)|"
+        "tmpfs size cap (workspace and /tmp)"
+    )
     assert lines[1:5] == ["fork-refused", "mem-refused", "hi", "disk-capped"]
