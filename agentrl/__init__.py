@@ -34,17 +34,17 @@ _LAZY: dict[str, str] = {
     "Tool": "agentrl.tools",
     "ToolContext": "agentrl.tools",
     "ToolError": "agentrl.tools",
-    "check_env": "agentrl.env_check",
-    "check_verifier": "agentrl.verifier_check",
-    "filter_tasks": "agentrl.verifier_check",
-    "VerifierCheck": "agentrl.verifier_check",
+    "check_env": "agentrl.checks.env_check",
+    "check_verifier": "agentrl.checks.verifier_check",
+    "filter_tasks": "agentrl.checks.verifier_check",
+    "VerifierCheck": "agentrl.checks.verifier_check",
     "Episode": "agentrl.episode",
     "run_episode": "agentrl.agents",
     "tool_call": "agentrl.agents",
     "last_tool_output": "agentrl.agents",
-    "Agent": "agentrl.types",
-    "AgentEnv": "agentrl.types",
-    "OracleEnv": "agentrl.types",
+    "Agent": "agentrl.protocols",
+    "AgentEnv": "agentrl.protocols",
+    "OracleEnv": "agentrl.protocols",
     "Message": "agentrl.types",
     "StepInfo": "agentrl.types",
     "AnswerOracle": "agentrl.agents",
@@ -55,10 +55,6 @@ _LAZY: dict[str, str] = {
 
 # Built-in ids into agentrl's registry and Gymnasium's (the registry module is light: no torch).
 importlib.import_module("agentrl.registry")
-
-# The module paths from before the stage packages (`agentrl.policy`, ...) still import, with a
-# DeprecationWarning naming the new path (docs/LAYOUT.md).
-importlib.import_module("agentrl._moved").install()
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Scripted agents and the plain episode loop: oracles, empty and random agents for tests and demonstrations.
 
 An agent maps the newest observation (a list of messages) to the next assistant message
-(`agentrl.types.Agent`):
+(`agentrl.protocols.Agent`):
 
     class Agent(Protocol):
         def act(self, observation: list[dict]) -> str: ...
@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.episode import Episode
 from agentrl.parsers import HERMES, ToolCallParser
-from agentrl.types import Agent, AgentEnv, Message
+from agentrl.protocols import Agent, AgentEnv
+from agentrl.types import Message
 
 if TYPE_CHECKING:
     from agentrl.task import Task

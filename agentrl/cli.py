@@ -16,11 +16,14 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-# The config models whose fields some options set: light modules (pydantic, no torch, no vLLM), read for
-# their defaults and descriptions so that each default is written once, in the model.
+# The config models whose fields are options: light modules (pydantic, no torch, no vLLM). Every field
+# becomes an option (`agentrl.cli_options`), with the field's description and default, so that each
+# setting is written once, in its model.
+from agentrl.cli_options import model_options, settings_command
 from agentrl.eval.evaluate import EvalConfig
+from agentrl.kit.warm_start import WarmStartRecipe
 from agentrl.rollout.config import RolloutConfig
-from agentrl.train.config import SFTConfig
+from agentrl.train.config import SFTConfig, TrainConfig
 
 _debug = os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
 
@@ -93,14 +96,6 @@ def _format_override(parser: str) -> dict[str, str]:
 _PARSER_HELP = "Tool-call format the environment is made with (hermes, llama3-json); default: its own."
 
 
-def _help(model_cls: Any, name: str, text: str = "") -> str:
-    """An option's help: `text` (else the field's description) and the field's default, from the model."""
-    field = model_cls.model_fields[name]
-    default = field.get_default(call_default_factory=True)
-    shown = ",".join(map(str, default)) if isinstance(default, list) else default
-    return f"{text or field.description} (default: {shown})"
-
-
 app = typer.Typer(
     help="agentrl: agentic multi-turn RL environments, verifiers, training and evaluation.",
     no_args_is_help=True,
@@ -144,6 +139,7 @@ tasks_app.add_typer(tasks_synth_app, name="synth")
 
 
 @envs_app.command("list")
+@env_app.command("list")  # `agentrl env list`: the same list, under the group of the other env commands
 def envs_list() -> None:
     """List every registered environment id (built-ins and `agentrl.envs` entry-point plugins)."""
     from agentrl.registry import all_specs
@@ -154,16 +150,17 @@ def envs_list() -> None:
 
 @env_app.command("show")
 def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0.")) -> None:
-    """Print an environment's spec, tools, and one sample task."""
+    """Print an environment's spec, its settings (type, default, what each does), tools, and one sample task."""
     import json
 
-    from agentrl.registry import make, spec
+    from agentrl.registry import make, settings_lines, spec
 
     s = spec(env_id)
     typer.echo(f"id:          {s.id}")
     typer.echo(f"entry point: {s.entry_point}")
     typer.echo(f"max turns:   {s.max_turns}")
     typer.echo(f"description: {s.description}")
+    typer.echo("\n".join(settings_lines(s)))
     env = make(env_id, backend="local", use_pool=False)
     typer.echo(
         f"tool calls:  at most {env.max_tool_calls_per_step} per message, {env.step_budget_s:g}s in all"
@@ -186,10 +183,10 @@ def env_check(
 ) -> None:
     """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
     from agentrl.agents import run_episode
-    from agentrl.env_check import check_env
+    from agentrl.checks.env_check import check_env
     from agentrl.errors import UserError
+    from agentrl.protocols import has_oracle
     from agentrl.registry import make
-    from agentrl.types import has_oracle
 
     env = make(env_id, backend=backend, **_format_override(parser))
     try:
@@ -202,7 +199,7 @@ def env_check(
         if tasks > 0 and not has_oracle(env):
             raise UserError(
                 f"{env_id} has no oracle, so the oracle half of the check cannot run: give the env an "
-                "oracle(task) -> agent (a method, or ToolEnv(oracle=...); README: Oracles), or pass --tasks 0"
+                "oracle(task) -> agent (a method, or ToolEnv(oracle=...); docs/ENVIRONMENTS.md, Oracles), or pass --tasks 0"
             )
         solved = 0
         for i in range(tasks):
@@ -252,8 +249,8 @@ def verifier_check(
 
     Prints each task as kept or dropped with the reason; exits 1 if any task is dropped.
     """
+    from agentrl.checks.verifier_check import check_verifier
     from agentrl.registry import make
-    from agentrl.verifier_check import check_verifier
 
     env = make(
         env_id, backend=backend, **_format_override(parser)
@@ -294,7 +291,7 @@ def verifier_audit(
     """
     import json
 
-    from agentrl.audit import AuditError, attacks, format_finding, run_audit
+    from agentrl.checks.audit import AuditError, attacks, format_finding, run_audit
     from agentrl.registry import make
 
     if list_attacks:
@@ -441,36 +438,16 @@ def model_init(
     typer.echo(init_tiny(out, seed=seed))
 
 
-@model_app.command("warm-start")
+@settings_command(
+    model_app,
+    "warm-start",
+    model_options(WarmStartRecipe, names={"demo_kinds": ("--demo-kinds", "--kinds")}),
+)
 def model_warm_start(
-    env: str = typer.Option("agentrl/calc-v0", "--env", help="Environment id; it must have an oracle."),
+    settings: dict[str, Any],
     out: str = typer.Option(
         ..., "--out", help="Checkpoint directory (reused when it holds the same recipe)."
     ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Seed of the init and of the SFT (recipe default: 0)."
-    ),
-    short_demos: int | None = typer.Option(
-        None, "--short-demos", help="Demonstrations of the short-context first stage (0 skips it)."
-    ),
-    short_epochs: float | None = typer.Option(None, "--short-epochs", help="SFT passes in the short stage."),
-    short_lr: float | None = typer.Option(
-        None, "--short-lr", help="SFT peak learning rate of the short stage."
-    ),
-    demos: int | None = typer.Option(
-        None, "--demos", help="Demonstrations in the environment's own context."
-    ),
-    kinds: str | None = typer.Option(
-        None, "--kinds", help="Comma-separated task kinds to demonstrate; default all."
-    ),
-    epochs: float | None = typer.Option(None, "--epochs", help="SFT passes over the demonstrations."),
-    lr: float | None = typer.Option(None, "--lr", help="SFT peak learning rate."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="SFT sequences per optimizer step."),
-    model_override: list[str] = typer.Option(
-        [], "--model-override", help="init_tiny override KEY=VALUE (e.g. hidden_size=128); repeatable."
-    ),
-    eval_tasks: int | None = typer.Option(None, "--eval-tasks", help="Held-out tasks for pass@1 (0 skips)."),
-    eval_samples: int | None = typer.Option(None, "--eval-samples", help="Samples per held-out task."),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the cached recipe matches."),
 ) -> None:
     """Tiny model -> oracle demonstrations -> SFT -> held-out pass@1, cached by the recipe's hash. Prints JSON.
@@ -480,74 +457,30 @@ def model_warm_start(
     """
     import json
 
-    from agentrl.kit.warm_start import WarmStartRecipe, warm_start
+    from agentrl.kit.warm_start import warm_start
 
-    overrides: dict[str, object] = {}
-    for item in model_override:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--model-override")
-        try:  # numbers and booleans as JSON; anything else is a string
-            overrides[key] = json.loads(value)
-        except ValueError:
-            overrides[key] = value
-    given = dict(
-        env=env,
-        seed=seed,
-        short_demos=short_demos,
-        short_epochs=short_epochs,
-        short_lr=short_lr,
-        demos=demos,
-        demo_kinds=[k.strip() for k in kinds.split(",") if k.strip()] if kinds else None,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        eval_tasks=eval_tasks,
-        eval_samples=eval_samples,
-    )
-    fields = {k: v for k, v in given.items() if v is not None}
-    if overrides:
-        fields["model_overrides"] = overrides
-    result = warm_start(out, WarmStartRecipe(**fields), force=force)
+    recipe = _validated(WarmStartRecipe, "option", **settings)
+    result = warm_start(out, recipe, force=force)
     typer.echo(json.dumps(result.model_dump(exclude={"record"}), indent=2))
 
 
-@app.command("sft")
+@settings_command(
+    app, "sft", model_options(SFTConfig, names={"only_passed": "--only-passed/--all"}, required=True)
+)
 def sft(
-    model: str = typer.Option(..., help="Checkpoint directory to start from."),
-    data: str = typer.Option(..., help="Trajectory JSONL (e.g. from `agentrl demos`)."),
-    out: str = typer.Option(..., help="Output checkpoint directory."),
-    epochs: float | None = typer.Option(None, help=_help(SFTConfig, "epochs")),
-    lr: float | None = typer.Option(None, help=_help(SFTConfig, "lr")),
-    batch_size: int | None = typer.Option(None, help=_help(SFTConfig, "batch_size")),
-    micro_batch_size: int | None = typer.Option(None, help=_help(SFTConfig, "micro_batch_size")),
-    all_trajectories: bool = typer.Option(
-        False, "--all", help="Also train on trajectories that did not pass."
-    ),
+    settings: dict[str, Any],
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
-    seed: int | None = typer.Option(None, help=_help(SFTConfig, "seed")),
 ) -> None:
     """Supervised fine-tuning on trajectories; only assistant tokens train (the RL loss mask)."""
     from agentrl.train.sft import launch
 
-    cfg = _validated(
-        SFTConfig,
-        "option",
-        model=model,
-        data=data,
-        out=out,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        micro_batch_size=micro_batch_size,
-        only_passed=not all_trajectories,
-        seed=seed,
-    )
+    cfg = _validated(SFTConfig, "option", **settings)
     typer.echo(str(launch(cfg, nproc=nproc)))
 
 
-@app.command("demos")
+@settings_command(app, "demos", model_options(RolloutConfig, into="rollout", flat=True, only={"concurrency"}))
 def demos(
+    settings: dict[str, Any],
     env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0; it must have an oracle."),
     n: int = typer.Option(..., "--n", min=1, help="How many demonstrations (one per task)."),
     out: str = typer.Option(..., "--out", help="Trajectory JSONL to write (the input of `agentrl sft`)."),
@@ -565,9 +498,6 @@ def demos(
         "local",
         "--backend",
         help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap.",
-    ),
-    concurrency: int | None = typer.Option(
-        None, "--concurrency", min=1, help=_help(RolloutConfig, "concurrency")
     ),
 ) -> None:
     """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
@@ -602,7 +532,7 @@ def demos(
         start=start,
         kinds=kind_list,
         backend=backend,
-        rollout=_validated(RolloutConfig, "option", concurrency=concurrency),
+        rollout=_validated(RolloutConfig, "option", **settings.get("rollout", {})),
     )
     typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
     if stats.passed < stats.episodes:
@@ -613,11 +543,18 @@ def demos(
         )
 
 
-@app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# Every field of TrainConfig, by section: what `agentrl train --help` lists (a field added to a section is
+# an option here, with its description, without an edit in this file).
+_TRAIN_OPTIONS = model_options(TrainConfig, panel="Top-level config keys", sections=True)
+
+
+@settings_command(app, "train", _TRAIN_OPTIONS, context_settings={"allow_extra_args": True})
 def train_cmd(
     ctx: typer.Context,
+    settings: dict[str, Any],
     config: str = typer.Argument(
-        ..., help="YAML or TOML config (see examples/); every field is in agentrl.train.config."
+        ...,
+        help="YAML or TOML config (see examples/); its keys are the options below, by section.",
     ),
     nproc: int = typer.Option(1, help="Processes (FSDP ranks); >1 launches torchrun."),
     force: bool = typer.Option(
@@ -638,21 +575,26 @@ def train_cmd(
     ray: bool = typer.Option(
         False,
         "--ray",
-        help="Rollout engines on the Ray cluster this machine joined (cluster.ray_address=auto).",
+        help="Rollout engines on the Ray cluster this machine joined (--cluster.ray-address auto).",
     ),
 ) -> None:
-    """GRPO training with the learnability curriculum under FSDP2. Extra `key.sub=value` arguments override the config.
+    """GRPO training with the learnability curriculum under FSDP2.
 
-    Resumes from the run directory's newest checkpoint when there is one (same config, or --force).
-    Ctrl-C saves a checkpoint and says how to continue.
+    Every config key is also an option (`--optim.lr 3e-5`, listed below by section; the defaults shown are
+    the models', which the config file's values replace), and so is an extra `key.sub=value` argument
+    (`optim.lr=3e-5`, the value read as YAML). Resumes from the run directory's newest checkpoint when
+    there is one (same config, or --force). Ctrl-C saves a checkpoint and says how to continue.
     """
     from agentrl.train.config import load_config
     from agentrl.train.trainer import launch
 
     overrides = list(ctx.args)
-    if ray and not any(a.startswith("cluster.ray_address=") for a in overrides):
+    given = "ray_address" in settings.get("cluster", {}) or any(
+        a.startswith("cluster.ray_address=") for a in overrides
+    )
+    if ray and not given:
         overrides.append("cluster.ray_address=auto")
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, settings=settings)
     typer.echo(
         str(
             launch(
@@ -662,77 +604,38 @@ def train_cmd(
     )
 
 
-@app.command("eval")
+@settings_command(
+    app,
+    "eval",
+    model_options(
+        EvalConfig,
+        exclude={"rollout"},
+        names={"models": "--model", "names": "--name", "ks": "--k", "samples": ("--samples", "--n")},
+        required=True,
+    ),
+    model_options(
+        RolloutConfig,
+        into="rollout",
+        flat=True,
+        exclude={"group_size"},  # each episode is its own rollout: `--samples` sets the episodes per task
+        panel="rollout: sampling and limits (the budget), episodes in flight",
+    ),
+)
 def eval_cmd(
-    env: str = typer.Option(..., "--env", help="Environment id, e.g. agentrl/calc-v0."),
-    model: list[str] = typer.Option(
-        ..., "--model", help="Checkpoint directory; repeat to compare models (first: before, last: after)."
-    ),
-    name: list[str] = typer.Option(
-        [], "--name", help="A name per --model (directory under --out, legend label); default: from the path."
-    ),
-    n: int | None = typer.Option(None, "--n", help=_help(EvalConfig, "n")),
-    k: str | None = typer.Option(
-        None, "--k", help=_help(EvalConfig, "ks", "Comma-separated k of pass@k; each k <= n.")
-    ),
-    split: str | None = typer.Option(None, "--split", help=_help(EvalConfig, "split")),
-    tasks: int | None = typer.Option(None, "--tasks", help=_help(EvalConfig, "num_tasks")),
-    temperature: float | None = typer.Option(None, help=_help(RolloutConfig, "temperature")),
-    top_p: float | None = typer.Option(None, help=_help(RolloutConfig, "top_p")),
-    max_turns: int | None = typer.Option(None, help=_help(EvalConfig, "max_turns")),
-    max_tokens_per_turn: int | None = typer.Option(None, help=_help(RolloutConfig, "max_tokens_per_turn")),
-    max_total_tokens: int | None = typer.Option(None, help=_help(RolloutConfig, "max_total_tokens")),
-    episode_timeout_s: float | None = typer.Option(None, help=_help(RolloutConfig, "episode_timeout_s")),
-    concurrency: int | None = typer.Option(None, help=_help(RolloutConfig, "concurrency")),
-    seed: int | None = typer.Option(None, help=_help(EvalConfig, "seed")),
+    settings: dict[str, Any],
     backend: str = typer.Option(
-        "", help="Sandbox backend override (docker, bwrap, local); part of the budget."
+        "", help="Sandbox backend override (docker, bwrap, local): env_kwargs' backend; part of the budget."
     ),
-    out: str | None = typer.Option(
-        None, "--out", help=_help(EvalConfig, "out", "Run directory (resumable: rerun to continue).")
-    ),
-    force: bool = typer.Option(False, "--force", help="Discard episodes recorded under a different budget."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Budget-controlled, resumable pass@k evaluation; writes episodes, summary.json, report.md and plots."""
     from agentrl.errors import check_model_dir
     from agentrl.eval.evaluate import evaluate
 
-    try:
-        ks = [int(x) for x in k.split(",") if x.strip()] if k is not None else None
-    except ValueError:
-        raise typer.BadParameter(
-            f"--k must be comma-separated integers, got {k!r}", param_hint="--k"
-        ) from None
-    for m in model:
+    for m in settings["models"]:
         check_model_dir(m)
-    cfg = _validated(
-        EvalConfig,
-        "option",
-        env=env,
-        models=model,
-        names=name or None,
-        n=n,
-        ks=ks,
-        split=split,
-        num_tasks=tasks,
-        max_turns=max_turns,
-        rollout=_validated(
-            RolloutConfig,
-            "option",
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens_per_turn=max_tokens_per_turn,
-            max_total_tokens=max_total_tokens,
-            episode_timeout_s=episode_timeout_s,
-            concurrency=concurrency,
-        ),
-        seed=seed,
-        env_kwargs={"backend": backend} if backend else {},
-        out=out,
-        force=force,
-        progress=not no_progress,
-    )
+    if backend:
+        settings["env_kwargs"] = {**settings.get("env_kwargs", {}), "backend": backend}
+    cfg = _validated(EvalConfig, "option", **settings)
     try:
         summaries = evaluate(cfg)  # a budget mismatch, an unknown env id: UserErrors, said in one line
     except KeyboardInterrupt:
@@ -746,22 +649,18 @@ def eval_cmd(
     typer.echo(f"report: {cfg.out}/report.md")
 
 
-@app.command("rollout")
+@settings_command(app, "rollout", model_options(RolloutConfig, flat=True))
 def rollout_cmd(
+    settings: dict[str, Any],
     env: str = typer.Option(..., "--env", help="Environment id, e.g. agentrl/calc-v0."),
     model: str = typer.Option(
         ..., "--model", help="Checkpoint directory (Hugging Face layout) served by vLLM."
     ),
-    n: int = typer.Option(8, "--n", help="Tasks: indices 0..N-1 of the environment's task generator."),
-    group_size: int | None = typer.Option(None, "--group-size", help=_help(RolloutConfig, "group_size")),
+    n: int = typer.Option(
+        8, "--tasks", "--n", min=1, help="Tasks: indices 0..N-1 of the environment's task generator."
+    ),
     out: str = typer.Option(..., "--out", help="Trajectory JSONL file to write."),
     split: str = typer.Option("train", "--split", help="Task split."),
-    max_tokens_per_turn: int | None = typer.Option(None, help=_help(RolloutConfig, "max_tokens_per_turn")),
-    max_total_tokens: int | None = typer.Option(None, help=_help(RolloutConfig, "max_total_tokens")),
-    episode_timeout_s: float | None = typer.Option(None, help=_help(RolloutConfig, "episode_timeout_s")),
-    concurrency: int | None = typer.Option(None, help=_help(RolloutConfig, "concurrency")),
-    temperature: float | None = typer.Option(None, help=_help(RolloutConfig, "temperature")),
-    top_p: float | None = typer.Option(None, help=_help(RolloutConfig, "top_p")),
     seed: int = typer.Option(0, help="Base seed of the episodes' sampling and environment seeds."),
     backend: str = typer.Option("", help="Sandbox backend override (docker, bwrap, local)."),
     in_process: bool | None = typer.Option(
@@ -771,28 +670,16 @@ def rollout_cmd(
     """Roll out N tasks x group-size episodes with a vLLM policy; write trajectories as JSONL."""
     from tqdm import tqdm
 
+    from agentrl.rollout.engine import make_policy
     from agentrl.rollout.loop import collect_sync
-    from agentrl.rollout.policy import VLLMPolicy, _has_cuda
     from agentrl.rollout.trajectory import save_trajectories
 
-    cfg = _validated(
-        RolloutConfig,
-        "option",
-        group_size=group_size,
-        max_tokens_per_turn=max_tokens_per_turn,
-        max_total_tokens=max_total_tokens,
-        episode_timeout_s=episode_timeout_s,
-        concurrency=concurrency,
-        temperature=temperature,
-        top_p=top_p,
-    )
+    cfg = _validated(RolloutConfig, "option", **settings)
     from agentrl.errors import check_model_dir
     from agentrl.registry import spec
 
     spec(env)  # an unknown id: a UserError naming the closest ones
     check_model_dir(model)
-    if n < 1:
-        raise typer.BadParameter(f"--n must be >= 1, got {n}", param_hint="--n")
     from agentrl.registry import task_source
 
     env_kwargs = {"backend": backend} if backend else {}
@@ -801,7 +688,6 @@ def rollout_cmd(
     from agentrl.runlog import quiet_libraries
 
     quiet_libraries(Path(f"{out}.engine.log"))  # vLLM's logs beside the trajectories, not over the bar
-    in_proc = (not _has_cuda()) if in_process is None else in_process
     bar = tqdm(total=n * cfg.group_size, desc="rollout", unit="ep")
     rewards: list[float] = []
 
@@ -810,13 +696,7 @@ def rollout_cmd(
         bar.set_postfix(mean_reward=f"{sum(rewards) / len(rewards):.3f}", last=t.finish_reason)
         bar.update(1)
 
-    with VLLMPolicy(
-        model,
-        in_process=in_proc,
-        seed=seed,
-        max_model_len=cfg.max_total_tokens,
-        engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
-    ) as policy:
+    with make_policy(model, cfg, seed=seed, in_process=in_process) as policy:
         trajectories = collect_sync(
             env, tasks, policy, cfg, seed=seed, env_kwargs=env_kwargs, on_trajectory=on_trajectory
         )
@@ -830,6 +710,53 @@ def rollout_cmd(
         f"{len(trajectories)} trajectories -> {out}; mean reward {sum(rewards) / len(rewards):.3f}; "
         f"finish reasons {reasons}; drifted {drifted}"
     )
+
+
+@settings_command(
+    app,
+    "gateway",
+    model_options(
+        RolloutConfig, flat=True, only={"temperature", "top_p", "max_tokens_per_turn", "max_total_tokens"}
+    ),
+)
+def gateway_cmd(
+    settings: dict[str, Any],
+    model: str = typer.Option(
+        ..., "--model", help="Checkpoint directory (Hugging Face layout) served by vLLM."
+    ),
+    sessions: int = typer.Option(1, "--sessions", min=1, help="Session URLs to open (one per episode)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on (0: any free port)."),
+    unix_socket: str = typer.Option("", "--unix-socket", help="Listen on this unix socket instead of TCP."),
+    parser: str = typer.Option("hermes", help="Tool-call format of the model (agentrl.parsers)."),
+    out: str = typer.Option(
+        "", "--out", help="Write the sessions' calls here as trajectories (JSONL) at exit."
+    ),
+    seed: int = typer.Option(0, help="The engine's sampling seed."),
+) -> None:
+    """Serve a checkpoint as an OpenAI-compatible API, one session URL per episode, until Ctrl-C."""
+    from agentrl.errors import check_model_dir
+    from agentrl.gateway.serve import serve
+    from agentrl.parsers import get_parser
+    from agentrl.rollout.engine import make_policy
+
+    cfg = _validated(RolloutConfig, "option", **settings)
+    check_model_dir(model)
+    get_parser(parser)  # an unknown format: one line naming the registered ones
+    with make_policy(model, cfg, seed=seed) as policy:
+        written = serve(
+            policy,
+            rollout=cfg,
+            sessions=sessions,
+            host=host,
+            port=port,
+            uds=unix_socket or None,
+            parser=parser,
+            out=out or None,
+            echo=typer.echo,
+        )
+    if out:
+        typer.echo(f"{written} trajectories -> {out}", err=True)
 
 
 @app.command("demo")

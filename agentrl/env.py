@@ -12,13 +12,16 @@ The contract is Gymnasium's, exactly:
 - Malformed calls, unknown tools, bad arguments, crashed or hung tools become error
   observations the model can read; `step` does not raise for anything the model writes.
 - One message runs at most `max_tool_calls_per_step` tool calls, within `step_timeout_s` in
-  all; the calls past either are not run, and the observation says so.
+  all; the calls past either are not run, and the observation says so. These limits, the turn
+  limit and the message length are pieces in `agentrl.step_limits`, composed by `step_limits()`.
 - Nothing the env runs can stall it: every tool call has a deadline (`tool_timeout_s`), host-side
   Python included; a call past it is abandoned and ends the episode `env_error`. The verifier has
   one too (`verifier_timeout_s`): past it, reward 0 with the reason.
 - `close()` is idempotent; `reset()` after `close()` works; `with env:` closes.
 
-Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and an oracle.
+Settings are typed: `ToolEnvSettings` (`agentrl.env_settings`), or a subclass's own model named
+by `settings_model`. Subclasses (see `agentrl.envs`) supply a task generator, tools, a verifier and
+an oracle.
 """
 
 from __future__ import annotations
@@ -28,27 +31,39 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium
+from pydantic import ValidationError
 
+from agentrl.env_settings import EnvSettingsError, ToolEnvSettings, settings_error
 from agentrl.episode import Episode, ToolCallRecord
 from agentrl.parsers import ParsedAction, ParseError, ToolCall, ToolCallParser, get_parser
 from agentrl.sandbox.base import (
     DEFAULT_WORKDIR,
     EngineUnavailable,
-    Limits,
     Sandbox,
     SandboxDead,
     SandboxError,
     open_sandbox,
 )
 from agentrl.spaces import Messages, UnicodeText
+from agentrl.step_limits import (
+    MessageLengthLimit,
+    Refusal,
+    StepLimit,
+    StepLimits,
+    StepState,
+    StepTimeLimit,
+    ToolCallLimit,
+    TurnLimit,
+)
 from agentrl.task import Task, TaskGenerator
 from agentrl.tasksource import TaskSource, as_task_source, coerce_task
-from agentrl.tools import Tool, ToolBox, ToolContext, ToolOutcome, ToolTimeout, run_tool
-from agentrl.types import FinishReason, Message, Split, StepInfo
+from agentrl.tools import ToolBox, ToolContext, ToolOutcome, ToolTimeout, run_tool
+from agentrl.types import FinishReason, Message, StepInfo
 from agentrl.verifiers import Verdict, Verifier, get, run_verifier
 from agentrl.verifiers.base import verifier_deadline
 
@@ -74,119 +89,133 @@ _NAME_ECHO = 80
 TOOL_DEADLINE_MARGIN_S = 30.0
 
 
+def _setting(name: str, doc: str) -> property:
+    """An attribute that reads and writes `self.settings.<name>` (validated on assignment)."""
+
+    def get(self: ToolEnv) -> Any:
+        return getattr(self.settings, name)
+
+    def set_(self: ToolEnv, value: Any) -> None:
+        self.set_setting(name, value)
+
+    return property(get, set_, doc=doc)
+
+
 class ToolEnv(gymnasium.Env[list, str]):
+    """A Gymnasium environment where the agent acts by calling tools (see the module docstring).
+
+        ToolEnv(tasks=..., tools=["bash", "submit"], verifier="exact-match", max_turns=6, backend="local")
+
+    Every keyword but `env_id`, `oracle` and `settings` is a setting of `settings_model`
+    (`ToolEnvSettings`, or a subclass's own): validated, with one-line errors naming the setting,
+    and documented by `agentrl env show ID`. `settings=` takes them as one model (or mapping), the
+    keywords then override it. `env.settings` holds them; `env.max_turns`, `env.exec_timeout_s`, ...
+    read and write it.
+    """
+
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
     #: Instructions at the top of the system prompt; subclasses override.
     instructions = (
         "You are a helpful agent. Use the tools to solve the task, then call `submit` with your answer."
     )
+    #: The settings this class takes; a subclass with settings of its own names its subclass here.
+    settings_model: ClassVar[type[ToolEnvSettings]] = ToolEnvSettings
     #: `max_tool_calls_per_step` when the caller does not set it; a game may allow fewer.
     default_max_tool_calls_per_step: ClassVar[int] = DEFAULT_MAX_TOOL_CALLS_PER_STEP
     #: The procedural task supply of a subclass, `task_generator(seed)`, used when no `tasks` are given.
     task_generator: ClassVar[Callable[[int], TaskGenerator] | None] = None
 
+    split = _setting("split", "The split reset() draws from.")
+    backend = _setting("backend", "Sandbox backend: docker, bwrap or local.")
+    limits = _setting("limits", "Resource limits of each sandbox.")
+    use_pool = _setting("use_pool", "Whether sandboxes come from the process-wide warm pool.")
+    tools_in_prompt = _setting("tools_in_prompt", "Whether the tools' schemas are in the system prompt.")
+    max_turns = _setting("max_turns", "Most assistant messages per episode.")
+    max_action_chars = _setting("max_action_chars", "Longest assistant message read, in characters.")
+    exec_timeout_s = _setting("exec_timeout_s", "Timeout of one command a tool runs, in seconds.")
+    step_timeout_s = _setting("step_timeout_s", "The tool calls' budget per message (None: the default).")
+    tool_timeout_s = _setting("tool_timeout_s", "Deadline of one tool call (None: the default).")
+    verifier_timeout_s = _setting("verifier_timeout_s", "Deadline of the verifier (None: the default).")
+    sandbox_env = _setting("sandbox_env", "Environment variables every sandbox starts with.")
+    render_mode = _setting("render_mode", "Gymnasium render mode: ansi, or None.")
+
     def __init__(
         self,
         *,
-        tasks: TaskGenerator | Sequence[Task] | Any,
-        tools: Sequence[Tool | str],
-        verifier: Verifier | str | tuple[str, dict] = "exact-match",
-        max_turns: int = 10,
-        split: Split = "train",
-        backend: str = "docker",
-        limits: Limits | dict | None = None,
-        use_pool: bool = True,
-        parser: str = "hermes",
-        tools_in_prompt: bool = True,
-        exec_timeout_s: float = 30.0,
-        verifier_timeout_s: float | None = None,
-        max_action_chars: int = 65536,
-        max_tool_calls_per_step: int | None = None,
-        step_timeout_s: float | None = None,
-        tool_timeout_s: float | None = None,
-        sandbox_env: dict[str, str] | None = None,
+        settings: ToolEnvSettings | Mapping[str, Any] | None = None,
         env_id: str | None = None,
-        render_mode: str | None = None,
         oracle: Callable[[Task], Any] | None = None,
+        **overrides: Any,
     ):
         """
-        max_tool_calls_per_step: most tool calls one message runs (None: the class's
-            `default_max_tool_calls_per_step`, 4 for ToolEnv, see `DEFAULT_MAX_TOOL_CALLS_PER_STEP`
-            for why); the rest are not run and the observation says so.
-        step_timeout_s: wall-clock budget of all the tool calls of one message (None: twice
-            `exec_timeout_s`). Each call's command timeout is cut to what is left of it; calls that
-            find it spent are not run. The verifier's time is not part of it.
-        tool_timeout_s: wall-clock deadline of one tool call, whatever the tool does (host-side
-            Python included; None: `exec_timeout_s` + `TOOL_DEADLINE_MARGIN_S`). A call past it is
-            abandoned and ends the episode `env_error`, with the reason in `error`; the call's
-            thread cannot be stopped, so it is left to finish and its result is dropped. Raise it
-            for a tool that runs several long commands.
-        verifier_timeout_s: wall-clock deadline of the verifier (None: the verifier's own
-            `timeout_s` + `agentrl.verifiers.base.VERIFIER_DEADLINE_MARGIN_S` when it declares one,
-            else `DEFAULT_VERIFIER_TIMEOUT_S`, 300 s). Past it the verifier is abandoned and the
-            episode scores 0, the reason in the verdict's `details`.
+        settings: the settings as one model or mapping (`settings_model`'s fields); `overrides`, the
+            same fields as keywords, replace its values. Unknown names and values of the wrong type
+            are an `EnvSettingsError` (a `UserError`, a `ValueError`).
+        env_id: the registered id (`agentrl.make` passes it): names the sandboxes and the errors.
+        oracle: the reference solution, `oracle(task)` -> an agent (docs/ENVIRONMENTS.md, Oracles), for a class
+            that does not define an `oracle` method.
+
+        The time limits, in short (`ToolEnvSettings` has them all): `step_timeout_s` is the budget of
+        one message's tool calls (None: 2 x `exec_timeout_s`); `tool_timeout_s` the deadline of one
+        call whatever it does (None: `exec_timeout_s` + `TOOL_DEADLINE_MARGIN_S`; past it the call is
+        abandoned and the episode ends `env_error`, its thread left to finish); `verifier_timeout_s`
+        the verifier's (None: its own `timeout_s` + `VERIFIER_DEADLINE_MARGIN_S`, else
+        `DEFAULT_VERIFIER_TIMEOUT_S`; past it the episode scores 0 with the reason).
         """
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if max_tool_calls_per_step is not None and max_tool_calls_per_step < 1:
-            raise ValueError(f"max_tool_calls_per_step must be >= 1, got {max_tool_calls_per_step}")
-        if step_timeout_s is not None and step_timeout_s <= 0:
-            raise ValueError(f"step_timeout_s must be > 0 seconds, got {step_timeout_s}")
-        if tool_timeout_s is not None and tool_timeout_s <= 0:
-            raise ValueError(
-                f"tool_timeout_s must be > 0 seconds (or None for the default), got {tool_timeout_s}"
-            )
-        if verifier_timeout_s is not None and verifier_timeout_s <= 0:
-            raise ValueError(
-                f"verifier_timeout_s must be > 0 seconds (or None for the default), got {verifier_timeout_s}"
-            )
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode {render_mode!r} not supported; use 'ansi' or None")
-        # Generators, lists, JSONL paths, datasets: one validated view (agentrl.tasksource).
-        self.tasks: TaskSource = as_task_source(tasks, name=env_id or type(self).__name__)
-        self.parser = get_parser(parser)
-        if oracle is not None:  # the reference solution: oracle(task) -> an agent (README: Oracles)
-            self.oracle = _in_format(oracle, self.parser)
-        self.toolbox = ToolBox.of(list(tools))
-        if isinstance(verifier, str):
-            verifier = get(verifier)
-        elif isinstance(verifier, tuple):
-            verifier = get(verifier[0], **verifier[1])
-        self.verifier: Verifier = verifier
-        self.max_turns = max_turns
-        self.split: Split = split
-        self.backend = backend
-        self.limits = limits if isinstance(limits, Limits) else Limits(**(limits or {}))
-        self.use_pool = use_pool
-        self.tools_in_prompt = tools_in_prompt
-        self.exec_timeout_s = exec_timeout_s
-        self.verifier_timeout_s = verifier_timeout_s
-        self.max_action_chars = max_action_chars
-        self.max_tool_calls_per_step = (
-            self.default_max_tool_calls_per_step
-            if max_tool_calls_per_step is None
-            else max_tool_calls_per_step
-        )
-        self.step_timeout_s = step_timeout_s
-        self.tool_timeout_s = tool_timeout_s
-        # Environment variables every sandbox of this env starts with (the agent can change them
-        # in its own commands; verifiers run with their own clean environment).
-        self.sandbox_env = dict(sandbox_env or {})
         self.env_id = env_id or type(self).__name__
-        self.render_mode = render_mode
+        self.settings = s = self.settings_model.build(settings, what=self.env_id, **overrides)
+        # Generators, lists, JSONL paths, datasets: one validated view (agentrl.tasksource).
+        tasks = (
+            as_task_source(s.tasks, name=self.env_id)
+            if s.tasks is not None
+            else type(self).make_tasks(**s.as_kwargs(), env_id=self.env_id)
+        )
+        if tasks is None:
+            raise EnvSettingsError(
+                f"{self.env_id} has no tasks: give tasks= (a generator, a list of tasks, a JSONL path, a "
+                "dataset), or set task_generator on the class"
+            )
+        self.tasks: TaskSource = tasks
+        if s.tools is None:
+            raise EnvSettingsError(
+                f"{self.env_id} has no tools: give tools= (@agentrl.tool functions or built-in names like "
+                "'bash' and 'submit')"
+            )
+        self.parser = get_parser(s.parser)
+        if oracle is not None:  # the reference solution: oracle(task) -> an agent (docs/ENVIRONMENTS.md, Oracles)
+            self.oracle = _in_format(oracle, self.parser)
+        self.toolbox = ToolBox.of(list(s.tools))
+        self.verifier: Verifier = self.make_verifier()
         self.observation_space = Messages()
-        self.action_space = UnicodeText(max_length=max_action_chars)
+        self.action_space = UnicodeText(max_length=s.max_action_chars)
         self.sandbox: Sandbox | None = None
         self.task: Task | None = None
         self.episode: Episode | None = None
         self._ctx: ToolContext | None = None
-        if backend == "docker":
+        if s.backend == "docker":
             # From the main thread (where envs are usually made), so that SIGTERM/SIGINT remove
             # this process's containers even when a rollout opens them on worker threads.
             from agentrl.sandbox.reaper import install_signal_handlers
 
             install_signal_handlers()
+
+    @property
+    def max_tool_calls_per_step(self) -> int:
+        """Most tool calls one message runs: the setting, else the class's `default_max_tool_calls_per_step`."""
+        value = self.settings.max_tool_calls_per_step
+        return self.default_max_tool_calls_per_step if value is None else value
+
+    @max_tool_calls_per_step.setter
+    def max_tool_calls_per_step(self, value: int | None) -> None:
+        self.set_setting("max_tool_calls_per_step", value)
+
+    def set_setting(self, name: str, value: Any) -> None:
+        """Change one setting, validated (an `EnvSettingsError` in one line when it does not)."""
+        try:
+            setattr(self.settings, name, value)
+        except ValidationError as exc:
+            raise settings_error(exc, type(self.settings), self.env_id) from None
 
     @property
     def step_budget_s(self) -> float:
@@ -205,7 +234,27 @@ class ToolEnv(gymnasium.Env[list, str]):
         """The verifier's deadline: `verifier_timeout_s`, else its own `timeout_s` plus a margin, else 300 s."""
         return verifier_deadline(self.verifier, self.verifier_timeout_s)
 
+    def step_limits(self) -> list[StepLimit]:
+        """The limits every step applies, in order (`agentrl.step_limits`); a subclass adds its own."""
+        return [
+            MessageLengthLimit(self.max_action_chars),
+            ToolCallLimit(self.max_tool_calls_per_step),
+            StepTimeLimit(self.step_budget_s),
+            TurnLimit(self.max_turns),
+        ]
+
     # --- hooks for subclasses ---------------------------------------------------------
+    def make_verifier(self) -> Verifier:
+        """The verifier `settings.verifier` names: a registered name, (name, kwargs), or an instance.
+        A subclass whose default depends on its other settings overrides this."""
+        verifier = self.settings.verifier
+        if isinstance(verifier, str):
+            return get(verifier)
+        if isinstance(verifier, tuple | list):  # a list: (name, kwargs) as YAML writes it
+            name, kwargs = verifier
+            return get(name, **kwargs)
+        return verifier
+
     @property
     def needs_sandbox(self) -> bool:
         return self.toolbox.needs_sandbox or getattr(self.verifier, "needs_sandbox", False)
@@ -323,155 +372,158 @@ class ToolEnv(gymnasium.Env[list, str]):
         return obs, info
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        action = self._begin_turn(action)
+        limits = StepLimits(tuple(self.step_limits()))
+        st = _Step()
+        calls = self._read_calls(action, limits, st)  # parse: a message past its length limit runs nothing
+        self._run_calls(calls, limits, st)  # run the tools: the call and time limits admit each call
+        ep = self.episode
+        assert ep is not None
+        if not ep.done:  # the limits that end an episode between turns (the turn limit)
+            ep.finish_reason = limits.ends_episode(ep)
+        ep.messages.extend(st.obs)
+        return self._step_result(st)
+
+    def _step_result(self, st: _Step) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """The observation, and the verdict's reward when the episode is over (the verifier runs here)."""
+        ep = self.episode
+        assert ep is not None
+        terminated = ep.finish_reason == "submitted"
+        truncated = ep.done and not terminated
+        verdict = self._finish() if ep.done else None
+        info = StepInfo(
+            step_tool_calls=st.calls_run,
+            step_tool_calls_not_run=st.not_run,
+            step_tool_errors=st.errors,
+            step_tool_timeouts=st.timeouts,
+            **ep.stats(),
+            verdict=verdict,
+            error=ep.error if ep.done else None,
+        )
+        reward = verdict.reward if verdict is not None else 0.0
+        return st.obs, reward, terminated, truncated, info.as_dict()
+
+    def _begin_turn(self, action: Any) -> str:
+        """Count the turn and record the assistant's message, whatever it is, as text (returned)."""
         if self.episode is None or self._ctx is None or self.task is None:
             raise RuntimeError("call reset() before step()")
         if self.episode.done:
             raise RuntimeError(
                 f"the episode is over ({self.episode.finish_reason}); call reset() to start a new one"
             )
-        ep = self.episode
-        ep.turns += 1
         if not isinstance(action, str):
             action = "" if action is None else str(action)
-        ep.messages.append({"role": "assistant", "content": action})
-        step_calls = step_errors = step_timeouts = 0
-        obs: list[Message] = []
+        self.episode.turns += 1
+        self.episode.messages.append({"role": "assistant", "content": action})
+        return action
 
-        if len(action) > self.max_action_chars:
-            ep.format_errors += 1
-            step_errors += 1
-            obs.append(
-                self._error_message(
-                    f"Error: your message is {len(action)} characters long; the limit is {self.max_action_chars}. "
-                    "Nothing was run. Send a shorter message with one tool call."
-                )
-            )
-            parsed = ParsedAction()
-        else:
-            parsed = self._parse(action)
-
+    def _read_calls(self, action: str, limits: StepLimit, st: _Step) -> list[ToolCall]:
+        """The message's well-formed tool calls; what is wrong with it becomes error observations."""
+        refusal = limits.check_action(action)
+        if refusal is not None:
+            st.format_error(self.episode, self._error_message(f"Error: {refusal.reason}."))
+            return []
+        parsed = self._parse(action)
         for err in parsed.errors:
-            ep.format_errors += 1
-            step_errors += 1
-            obs.append(
+            message = f"Error: {err.message}. Got: {err.raw}\nWrite tool calls exactly like this:\n"
+            st.format_error(self.episode, self._error_message(message + self.parser.format_hint, role="tool"))
+        if not parsed.calls and not parsed.errors:
+            st.format_error(
+                self.episode,
                 self._error_message(
-                    f"Error: {err.message}. Got: {err.raw}\nWrite tool calls exactly like this:\n{self.parser.format_hint}",
-                    role="tool",
-                )
+                    "Error: no tool call found in your message. Call a tool (or `submit` your answer) like "
+                    f"this:\n{self.parser.format_hint}"
+                ),
             )
-        if not parsed.calls and not parsed.errors and len(action) <= self.max_action_chars:
-            ep.format_errors += 1
-            step_errors += 1
-            obs.append(
-                self._error_message(
-                    "Error: no tool call found in your message. Call a tool (or `submit` your answer) like this:\n"
-                    f"{self.parser.format_hint}"
-                )
-            )
+        return list(parsed.calls)
 
-        calls = list(parsed.calls)
-        limit = self.max_tool_calls_per_step
-        deadline = time.monotonic() + self.step_budget_s
-        not_run: list[ToolCall] = []
-        not_run_why = ""
+    def _run_calls(self, calls: list[ToolCall], limits: StepLimit, st: _Step) -> None:
+        """Run the calls in order until one ends the episode or a limit refuses the rest."""
+        ep = self.episode
+        assert ep is not None and self._ctx is not None
+        st.started_s = time.monotonic()  # the step's time budget covers the calls, not the parsing
         for i, call in enumerate(calls):
-            if i >= limit:
-                not_run = calls[i:]
-                not_run_why = f"at most {limit} tool call(s) run per message in this environment; "
-                not_run_why += "call the others in your next message"
-                ep.format_errors += 1
-                step_errors += 1
-                break
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                not_run = calls[i:]
-                not_run_why = f"this message's tool calls used up its time budget of {self.step_budget_s:g}s"
-                break
-            step_calls += 1
+            refusal = limits.admit_call(i, st)
+            if refusal is not None:
+                self._not_run(calls[i:], refusal, st)
+                return
+            st.calls_run += 1
             ep.tool_calls += 1
             # A tool's commands get what is left of the step's budget, never more than their own timeout.
-            self._ctx.exec_timeout_s = min(self.exec_timeout_s, left_s)
+            self._ctx.exec_timeout_s = limits.cap_exec_timeout(self.exec_timeout_s, st)
             try:
-                outcome, record = self._run_call(call)
-            except SandboxDead as exc:
-                if isinstance(exc, EngineUnavailable):
-                    ep.error = f"{_name(call)}: {exc}"
-                    content = f"Error: the sandbox's engine stopped answering; the episode ends. ({exc})"
-                else:
-                    ep.error = f"sandbox died during {_name(call)}: {exc}"
-                    content = "Error: the sandbox died; the episode ends."
-                ep.finish_reason = "env_error"
-                ep.calls.append(ToolCallRecord(_name(call), "ran", is_error=True))
-                obs.append({"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": content})
-                break
-            except ToolTimeout as exc:
-                # The call goes on in its abandoned thread and may still touch this episode's tool
-                # state (`ctx.state`, the sandbox): the episode cannot go on, and is not scored.
-                # Nothing of the call reaches the episode's record but this.
-                ep.error = str(exc)
-                ep.finish_reason = "env_error"
-                ep.tool_errors += 1
-                ep.tool_timeouts += 1
-                step_errors += 1
-                step_timeouts += 1
-                ep.calls.append(
-                    ToolCallRecord(
-                        _name(call), "ran", is_error=True, timed_out=True, duration_s=exc.timeout_s
-                    )
-                )
-                content = (
-                    f"Error: tool '{_name(call)}' did not finish within {exc.timeout_s:g}s; the episode ends."
-                )
-                obs.append({"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": content})
-                break
+                outcome = self._run_one(call, st)
             finally:
                 self._ctx.exec_timeout_s = self.exec_timeout_s
-            ep.calls.append(record)
-            step_errors += outcome.is_error
-            step_timeouts += outcome.timed_out
-            ep.tool_errors += outcome.is_error
-            ep.tool_timeouts += outcome.timed_out
-            obs.append(
-                {"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": outcome.content}
-            )
+            if outcome is None:  # the sandbox or the tool failed: the episode is over
+                return
             if outcome.terminal:
                 ep.submission = outcome.submission
                 ep.finish_reason = "submitted"
                 skipped = calls[i + 1 :]
                 ep.calls.extend(ToolCallRecord(_name(c), "not_run") for c in skipped)
                 if skipped:
-                    obs[-1]["content"] += (
+                    st.obs[-1]["content"] += (
                         f" ({len(skipped)} later tool call(s) in the same message were not run.)"
                     )
-                break
-        if not_run:
-            ep.calls.extend(ToolCallRecord(_name(c), "not_run") for c in not_run)
-            names = ", ".join(_name(c) for c in not_run[:8]) + (", ..." if len(not_run) > 8 else "")
-            obs.append(
-                self._error_message(
-                    f"Error: {len(not_run)} tool call(s) of your message were not run ({names}): {not_run_why}.",
-                    role="tool",
-                )
+                return
+
+    def _run_one(self, call: ToolCall, st: _Step) -> ToolOutcome | None:
+        """Run one call and record it; None when it ended the episode (`env_error`)."""
+        ep = self.episode
+        assert ep is not None
+        try:
+            outcome, record = self._run_call(call)
+        except SandboxDead as exc:
+            if isinstance(exc, EngineUnavailable):
+                ep.error = f"{_name(call)}: {exc}"
+                content = f"Error: the sandbox's engine stopped answering; the episode ends. ({exc})"
+            else:
+                ep.error = f"sandbox died during {_name(call)}: {exc}"
+                content = "Error: the sandbox died; the episode ends."
+            ep.finish_reason = "env_error"
+            ep.calls.append(ToolCallRecord(_name(call), "ran", is_error=True))
+            st.obs.append(_tool_message(call, content))
+            return None
+        except ToolTimeout as exc:
+            # The call goes on in its abandoned thread and may still touch this episode's tool
+            # state (`ctx.state`, the sandbox): the episode cannot go on, and is not scored.
+            # Nothing of the call reaches the episode's record but this.
+            ep.error = str(exc)
+            ep.finish_reason = "env_error"
+            ep.tool_errors += 1
+            ep.tool_timeouts += 1
+            st.errors += 1
+            st.timeouts += 1
+            ep.calls.append(
+                ToolCallRecord(_name(call), "ran", is_error=True, timed_out=True, duration_s=exc.timeout_s)
             )
+            content = (
+                f"Error: tool '{_name(call)}' did not finish within {exc.timeout_s:g}s; the episode ends."
+            )
+            st.obs.append(_tool_message(call, content))
+            return None
+        ep.calls.append(record)
+        st.errors += outcome.is_error
+        st.timeouts += outcome.timed_out
+        ep.tool_errors += outcome.is_error
+        ep.tool_timeouts += outcome.timed_out
+        st.obs.append(_tool_message(call, outcome.content))
+        return outcome
 
-        if not ep.done and ep.turns >= self.max_turns:
-            ep.finish_reason = "max_turns"
-        ep.messages.extend(obs)
-
-        terminated = ep.finish_reason == "submitted"
-        truncated = ep.done and not terminated
-        verdict = self._finish() if ep.done else None
-        info = StepInfo(
-            step_tool_calls=step_calls,
-            step_tool_calls_not_run=len(not_run),
-            step_tool_errors=step_errors,
-            step_tool_timeouts=step_timeouts,
-            **ep.stats(),
-            verdict=verdict,
-            error=ep.error if ep.done else None,
+    def _not_run(self, calls: list[ToolCall], refusal: Refusal, st: _Step) -> None:
+        """Record the calls a limit refused, and tell the model which and why."""
+        assert self.episode is not None
+        self.episode.calls.extend(ToolCallRecord(_name(c), "not_run") for c in calls)
+        names = ", ".join(_name(c) for c in calls[:8]) + (", ..." if len(calls) > 8 else "")
+        message = self._error_message(
+            f"Error: {len(calls)} tool call(s) of your message were not run ({names}): {refusal.reason}.",
+            role="tool",
         )
-        reward = verdict.reward if verdict is not None else 0.0
-        return obs, reward, terminated, truncated, info.as_dict()
+        st.not_run = len(calls)
+        if refusal.format_error:
+            st.format_error(self.episode, None)
+        st.obs.append(message)
 
     def _parse(self, action: str) -> ParsedAction:
         """The parser's reading of `action`, never an exception: a parser (ours or a plugin) that
@@ -520,6 +572,12 @@ class ToolEnv(gymnasium.Env[list, str]):
     def _finish(self) -> Verdict:
         """Run the verifier on the finished episode, then release the sandbox."""
         assert self.episode is not None and self.task is not None
+        check = getattr(self.sandbox, "check_intact", None)
+        if self.episode.finish_reason != "env_error" and check is not None:
+            try:
+                check()  # what ran the agent's commands was killed or replaced from inside
+            except SandboxDead as exc:
+                self.episode.finish_reason, self.episode.error = "env_error", str(exc)
         if self.episode.finish_reason == "env_error":
             verdict = Verdict(0.0, False, f"episode ended by an environment error: {self.episode.error}")
         else:
@@ -574,3 +632,25 @@ def _name(call: ToolCall) -> str:
     """A call's tool name as echoed back to the model: bounded, whatever the model wrote."""
     name = str(call.name)
     return name if len(name) <= _NAME_ECHO else name[:_NAME_ECHO] + "..."
+
+
+def _tool_message(call: ToolCall, content: str) -> Message:
+    return {"role": "tool", "name": _name(call), "tool_call_id": call.id, "content": content}
+
+
+@dataclass
+class _Step(StepState):
+    """One step in progress: what its limits see (`StepState`), its observation and its counts."""
+
+    obs: list[Message] = field(default_factory=list)
+    errors: int = 0
+    timeouts: int = 0
+    not_run: int = 0
+
+    def format_error(self, episode: Episode | None, message: Message | None) -> None:
+        """Count one format error of the model's (and say what it was, when `message` is given)."""
+        assert episode is not None
+        episode.format_errors += 1
+        self.errors += 1
+        if message is not None:
+            self.obs.append(message)

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agentrl.types import CallStatus, FinishReason, Message
-
-if TYPE_CHECKING:
-    from agentrl.verifiers import Verdict
+from agentrl.types import CallStatus, FinishReason, Message, Verdict
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,22 @@ def did_you_mean(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> st
     return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
+def did_you_mean_path(path: str | os.PathLike[str], dirs_only: bool = False) -> str:
+    """ " Did you mean 'dir/x'?" for the closest entry beside a path that does not exist (a directory,
+    if `dirs_only`), with the directory part as it was given, so the suggestion can be used as is; ""
+    when nothing is close or the directory does not exist either."""
+    text = os.fspath(path).rstrip("/")
+    folder = os.path.dirname(text)  # as typed: "", "./", "~/runs", "/abs"
+    try:
+        entries = [p for p in Path(folder or ".").expanduser().iterdir() if not dirs_only or p.is_dir()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(os.path.basename(text), [p.name for p in entries], n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return f" Did you mean {os.path.join(folder, close[0])!r}?"
+
+
 def one_line(text: str) -> str:
     """Collapse whitespace (newlines included) so a message prints as one line."""
     return " ".join(str(text).split())
@@ -172,12 +188,7 @@ def check_model_dir(model: str | os.PathLike[str], what: str = "--model") -> Non
         first = Path(text.split("/", 1)[0])
         if _HUB_ID.match(text) and not first.is_dir():
             return  # a Hub id: transformers and vLLM resolve it (download or their cache)
-        parent = path.parent if str(path.parent) not in ("", ".") else Path(".")
-        hint = ""
-        if parent.is_dir():
-            hint = did_you_mean(path.name, [p.name for p in parent.iterdir() if p.is_dir()])
-            if hint:
-                hint = hint.replace("'", f"'{parent}/", 1) if str(parent) != "." else hint
+        hint = did_you_mean_path(text, dirs_only=True)
         raise UserError(f"{what} {text}: no such directory.{hint}".rstrip("."))
     if not path.is_dir():
         raise UserError(
@@ -210,7 +221,7 @@ def check_nonempty_file(path: str | os.PathLike[str], what: str, kind: str = "JS
     """A data file must exist, be a file and hold at least one non-blank line."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"{what} {p}: no such file.{did_you_mean(p.name, _siblings(p))}".rstrip("."))
+        raise UserError(f"{what} {p}: no such file.{did_you_mean_path(p)}".rstrip("."))
     if not p.is_file():
         raise UserError(f"{what} {p} is a directory, not a {kind} file")
     with p.open("rb") as f:
@@ -218,11 +229,3 @@ def check_nonempty_file(path: str | os.PathLike[str], what: str, kind: str = "JS
             if line.strip():
                 return
     raise UserError(f"{what} {p} is empty: no {kind} records in it")
-
-
-def _siblings(p: Path) -> list[str]:
-    parent = p.parent if str(p.parent) else Path(".")
-    try:
-        return [x.name for x in parent.iterdir()]
-    except OSError:
-        return []

@@ -18,6 +18,7 @@ import difflib
 import functools
 import importlib
 import importlib.metadata
+import inspect
 import re
 import threading
 import warnings
@@ -25,12 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import UserError
+from agentrl.errors import UserError, did_you_mean
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from agentrl.protocols import AgentEnv
     from agentrl.task import Task
     from agentrl.tasksource import TaskSource
-    from agentrl.types import AgentEnv, Split
+    from agentrl.types import Split
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 _ID_RE = re.compile(r"^(?:(?P<namespace>[\w.-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
@@ -49,6 +53,9 @@ class EnvSpec:
     (`ToolEnv.default_max_tool_calls_per_step`: 4, or 1 for a game like guess-number)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    settings: type[BaseModel] | None = None
+    """The settings model of an entry point that declares none itself (a factory function); an
+    environment class names its own as `settings_model` (`agentrl.env_settings`)."""
 
     @property
     def namespace(self) -> str | None:
@@ -104,9 +111,15 @@ def register(
     verifier: str | tuple[str, dict] | None = None,
     max_tool_calls_per_step: int | None = None,
     description: str = "",
+    settings: type[BaseModel] | None = None,
     **kwargs: Any,
 ) -> EnvSpec:
-    """Register an environment; `kwargs` become the constructor's defaults."""
+    """Register an environment; `kwargs` become the constructor's defaults.
+
+    `settings`: the pydantic model of the entry point's settings, for one that does not name its
+    own (`settings_model` of a `ToolEnv` class): `make` then validates the keyword arguments with
+    it and passes every field (its defaults included) to the entry point.
+    """
     parse_env_id(id)
     if max_tool_calls_per_step is not None and max_tool_calls_per_step < 1:
         raise ValueError(f"max_tool_calls_per_step must be >= 1 (or None), got {max_tool_calls_per_step}")
@@ -122,6 +135,7 @@ def register(
         max_tool_calls_per_step=max_tool_calls_per_step,
         kwargs=dict(kwargs),
         description=description,
+        settings=settings,
     )
     registry[id] = spec
     _register_with_gymnasium(id)
@@ -241,6 +255,8 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> AgentEnv:
     s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)  # spec() handles "module:id"
     kwargs = _constructor_kwargs(s, overrides)
     cls = _load_entry_point(s.entry_point)
+    if s.settings is not None:  # a declared model the entry point does not apply itself
+        kwargs = {**kwargs, **_fields(_validated(s, s.settings, kwargs, cls))}
     env = cls(**kwargs)
     spec_fields = ("max_turns", "verifier", "max_tool_calls_per_step", "env_id")
     env.spec = replace(
@@ -253,6 +269,107 @@ def make(env_id: str | EnvSpec, **overrides: Any) -> AgentEnv:
         ),
     )
     return env
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+def settings_model(env_id: str | EnvSpec) -> tuple[type[BaseModel] | None, bool]:
+    """The settings model of an environment, and whether it declares it.
+
+    Declared: `register(settings=...)`, or `settings_model` named by the entry point's class itself.
+    A class that inherits its model without naming one (a `ToolEnv` subclass that adds keyword
+    arguments of its own) has it undeclared: the model covers only the settings it knows. None: no
+    model at all (a factory function registered without one)."""
+    from pydantic import BaseModel
+
+    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)
+    if s.settings is not None:
+        return s.settings, True
+    cls = _load_entry_point(s.entry_point)
+    model = getattr(cls, "settings_model", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None, False
+    return model, "settings_model" in getattr(cls, "__dict__", {})
+
+
+def _explicit_parameters(entry: Callable[..., Any]) -> set[str]:
+    """The keyword parameters the entry point names itself (`env_id`, `oracle`, ...): not settings."""
+    try:
+        params = inspect.signature(entry).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def _validated(
+    s: EnvSpec, model: type[BaseModel], kwargs: dict[str, Any], entry: Callable[..., Any], strict: bool = True
+) -> Any:
+    """`kwargs` validated by `model`: all of them (`strict`), or only the ones it knows."""
+    from pydantic import ValidationError
+
+    from agentrl.env_settings import EnvSettings, EnvSettingsError, settings_error
+
+    known = set(model.model_fields)
+    explicit = _explicit_parameters(entry) - known
+    data = {k: v for k, v in kwargs.items() if k in known or (strict and k not in explicit)}
+    unknown = sorted(set(data) - known)  # a model that ignores extra keys must not hide a misspelling
+    if unknown:
+        hint = did_you_mean(unknown[0], known)
+        fix = f" (`agentrl env show {s.id}` lists them)" if "/" in s.id else ""
+        what = f"unknown key '{unknown[0]}'" + (f".{hint}" if hint else "")
+        raise EnvSettingsError(f"invalid settings of {s.id}: {what}{fix}")
+    try:
+        if issubclass(model, EnvSettings):
+            return model.build(data, what=s.id)
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise settings_error(exc, model, s.id) from None
+
+
+def settings_lines(env_id: str | EnvSpec) -> list[str]:
+    """The environment's settings as `agentrl env show` prints them: each with its type, default and
+    what it does."""
+    import textwrap
+
+    from agentrl.env_settings import describe
+
+    s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)
+    model, declared = settings_model(s)
+    if model is None:
+        return ["settings:    none declared (keyword arguments go to the entry point as they are given)"]
+    how = "agentrl.make(id, name=value), or env_kwargs: {name: value} in a config"
+    if not declared:
+        how += f"; inherited: {s.id} may take keyword arguments of its own too"
+    lines = [f"settings:    ({model.__name__}; set with {how})"]
+    for name, kind, default, description in describe(model):
+        lines.append(f"  {name}: {kind} = {default}")
+        lines += textwrap.wrap(description, width=100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return lines
+
+
+def _fields(settings: Any) -> dict[str, Any]:
+    """Every field of a validated settings model, as keyword arguments (the objects, not a dump)."""
+    return {name: getattr(settings, name) for name in type(settings).model_fields}
+
+
+def check_env_kwargs(env_id: str | EnvSpec, env_kwargs: dict[str, Any]) -> None:
+    """Validate a config's `env_kwargs` against the environment's settings model, at load time.
+
+    An unknown name or a value of the wrong type is an `EnvSettingsError` naming it (and the
+    closest known name). An environment without a declared model is checked only on the settings
+    its inherited model knows; one with no model at all, not at all. An id that does not resolve is
+    left for `make` to report where it always has."""
+    try:
+        s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)
+        model, declared = settings_model(s)
+        entry = _load_entry_point(s.entry_point)
+    except (UserError, ImportError, AttributeError):
+        return
+    if model is None:
+        return
+    kwargs = {k: v for k, v in _constructor_kwargs(s, env_kwargs).items() if k != "env_id"}
+    _validated(s, model, kwargs, entry, strict=declared)
 
 
 def task_source(env_id: str | EnvSpec, *, split: Split = "train", **overrides: Any) -> TaskSource:
@@ -270,6 +387,9 @@ def task_source(env_id: str | EnvSpec, *, split: Split = "train", **overrides: A
     s = env_id if isinstance(env_id, EnvSpec) else spec(env_id)
     kwargs = _constructor_kwargs(s, {"split": split, **overrides})
     cls = _load_entry_point(s.entry_point)
+    model, declared = settings_model(s)
+    if declared and s.settings is None:  # the class's own model: its tasks from its validated settings
+        kwargs = {**kwargs, **_fields(_validated(s, model, kwargs, cls))}
     make_tasks = getattr(cls, "make_tasks", None)
     source = make_tasks(**kwargs) if callable(make_tasks) else None
     if source is not None:
@@ -292,10 +412,41 @@ def get_task(env_id: str | EnvSpec, index: int, *, split: Split = "train", **ove
     return task_source(env_id, split=split, **overrides).get(index, split)
 
 
-def _register_builtins() -> None:
-    from agentrl.envs import register_builtins
+# The built-in environments (their table is in agentrl/envs/__init__.py), by entry-point string as
+# any plugin's: the registry never imports an environment's module before `make` needs its class.
+BUILTINS: tuple[tuple[str, str, int, str], ...] = (
+    (
+        "agentrl/calc-v0",
+        "agentrl.envs.calc:CalcEnv",
+        4,
+        "Arithmetic and word problems; compute with python, then submit the number.",
+    ),
+    (
+        "agentrl/calc-levels-v0",
+        "agentrl.envs.calc_levels:CalcLevelsEnv",
+        4,
+        "calc-v0's arithmetic in 6 difficulty levels: a mixed pool, or one level with level=N.",
+    ),
+    (
+        "agentrl/sqlite-v0",
+        "agentrl.envs.sqlite:SqliteEnv",
+        8,
+        "A shop database in SQLite: answer questions by querying it, or change it (checked by state).",
+    ),
+    (
+        "agentrl/guess-number-v0",
+        "agentrl.envs.guess_number:GuessNumberEnv",
+        12,
+        "Stateful multi-turn game: find the secret number with higher/lower feedback.",
+    ),
+    (
+        "agentrl/python-repair-v0",
+        "agentrl.envs.python_repair.env:PythonRepairEnv",
+        30,
+        "Fix a bug planted by an AST mutation in a real package; scored by the package's own tests.",
+    ),
+)
+"""(id, entry point, max_turns, description) of each built-in environment."""
 
-    register_builtins()
-
-
-_register_builtins()
+for _id, _entry_point, _max_turns, _description in BUILTINS:
+    register(_id, _entry_point, max_turns=_max_turns, description=_description)

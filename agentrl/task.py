@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.sandbox.base import DEFAULT_IMAGE
 from agentrl.types import Split
+
+DEFAULT_IMAGE = "agentrl/base:bookworm"
+"""The sandbox image a task runs in unless it names another (and a sandbox's, unless asked for another)."""
 
 
 class Task(BaseModel):
@@ -65,10 +67,6 @@ def split_rng_seed(seed: int, split: Split, index: int) -> int:
     """A 63-bit seed for one task: disjoint streams per split, stable across Python versions (no `hash()`)."""
     digest = hashlib.sha256(f"{seed}/{split}/{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def generate_tasks(generator: TaskGenerator, n: int, split: Split = "train", start: int = 0) -> list[Task]:
-    return [generator.generate(i, split) for i in range(start, start + n)]
 
 
 def save_tasks(path: str | Path, tasks: Iterable[Task]) -> int:

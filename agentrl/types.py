@@ -1,5 +1,6 @@
 """The types every stage shares, each defined once: messages, splits, how an episode ends, the step
-record, and the environment contract that `agentrl.make` returns.
+record and the verifier's verdict. The environment contract that `agentrl.make` returns (`AgentEnv`)
+is in `agentrl.protocols`, with the stage that implements it.
 
     env: AgentEnv = agentrl.make("agentrl/calc-v0")
     obs, info = env.reset(seed=0)                  # obs: list[Message]
@@ -10,21 +11,13 @@ Gymnasium's `info` dict stays what Gymnasium expects (a `dict`); its keys are de
 `StepInfo`, whose `as_dict()` the environment returns. agentrl's own stages never read `info`: they
 read `env.episode` (an `agentrl.episode.Episode`), the typed running record of the episode.
 
-This module imports nothing of agentrl at run time, so any module may import it.
+This module imports nothing of agentrl, so any module may import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, runtime_checkable
-
-if TYPE_CHECKING:
-    from agentrl.episode import Episode
-    from agentrl.parsers import ToolCallParser
-    from agentrl.task import Task
-    from agentrl.tasksource import TaskSource
-    from agentrl.tools import ToolBox
-    from agentrl.verifiers import Verdict
+from typing import Any, Literal, NotRequired, TypedDict
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant", "tool")
@@ -44,17 +37,33 @@ class Message(TypedDict):
 Split = Literal["train", "validation", "test"]
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
 
-FinishReason = Literal["submitted", "max_turns", "max_tokens", "timeout", "env_error", "engine_error"]
-"""How an episode ended: `submitted` (the agent called a terminal tool: `terminated`), `max_turns`
-(the environment's turn limit), `max_tokens` (the rollout's context budget), `timeout` (the rollout's
-wall-clock limit), `env_error` (the environment or its sandbox failed) or `engine_error` (the rollout
-engine serving it died, `agentrl.rollout.ray_policy`); all but `submitted` are `truncated`. `timeout`,
-`env_error` and `engine_error` episodes say nothing about the policy and are not trained on."""
+FinishReason = Literal[
+    "submitted", "max_turns", "max_tokens", "timeout", "env_error", "engine_error", "agent_error"
+]
+"""How an episode ended: `submitted` (the agent called a terminal tool, or a harness agent returned:
+`terminated`), `max_turns` (the environment's turn limit), `max_tokens` (the rollout's context budget),
+`timeout` (the rollout's wall-clock limit), `env_error` (the environment or its sandbox failed),
+`engine_error` (the rollout engine serving it died, `agentrl.rollout.ray_policy`) or `agent_error` (a
+harness agent raised, `agentrl.gateway.harness`); all but `submitted` are `truncated`. `timeout`,
+`env_error`, `engine_error` and `agent_error` episodes say nothing reliable about the policy and are not
+trained on."""
 
 CallStatus = Literal["ran", "invalid_arguments", "unknown_tool", "not_run"]
 """What became of one tool call: `ran` (the tool was invoked with valid arguments, whatever it then
 returned), `invalid_arguments` (refused by the tool's schema: nothing happened), `unknown_tool`, or
 `not_run` (past the per-step call limit or time budget, or after `submit` in the same message)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verifier's score of one episode (`agentrl.verifiers`: `verify(sandbox, task, episode)`)."""
+
+    reward: float
+    passed: bool
+    details: str = ""
+    """Why: what failed, or why the verifier could not run (a deadline, a crash, a missing capability)."""
+    duration_s: float = 0.0
+    """How long the verifier took."""
 
 
 @dataclass(frozen=True)
@@ -94,60 +103,3 @@ class StepInfo:
         if self.error is not None:
             out["error"] = self.error
         return out
-
-
-class Agent(Protocol):
-    """Maps the newest observation (the messages since its last turn) to its next message."""
-
-    def act(self, observation: list[Message]) -> str: ...
-
-
-@runtime_checkable
-class AgentEnv(Protocol):
-    """The environment contract the stages rely on (`agentrl.make` returns one; `ToolEnv` keeps it).
-
-    Gymnasium's `reset`/`step`/`close`, plus what rollout, evaluation and the checks read:
-    the episode's typed record (`episode`), its task (`task`), ending an episode from outside with a
-    verdict (`end_episode`: the rollout's token and wall-clock limits), the task supply (`tasks`),
-    the tools and the tool-call format. `options={"task": Task}` or `{"index": i}` picks the task.
-    """
-
-    env_id: str
-    max_turns: int
-    tasks: TaskSource
-    task: Task | None
-    """The current episode's task (None before the first reset)."""
-    episode: Episode | None
-    """The current episode's typed record (None before the first reset)."""
-    toolbox: ToolBox
-    parser: ToolCallParser
-    """The tool-call format: the system block that advertises the tools, rendering and parsing calls."""
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[Message], dict[str, Any]]: ...
-
-    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]: ...
-
-    def end_episode(self, reason: FinishReason, error: str | None = None) -> Verdict: ...
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class OracleEnv(AgentEnv, Protocol):
-    """An environment that can solve its own tasks (optional part of the contract).
-
-    `oracle(task)` returns a fresh agent that solves `task` when played through
-    `reset(options={"task": task})` and `step`, its calls written in the env's format
-    (`env.parser.render_call`). `agentrl env check` (it must score 1), `check_verifier` (the
-    verifier must accept its solution) and demonstrations need it; `has_oracle(env)` says whether an
-    environment has one.
-    """
-
-    def oracle(self, task: Task) -> Agent: ...
-
-
-def has_oracle(env: Any) -> bool:
-    """Whether `env` offers the optional `oracle(task)` of the contract."""
-    return callable(getattr(env, "oracle", None))

@@ -19,7 +19,7 @@ train`'s config:
 - `dapo`:     fresh tasks, zero-variance groups dropped and the batch refilled (DAPO's dynamic sampling
               without the band);
 - `adaptive`: the band, plus probes at a difficulty level the curriculum steers so that probes pass
-              about half the time (`curriculum.difficulty`, `agentrl.train.difficulty`).
+              about half the time (`curriculum.difficulty`, `agentrl.train.curriculum.leveled`).
 
 The real pipeline in one process: a vLLM engine (in-process), the rollout engine and the sandbox
 backend (`--backend`, default bwrap), the trainer's `grpo_step` under FSDP2 (one gloo rank), and the
@@ -169,11 +169,11 @@ def run_arm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import agentrl
-    from agentrl.train.curriculum import Curriculum
+    from agentrl.rollout.weight_sync import WeightSync
+    from agentrl.train.curriculum import build_curriculum
     from agentrl.train.distributed import init_distributed, shard_model
     from agentrl.train.producer import RolloutProducer
     from agentrl.train.trainer import grpo_step, train_placement
-    from agentrl.train.weight_sync import WeightSync
 
     cfg = base_config(args, model_dir, out / f"{arm}-seed{seed}", seed, arm)
     info = init_distributed()
@@ -188,7 +188,7 @@ def run_arm(
     sync.push()  # the engine holds the previous run's weights
 
     env = agentrl.make(cfg.env, **{**cfg.env_kwargs, "backend": "local", "use_pool": False})
-    curriculum = Curriculum.from_source(env.tasks, config=cfg.curriculum)
+    curriculum = build_curriculum(env.tasks, cfg.curriculum)
     env.close()
 
     sampled = {"tokens": 0, "episodes": 0}

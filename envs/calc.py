@@ -10,10 +10,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from pydantic import Field
+
 from agentrl.agents import ScriptedOracle, first_number, last_tool_output
 from agentrl.env import ToolEnv
+from agentrl.env_settings import ToolEnvSettings
 from agentrl.task import Task, split_rng_seed
 from agentrl.types import Message, Split
+from agentrl.verifiers import Verifier, get
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jun", "Kofi", "Lena"]
 
@@ -105,35 +109,43 @@ class CalcOracle(ScriptedOracle):
         return self.call("submit", answer=first_number(out))
 
 
+class CalcSettings(ToolEnvSettings):
+    """calc-v0's settings: ToolEnv's, with its own tools, verifier and turn limit, and `require_python`."""
+
+    tools: list[Any] | None = Field(
+        default_factory=lambda: ["python", "submit"],
+        description="The tools the agent calls (@agentrl.tool functions or built-in names).",
+    )
+    verifier: Any = Field(
+        None,
+        description="How an episode is scored: a verifier's name, (name, kwargs) or a Verifier. None: the "
+        "numeric match, gated on having called python when require_python.",
+    )
+    max_turns: int = Field(
+        4,
+        ge=1,
+        description="Most assistant messages per episode: a python call and a submit, and two to spare.",
+    )
+    require_python: bool = Field(
+        True,
+        description="Score 0 unless python ran (the default verifier's tool-used gate): the task says to "
+        "compute, not to guess.",
+    )
+
+
 class CalcEnv(ToolEnv):
+    settings_model = CalcSettings
     task_generator = CalcTaskGenerator
     instructions = (
         "You are a careful assistant that solves math problems. Compute with the python tool, "
         "then call submit with only the final number."
     )
 
-    def __init__(
-        self,
-        *,
-        seed: int = 0,
-        tools: list | None = None,
-        verifier: Any = None,
-        max_turns: int = 4,
-        require_python: bool = True,
-        **kwargs: Any,
-    ):
-        if verifier is None:
-            verifier = (
-                "composite",
-                {"parts": [("numeric", 1.0)], "gates": ["tool-used"] if require_python else []},
-            )
-        super().__init__(
-            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
-            tools=tools or ["python", "submit"],
-            verifier=verifier,
-            max_turns=max_turns,
-            **kwargs,
-        )
+    def make_verifier(self) -> Verifier:
+        if self.settings.verifier is not None:
+            return super().make_verifier()
+        gates = ["tool-used"] if self.settings.require_python else []
+        return get("composite", parts=[("numeric", 1.0)], gates=gates)
 
     def oracle(self, task: Task) -> CalcOracle:
         return CalcOracle(task, self.parser)

@@ -23,8 +23,9 @@ level, uniformly and as a pure function of (seed, split, index), so every consum
 (every arm of a benchmark) sees the same tasks; with `level=` set, every task has that level. Ids
 name the level: `calc-levels/train/L3/17`.
 
-A generator with `levels` and `generate_at` is a *leveled generator* (`agentrl.train.difficulty`): the
-curriculum can steer its level with its probes (`curriculum.difficulty.adaptive`).
+A generator with `levels` and `generate_at` is a *leveled generator*
+(`agentrl.train.curriculum.leveled`): the curriculum can steer its level with its probes
+(`curriculum.difficulty.adaptive`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from agentrl.envs.calc import CalcEnv
+from pydantic import Field, model_validator
+
+from agentrl.envs.calc import CalcEnv, CalcSettings
 from agentrl.task import Split, Task, split_rng_seed
 from agentrl.tasksource import TaskSource
 
@@ -91,12 +94,34 @@ class LeveledCalcTasks:
         )
 
 
+class CalcLevelsSettings(CalcSettings):
+    """calc-levels-v0's settings: calc-v0's, and which levels its tasks come from."""
+
+    levels: int = Field(
+        len(LADDER),
+        ge=1,
+        le=len(LADDER),
+        description=f"How many levels of the ladder the pool has (the first N of {len(LADDER)}).",
+    )
+    level: int | None = Field(
+        None,
+        ge=0,
+        description="Every task at this level (0 .. levels-1); None: the mixed pool, each task its own level.",
+    )
+
+    @model_validator(mode="after")
+    def _level_in_range(self) -> CalcLevelsSettings:
+        if self.level is not None and self.level >= self.levels:
+            raise ValueError(
+                f"level must be in 0..{self.levels - 1} (levels={self.levels}), got {self.level}"
+            )
+        return self
+
+
 class CalcLevelsEnv(CalcEnv):
     """calc-v0 with `LeveledCalcTasks`: `level=None` (default) is the mixed pool, an int fixes the level."""
 
-    def __init__(self, *, seed: int = 0, levels: int = len(LADDER), level: int | None = None, **kwargs: Any):
-        kwargs.setdefault("tasks", LeveledCalcTasks(seed, levels, level))
-        super().__init__(seed=seed, **kwargs)
+    settings_model = CalcLevelsSettings
 
     @classmethod
     def make_tasks(
@@ -109,7 +134,7 @@ class CalcLevelsEnv(CalcEnv):
         env_id: str | None = None,
         **kwargs: Any,
     ) -> TaskSource | None:
-        """The leveled pool (not calc-v0's generator) for `agentrl.task_source`, as the constructor builds it."""
+        """The leveled pool (not calc-v0's generator), for the constructor and `agentrl.task_source`."""
         return super().make_tasks(
             tasks=tasks if tasks is not None else LeveledCalcTasks(seed, levels, level),
             seed=seed,

@@ -14,8 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 from agentrl.agents import ScriptedOracle, last_tool_output
 from agentrl.env import ToolEnv
+from agentrl.env_settings import ToolEnvSettings
 from agentrl.parsers import HERMES, ToolCallParser
 from agentrl.task import Task, split_rng_seed
 from agentrl.tools import ToolContext, ToolOutcome, tool
@@ -82,24 +85,31 @@ class BinarySearchOracle(ScriptedOracle):
         return self.call("guess", number=self.last)
 
 
+class GuessNumberSettings(ToolEnvSettings):
+    """guess-number-v0's settings: ToolEnv's, with the game's tool, one guess per turn and its turn limit."""
+
+    tools: list[Any] | None = Field(
+        default_factory=lambda: [guess], description="The tools the agent calls: the game's guess."
+    )
+    max_turns: int = Field(
+        math.ceil(math.log2(1000)) + 2,
+        ge=1,
+        description="Most assistant messages per episode: a binary search over the largest range (1..1000), "
+        "and two to spare.",
+    )
+    max_tool_calls_per_step: int | None = Field(
+        1,
+        description="Guesses one message runs: the feedback is the game, and with parallel calls 100 "
+        "guesses in one message would win in two turns whatever the strategy.",
+    )
+
+
 class GuessNumberEnv(ToolEnv):
     instructions = "You are playing a number-guessing game. Use the guess tool; think like a binary search."
-    # One guess per turn: the feedback is the game. With parallel calls, 100 guesses in one
-    # message would win in two turns whatever the strategy.
+    settings_model = GuessNumberSettings
+    # One guess per turn (see GuessNumberSettings), also when a caller passes None.
     default_max_tool_calls_per_step = 1
     task_generator = GuessNumberTaskGenerator
-
-    def __init__(
-        self, *, seed: int = 0, max_turns: int | None = None, verifier: Any = "exact-match", **kwargs: Any
-    ):
-        # Enough turns for a binary search over the largest range, plus two to spare.
-        super().__init__(
-            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
-            tools=[guess],
-            verifier=verifier,
-            max_turns=max_turns or math.ceil(math.log2(1000)) + 2,
-            **kwargs,
-        )
 
     def initial_state(self, task: Task) -> GameState:
         return GameState(secret=int(task.answer or 0), low=task.metadata["low"], high=task.metadata["high"])

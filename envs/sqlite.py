@@ -12,8 +12,11 @@ import shlex
 import sqlite3
 from typing import Any
 
+from pydantic import Field
+
 from agentrl.agents import ScriptedOracle, last_tool_output
 from agentrl.env import ToolEnv
+from agentrl.env_settings import ToolEnvSettings
 from agentrl.task import Task, split_rng_seed
 from agentrl.types import Message, Split
 
@@ -161,29 +164,28 @@ class SqliteOracle(ScriptedOracle):
         )
 
 
+class SqliteSettings(ToolEnvSettings):
+    """sqlite-v0's settings: ToolEnv's, with its own tools, verifier and turn limit."""
+
+    tools: list[Any] | None = Field(
+        default_factory=lambda: ["bash", "python", "submit"],
+        description="The tools the agent calls (@agentrl.tool functions or built-in names).",
+    )
+    verifier: Any = Field(
+        "auto",
+        description="How an episode is scored: auto checks a query task's answer and a change task's database "
+        "state; or a verifier's name, (name, kwargs), or a Verifier.",
+    )
+    max_turns: int = Field(8, ge=1, description="Most assistant messages per episode.")
+
+
 class SqliteEnv(ToolEnv):
+    settings_model = SqliteSettings
     task_generator = SqliteTaskGenerator
     instructions = (
         "You are a database assistant. Inspect and query the SQLite database with the tools "
         "(the sqlite3 command-line shell is installed), then call submit."
     )
-
-    def __init__(
-        self,
-        *,
-        seed: int = 0,
-        tools: list | None = None,
-        verifier: Any = "auto",
-        max_turns: int = 8,
-        **kwargs: Any,
-    ):
-        super().__init__(
-            tasks=self.make_tasks(seed=seed, tasks=kwargs.pop("tasks", None)),
-            tools=tools or ["bash", "python", "submit"],
-            verifier=verifier,
-            max_turns=max_turns,
-            **kwargs,
-        )
 
     def oracle(self, task: Task) -> SqliteOracle:
         return SqliteOracle(task, self.parser)

@@ -10,7 +10,9 @@ with open_sandbox("bwrap", spec) as sb:
 Modules: `spec` (SandboxSpec, Limits, Capabilities), `base` (the protocol, errors, the factory and
 the pieces every backend shares), `process` (the host process runner of local and bwrap),
 `hostfs` (their host-side file access), one module per backend (`docker`, `bwrap`, `local`),
+`executor` and `executor_inside` (the resident executor the agent's commands run through),
 `pool` (warm sandboxes), `engine` and `reaper` (the Docker engine, and what a crashed run left),
+`settings` (SandboxSettings: Docker hosts, pool size, engine timeouts, their AGENTRL_ overrides),
 `hostkill` (killing a sandbox's processes from the host, through its cgroup),
 `images` (offline image builds), `doctor` (which backends work here).
 """

@@ -4,10 +4,10 @@ Three things a long run needs from the engine and the docker SDK does not give:
 
 - **Bounded concurrency of container life-cycle calls.** Under many concurrent creates and
   removes, Docker 20.10 (Debian's) can deadlock in libnetwork: every later start then hangs. A
-  process-wide gate per engine lets at most `AGENTRL_DOCKER_MAX_LIFECYCLE_CALLS` (default 4)
+  process-wide gate per engine lets at most `docker_max_lifecycle_calls` (default 4; `SandboxSettings`)
   create/start/remove calls run at once; the rest queue. Execs are not gated: they touch no
   network state and are the hot path.
-- **Timeouts that say what happened.** Every API call has a deadline (`AGENTRL_DOCKER_TIMEOUT_S`,
+- **Timeouts that say what happened.** Every API call has a deadline (`docker_timeout_s`,
   default 60 s, the SDK's own default). When one passes, or the engine refuses the connection, a
   health check (`/_ping`, with a short timeout) decides what to tell the user: the engine stopped
   answering (restart it), or it answers pings but not this call (overloaded or deadlocked). Either
@@ -33,40 +33,11 @@ from typing import Any
 
 from agentrl.sandbox.base import EngineUnavailable, SandboxError
 
-TIMEOUT_ENV = "AGENTRL_DOCKER_TIMEOUT_S"
-MAX_LIFECYCLE_ENV = "AGENTRL_DOCKER_MAX_LIFECYCLE_CALLS"
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_MAX_LIFECYCLE_CALLS = 4
 # The health check must answer fast: a live engine answers /_ping in milliseconds even under load.
 _PING_TIMEOUT_S = 5.0
 # Once the engine failed a health check, how often a life-cycle call may probe it again.
 _PROBE_INTERVAL_S = 2.0
 ENGINE_DOWN = "the Docker engine stopped answering: restart it"
-
-
-def _env_number(name: str, default: float, kind: type) -> Any:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise SandboxError(
-            f"{name}={raw!r} is not a number; set it to a positive {kind.__name__} or unset it"
-        ) from None
-    if value <= 0:
-        raise SandboxError(f"{name}={raw!r} must be > 0")
-    return value
-
-
-def api_timeout_s() -> float:
-    """Deadline of one Docker API call, in seconds (`AGENTRL_DOCKER_TIMEOUT_S`, default 60)."""
-    return float(_env_number(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, float))
-
-
-def max_lifecycle_calls() -> int:
-    """Container create/start/remove calls in flight at once per engine (`AGENTRL_DOCKER_MAX_LIFECYCLE_CALLS`, default 4)."""
-    return int(_env_number(MAX_LIFECYCLE_ENV, DEFAULT_MAX_LIFECYCLE_CALLS, int))
 
 
 def engine_address() -> str:
@@ -287,7 +258,10 @@ _engines_lock = threading.Lock()
 
 def engine(address: str | None = None) -> Engine:
     """The process-wide `Engine` for `address` (default: `DOCKER_HOST`, else the local socket)."""
-    key = (os.getpid(), address or engine_address(), api_timeout_s(), max_lifecycle_calls())
+    from agentrl.sandbox.settings import current
+
+    s = current()
+    key = (os.getpid(), address or engine_address(), s.docker_timeout_s, s.docker_max_lifecycle_calls)
     found = _engines.get(key)
     if found is not None:
         return found

@@ -29,7 +29,6 @@ addresses go through the SDK's ssh transport (needs paramiko or the ssh client).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -37,49 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Unpack
 
 from agentrl.sandbox.base import Sandbox, SandboxError, SandboxSpec, SpecFields
-from agentrl.sandbox.pool import PoolKey, SandboxPool, _env_int
-
-_SCHEMES = ("unix://", "tcp://", "ssh://", "npipe://", "http://", "https://")
-
-
-@dataclass(frozen=True)
-class DockerHost:
-    """One Docker engine: its address and, for TCP with TLS, where its certificates are."""
-
-    url: str
-    """Engine address: unix:///var/run/docker.sock, tcp://host:2376, ssh://user@host."""
-    cert_path: str | None = None
-    """Folder with ca.pem, cert.pem and key.pem: talk TLS to this engine (None: no TLS of its own)."""
-    tls_verify: bool = True
-    """With `cert_path`: check the engine's certificate against ca.pem."""
-
-    @classmethod
-    def parse(cls, entry: str | Mapping[str, Any] | DockerHost) -> DockerHost:
-        if isinstance(entry, DockerHost):
-            return entry
-        if isinstance(entry, Mapping):
-            unknown = sorted(set(entry) - {"url", "cert_path", "tls_verify"})
-            if unknown or "url" not in entry:
-                raise ValueError(
-                    f"docker host {dict(entry)!r}: expected a mapping with url (and optionally cert_path, "
-                    f"tls_verify){f'; unknown keys {unknown}' if unknown else ''}"
-                )
-            host = cls(str(entry["url"]), entry.get("cert_path"), bool(entry.get("tls_verify", True)))
-        elif isinstance(entry, str):
-            host = cls(entry.strip())
-        else:
-            raise ValueError(f"docker host {entry!r}: expected an address string like tcp://host:2376")
-        if not host.url.startswith(_SCHEMES):
-            raise ValueError(
-                f"docker host {host.url!r} has no scheme; write it as unix:///path/docker.sock, "
-                "tcp://host:2376 or ssh://user@host"
-            )
-        if host.cert_path is not None and not os.path.isdir(host.cert_path):
-            raise ValueError(
-                f"docker host {host.url}: cert_path {host.cert_path!r} is not a folder (it must hold "
-                "ca.pem, cert.pem and key.pem)"
-            )
-        return host
+from agentrl.sandbox.pool import PoolKey, SandboxPool
+from agentrl.sandbox.settings import DockerHost, current
 
 
 @dataclass(frozen=True)
@@ -246,43 +204,25 @@ class HostPool:
 # --- the process-wide host pool (what ToolEnv uses when hosts are configured) -----------------
 
 _default: HostPool | None = None
-_default_hosts: tuple[DockerHost, ...] | None = None
+_default_hosts: tuple[DockerHost, ...] = ()
 _default_lock = threading.Lock()
-
-HOSTS_ENV = "AGENTRL_DOCKER_HOSTS"
-
-
-def configure(hosts: Iterable[str | Mapping[str, Any] | DockerHost] | None) -> None:
-    """Make `hosts` this process's docker sandbox supply (None or empty: the one default engine).
-
-    Also exported as AGENTRL_DOCKER_HOSTS (plain addresses, comma-separated) so worker processes
-    started from here place on the same hosts; TLS settings of mapping entries are per process.
-    """
-    global _default_hosts, _default
-    parsed = tuple(DockerHost.parse(h) for h in hosts or [])
-    with _default_lock:
-        if _default is not None and _default_hosts != parsed:
-            _default.close()
-            _default = None
-        _default_hosts = parsed or None
-    if parsed:
-        os.environ[HOSTS_ENV] = ",".join(h.url for h in parsed)
-    else:
-        os.environ.pop(HOSTS_ENV, None)
 
 
 def default_host_pool() -> HostPool | None:
-    """The process-wide `HostPool`, or None when no hosts are configured (one engine: the plain pool)."""
+    """The process-wide `HostPool` of the sandbox settings' `docker_hosts`, or None when they name
+    none (one engine: the plain pool). The settings are `agentrl.sandbox.settings.current()`: what
+    `agentrl train` configured from its `sandbox:` section, else AGENTRL_DOCKER_HOSTS. When the
+    hosts change, the old pool's warm sandboxes are closed."""
     global _default, _default_hosts
+    settings = current()
+    hosts = tuple(DockerHost.parse(h) for h in settings.docker_hosts)
     with _default_lock:
-        if _default_hosts is None and os.environ.get(HOSTS_ENV):
-            _default_hosts = tuple(DockerHost.parse(u) for u in os.environ[HOSTS_ENV].split(",") if u.strip())
-        if not _default_hosts:
+        if hosts != _default_hosts and _default is not None:
+            _default.close()
+            _default = None
+        _default_hosts = hosts
+        if not hosts:
             return None
         if _default is None or _default.closed:
-            _default = HostPool(
-                _default_hosts,
-                size=_env_int("AGENTRL_POOL_SIZE", 4),
-                workers=_env_int("AGENTRL_POOL_WORKERS", 2),
-            )
+            _default = HostPool(hosts, size=settings.pool_size, workers=settings.pool_workers)
         return _default

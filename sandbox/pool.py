@@ -15,8 +15,9 @@ What it guarantees:
 - A sandbox is handed out at most once. `acquire` transfers ownership to the caller, who closes
   it after the episode; the pool never sees it again. Every episode therefore starts from the
   image's clean state, and nothing an agent wrote can reach the next episode.
-- A warm sandbox that died while it waited (OOM, daemon restart, a reaper) is discarded at
-  hand-out (`alive()` is checked) and replaced.
+- A warm sandbox that died while it waited (OOM, daemon restart, a reaper), or whose resident
+  executor died or stopped answering, is discarded at hand-out (`alive()` is checked, which pings
+  the executor) and replaced.
 - A background start that fails is not swallowed: the next `acquire` of that key raises it,
   and background starts of that key back off exponentially instead of retrying in a loop.
 - `close()` (also on `with`, and at interpreter exit) destroys every warm sandbox and waits for
@@ -614,26 +615,17 @@ _default_lock = threading.Lock()
 def get_default_pool() -> SandboxPool:
     """The process-wide pool (created on first use, closed at exit).
 
-    Its size comes from `AGENTRL_POOL_SIZE` (default 4 warm sandboxes per configuration) and its
-    background start threads from `AGENTRL_POOL_WORKERS` (default 2).
+    Its size and background start threads are the sandbox settings' `pool_size` and `pool_workers`
+    when it is created (`agentrl.sandbox.settings.current()`: default 4 and 2).
     """
     global _default_pool
     with _default_lock:
         if _default_pool is None or _default_pool.closed:
-            _default_pool = SandboxPool(
-                size=_env_int("AGENTRL_POOL_SIZE", 4), workers=_env_int("AGENTRL_POOL_WORKERS", 2)
-            )
+            from agentrl.sandbox.settings import current
+
+            settings = current()
+            _default_pool = SandboxPool(size=settings.pool_size, workers=settings.pool_workers)
         return _default_pool
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer; set it to a whole number or unset it") from None
 
 
 def _forget_default_pool_in_child() -> None:

@@ -15,10 +15,10 @@ PACKAGE_DIRS = {
 }
 
 
-def modules() -> dict[str, Path]:
+def modules(package_dirs: dict[str, Path] = PACKAGE_DIRS) -> dict[str, Path]:
     """Every module of the distribution, by its import name."""
     out = {}
-    for name, folder in PACKAGE_DIRS.items():
+    for name, folder in package_dirs.items():
         for path in folder.rglob("*.py"):
             parts = path.relative_to(folder).with_suffix("").parts
             if parts[-1] == "__init__":
@@ -37,6 +37,218 @@ def imported(path: Path) -> set[str]:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
     return found
+
+
+# --- the stages ---------------------------------------------------------------------------------
+# Top to bottom. A module may import its own stage or a lower one, never a higher one: at module
+# level, inside a function, or under TYPE_CHECKING alike (an import a type checker follows is an
+# arrow in the drawing too). Every module belongs to exactly one stage (a new module is placed
+# here), and the facade `agentrl/__init__.py` is the top: nothing inside the package imports from
+# it (`from agentrl import make` in a module is an import that climbs back up).
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("facade", ("agentrl",)),
+    ("command line", ("agentrl.cli", "agentrl.cli_options")),
+    ("kit", ("agentrl.kit",)),
+    ("train", ("agentrl.train",)),
+    ("eval", ("agentrl.eval",)),
+    ("checks", ("agentrl.checks",)),
+    ("rollout", ("agentrl.rollout", "agentrl.gateway", "agentrl.cluster")),
+    (
+        "env",
+        (
+            "agentrl.env",
+            "agentrl.env_settings",
+            "agentrl.step_limits",
+            "agentrl.protocols",
+            "agentrl.registry",
+            "agentrl.agents",
+            "agentrl.tools",
+            "agentrl.parsers",
+            "agentrl.tasksource",
+            "agentrl.spaces",
+            "agentrl.envs",
+        ),
+    ),
+    ("verifiers", ("agentrl.verifiers",)),
+    ("sandbox", ("agentrl.sandbox",)),
+    (
+        "core",
+        (
+            "agentrl.types",
+            "agentrl.errors",
+            "agentrl.task",
+            "agentrl.episode",
+            "agentrl.runlog",
+            "agentrl.deadline",
+        ),
+    ),
+)
+
+
+def stage_of(module: str) -> int | None:
+    """The index in STAGES of the stage `module` belongs to (0 is the top); None when unplaced.
+    The facade is `agentrl` itself only; any other entry holds a module and its submodules."""
+    for index, (_, members) in enumerate(STAGES):
+        for member in members:
+            if module == member or (member != "agentrl" and module.startswith(member + ".")):
+                return index
+    return None
+
+
+def _within(name: str, known: dict[str, Path]) -> str | None:
+    """The module of the distribution that importing `name` loads: itself, or the package that
+    holds an attribute of that name (`agentrl.tools.tool` -> `agentrl.tools`)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _called(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
+def _literal(call: ast.Call) -> bool:
+    """Whether the call's first argument is a string written in the source."""
+    return bool(call.args) and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+
+
+def import_graph(package_dirs: dict[str, Path] = PACKAGE_DIRS) -> dict[str, set[str]]:
+    """Module -> the modules of the distribution it imports, as grimp (import-linter) draws it:
+    every `import` and `from ... import` at any depth (functions, TYPE_CHECKING blocks), relative
+    imports resolved, `from pkg import sub` an import of `pkg.sub` (of `pkg` when `sub` is a name in
+    it), and `importlib.import_module("literal")` an import of that module."""
+    known = modules(package_dirs)
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {_within(alias.name, known) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.add(full if full in known else _within(base, known))
+            elif isinstance(node, ast.Call) and _called(node) == "import_module" and _literal(node):
+                targets.add(_within(node.args[0].value, known))
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def backward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher stage (or of a module no stage holds), as `importer -> imported`."""
+    found = []
+    for importer, imports in sorted(graph.items()):
+        for target in sorted(imports):
+            here, there = stage_of(importer), stage_of(target)
+            if here is None or there is None or there < here:
+                found.append(
+                    f"{importer} ({STAGES[here][0] if here is not None else 'no stage'}) -> "
+                    f"{target} ({STAGES[there][0] if there is not None else 'no stage'})"
+                )
+    return found
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_every_module_has_a_stage():
+    unplaced = sorted(name for name in modules() if stage_of(name) is None)
+    assert not unplaced, f"modules in no stage (add each to STAGES, at the stage it belongs to): {unplaced}"
+
+
+def test_no_module_imports_a_higher_stage():
+    """kit -> train -> eval -> checks -> rollout -> env -> verifiers -> sandbox -> core: the arrows
+    only point down (docs/LAYOUT.md)."""
+    backward = backward_imports(import_graph())
+    assert not backward, "imports of a higher stage:\n" + "\n".join(backward)
+
+
+def test_no_import_circles():
+    circles = import_circles(import_graph())
+    assert not circles, f"modules that import each other, directly or around a circle: {circles}"
+
+
+def _copy_sources(tmp_path: Path) -> dict[str, Path]:
+    """The distribution's Python files under tmp_path, with the same import names."""
+    copies = {}
+    for name, folder in PACKAGE_DIRS.items():
+        dest = tmp_path / name
+        for path in folder.rglob("*.py"):
+            (dest / path.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+            (dest / path.relative_to(folder)).write_text(path.read_text())
+        copies[name] = dest
+    return copies
+
+
+def test_the_checks_fail_on_a_planted_backward_import_and_circle(tmp_path):
+    """The checks above are not vacuous: on a copy of the sources, a lazy import of the trainer from
+    the core, a TYPE_CHECKING import of the facade from the sandbox and a relative import that
+    closes a circle are each caught (compared with the same copy before the planting, so the test
+    says whether the checker works, whatever the tree holds)."""
+    copies = _copy_sources(tmp_path)
+    backward_before = set(backward_imports(import_graph(copies)))
+    circles_before = import_circles(import_graph(copies))
+    task = copies["agentrl"] / "task.py"
+    task.write_text(task.read_text() + "\n\ndef _planted():\n    from agentrl.train.trainer import train\n")
+    spec = copies["agentrl.sandbox"] / "spec.py"
+    spec.write_text(spec.read_text() + "\nif typing.TYPE_CHECKING:\n    from agentrl import make\n")
+    types = copies["agentrl"] / "types.py"
+    types.write_text(types.read_text() + "\n\ndef _planted():\n    from .episode import Episode\n")
+    graph = import_graph(copies)
+    assert set(backward_imports(graph)) - backward_before == {
+        "agentrl.sandbox.spec (sandbox) -> agentrl (facade)",
+        "agentrl.task (core) -> agentrl.train.trainer (train)",
+    }
+    circles = import_circles(graph)
+    planted_circle = ["agentrl.episode", "agentrl.types"]
+    assert planted_circle in circles and planted_circle not in circles_before
+    assert any({"agentrl.task", "agentrl.train.trainer"} <= set(circle) for circle in circles)
+    assert not any({"agentrl.task", "agentrl.train.trainer"} <= set(circle) for circle in circles_before)
 
 
 def test_nothing_in_the_core_imports_the_kit():
@@ -75,8 +287,14 @@ def test_nothing_outside_the_env_calls_its_private_task_accessor():
 
 
 def test_the_shared_types_are_defined_once():
-    """`Message`, `FinishReason`, `Split`, `CallStatus` and the env contract live in agentrl.types only."""
-    shared = {"Message", "FinishReason", "Split", "CallStatus", "AgentEnv", "Agent", "StepInfo"}
+    """`Message`, `FinishReason`, `Split`, `CallStatus`, `StepInfo` and `Verdict` live in agentrl.types
+    only, the env contract (`AgentEnv`, `OracleEnv`, `Agent`) in agentrl.protocols only."""
+    home = {
+        name: "agentrl.types"
+        for name in ("Message", "FinishReason", "Split", "CallStatus", "StepInfo", "Verdict")
+    }
+    home |= {name: "agentrl.protocols" for name in ("AgentEnv", "OracleEnv", "Agent")}
+    shared = set(home)
     definitions = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -88,7 +306,7 @@ def test_the_shared_types_are_defined_once():
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 defined = [node.target.id]
             definitions += [(d, name) for d in defined if d in shared]
-    assert sorted(definitions) == sorted((d, "agentrl.types") for d in shared)
+    assert sorted(definitions) == sorted(home.items())
 
 
 # Fields that more than one config model declares with a default, on purpose: they are different
@@ -107,6 +325,15 @@ SAME_NAME_DIFFERENT_SETTING = {
     "micro_batch_size": "the warm-start recipe's measured SFT micro-batch",
     "temperature": "SamplingConfig is one request's parameters, which the rollout fills from RolloutConfig",
     "top_p": "SamplingConfig is one request's parameters, which the rollout fills from RolloutConfig",
+    "tasks": "how many tasks `agentrl eval` runs, and the fewer of each in-training evaluation",
+    "samples": "samples per task of `agentrl eval`, and the fewer of each in-training evaluation",
+    "max_turns": "an environment's turn limit (ToolEnvSettings), and `agentrl eval`'s override of it (None: the env's)",
+    "backend": "an environment's sandbox backend (ToolEnvSettings), and the warm-start recipe's measured one",
+    # OpenAI's request fields (agentrl.gateway.protocol: the wire format a harness sends), not settings.
+    "tools": "an environment's tools (ToolEnvSettings), and the tools field of an OpenAI request",
+    "name": "the W&B run's name, and the name field of an OpenAI chat message",
+    "max_tokens": "one engine request's budget (SamplingConfig), and the max_tokens field of an OpenAI request",
+    "metadata": "a task's metadata, and the metadata field of an OpenAI request",
 }
 
 

@@ -11,7 +11,7 @@ import agentrl
 from agentrl.env import ToolEnv
 from agentrl.task import Task
 from agentrl.tasksource import TaskPool, TaskSourceError, as_task_source
-from agentrl.train.curriculum import Curriculum, CurriculumConfig, DynamicBatch
+from agentrl.train.curriculum import Curriculum, CurriculumConfig, DynamicBatch, build_curriculum
 
 ROWS = [
     {"prompt": "Say a", "answer": "a"},
@@ -141,7 +141,7 @@ def test_register_with_a_jsonl_path_needs_no_subclass(tmp_path):
 
 def pool_curriculum(n: int, **cfg) -> Curriculum:
     src = as_task_source([{"id": f"t{i}", "prompt": str(i)} for i in range(n)])
-    return Curriculum.from_source(src, CurriculumConfig(**cfg))
+    return build_curriculum(src, CurriculumConfig(**cfg))
 
 
 def test_a_finite_pool_is_probed_once_in_a_seeded_order_then_drawn_from_what_is_tracked():

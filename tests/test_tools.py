@@ -11,7 +11,6 @@ from agentrl.tools import (
     ToolContext,
     ToolError,
     ToolTimeout,
-    call_with_deadline,
     run_tool,
     tool,
 )
@@ -177,17 +176,6 @@ def test_async_tools_are_awaited_and_cancelled_at_their_deadline():
 def test_a_timeout_inside_a_tool_is_its_error_not_an_overrun():
     out = run_tool(own_timeout, CTX, {}, timeout_s=5.0)
     assert out.is_error and "TimeoutError: the upstream service did not answer" in out.content
-
-
-def test_call_with_deadline_hands_back_the_result_or_the_exception_with_its_traceback():
-    assert call_with_deadline(sum, [1, 2], timeout_s=5.0) == 3
-
-    def boom() -> None:
-        raise ValueError("boom")
-
-    with pytest.raises(ValueError, match="boom") as info:
-        call_with_deadline(boom, timeout_s=5.0)
-    assert info.traceback[-1].name == "boom"  # raised where it was raised, on the other thread
 
 
 def test_a_full_thread_table_is_a_tool_error_not_a_crash(monkeypatch):

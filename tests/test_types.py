@@ -6,8 +6,9 @@ import agentrl
 from agentrl.agents import AnswerOracle, run_episode, tool_call
 from agentrl.env import ToolEnv
 from agentrl.episode import Episode
+from agentrl.protocols import AgentEnv, OracleEnv, has_oracle
 from agentrl.task import Task
-from agentrl.types import AgentEnv, OracleEnv, StepInfo, has_oracle
+from agentrl.types import StepInfo
 from agentrl.verifiers import Verdict
 
 TASK = Task(id="t/0", prompt="Say 7.", answer="7")

@@ -22,13 +22,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
+from agentrl.deadline import DeadlineExceeded, call_with_deadline
 from agentrl.episode import Episode
 from agentrl.sandbox.base import BACKENDS, Sandbox, backend_capabilities, capabilities_of
 from agentrl.task import Task
-from agentrl.tools import DeadlineExceeded, call_with_deadline
+from agentrl.types import Verdict
 
 ENTRY_POINT_GROUP = "agentrl.verifiers"
 
@@ -37,14 +38,6 @@ DEFAULT_VERIFIER_TIMEOUT_S = 300.0
 VERIFIER_DEADLINE_MARGIN_S = 60.0
 """What the deadline adds to a verifier's own `timeout_s` (which bounds its sandbox command): the
 work around that command (copying tests in, killing the agent's processes, reading results back)."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    reward: float
-    passed: bool
-    details: str = ""
-    duration_s: float = 0.0
 
 
 @runtime_checkable

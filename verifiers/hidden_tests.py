@@ -153,7 +153,6 @@ import secrets
 import shutil
 import tempfile
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,59 +196,13 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class Report:
-    """Per-test outcomes (from the result stream, or from a JUnit XML report with `parse_junit`)."""
+    """Per-test outcomes, from the runner's result stream."""
 
     tests: dict[str, CaseResult] = field(default_factory=dict)
     collection_errors: list[CaseResult] = field(default_factory=list)
 
     def count(self, outcome: Outcome) -> int:
         return sum(t.outcome == outcome for t in self.tests.values())
-
-
-def _nodeid(case: ET.Element) -> str:
-    """Rebuild pytest's node id from an xunit1 testcase (file, classname, name)."""
-    name = case.get("name", "")
-    classname = case.get("classname", "")
-    file = case.get("file")
-    if file:
-        module = re.sub(r"\.py$", "", file).replace("/", ".")
-        if classname == module:
-            return f"{file}::{name}"
-        if classname.startswith(module + "."):
-            return "::".join([file, *classname[len(module) + 1 :].split("."), name])
-    return f"{classname}::{name}" if classname else name
-
-
-def parse_junit(xml: bytes) -> Report:
-    """Per-test outcomes from a pytest JUnit XML report; `ValueError` when it is not one."""
-    try:
-        root = ET.fromstring(xml)
-    except ET.ParseError as exc:
-        raise ValueError(f"the JUnit report is not well-formed XML: {exc}") from None
-    if root.tag not in ("testsuites", "testsuite"):
-        raise ValueError(f"the JUnit report's root element is <{root.tag}>, not <testsuites>/<testsuite>")
-    tests: dict[str, CaseResult] = {}
-    collection_errors: list[CaseResult] = []
-    for case in root.iter("testcase"):
-        outcome: Outcome = "passed"
-        message = ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                kind: Outcome = "failed" if child.tag == "failure" else child.tag  # type: ignore[assignment]
-                if _SEVERITY[kind] > _SEVERITY[outcome]:
-                    outcome = kind
-                    message = child.get("message") or (child.text or "").strip()
-        result = CaseResult(_nodeid(case), outcome, message)
-        if outcome != "passed" and message in ("collection failure", "collection skipped"):
-            detail = "".join(c.text or "" for c in case if c.tag in ("error", "skipped")).strip()
-            collection_errors.append(
-                CaseResult(case.get("file") or result.nodeid, outcome, detail or message)
-            )
-            continue
-        prev = tests.get(result.nodeid)
-        if prev is None or _SEVERITY[outcome] > _SEVERITY[prev.outcome]:
-            tests[result.nodeid] = result
-    return Report(tests, collection_errors)
 
 
 # --- the result stream ---------------------------------------------------------------------

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -87,20 +87,20 @@ class EvalConfig(BaseModel):
         None,
         description="A name per model (directory names under `out`, legend labels); default: from the paths.",
     )
-    n: int = Field(16, ge=1, description="Samples (episodes) per task.")
+    samples: int = Field(16, ge=1, description="Samples (episodes) per task: the n of pass@k.")
     ks: list[int] = Field(
-        default_factory=lambda: [1, 2, 4, 8, 16], description="The k of pass@k and pass^k; each k <= n."
+        default_factory=lambda: [1, 2, 4, 8, 16], description="The k of pass@k and pass^k; each k <= samples."
     )
     split: str = Field("test", description="Task split to evaluate on.")
-    num_tasks: int = Field(64, ge=1, description="Tasks 0..num_tasks-1 of the split.")
+    tasks: int = Field(64, ge=1, description="Tasks 0..tasks-1 of the split.")
     max_turns: int | None = Field(
         None, ge=1, description="Turn limit per episode; None: the environment's registered limit."
     )
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig,
         description="Sampling and limits every model is held to (`RolloutConfig.BUDGET_FIELDS`), and the "
-        "episodes in flight (`concurrency`, not part of the budget: seeds are per episode). `group_size` is "
-        "not used: `n` samples per task, each its own one-episode rollout.",
+        "episodes in flight (`concurrency`, not part of the budget: seeds are per episode). Without "
+        "`group_size`: each of the `samples` episodes of a task is its own one-episode rollout.",
     )
     seed: int = Field(0, ge=0, description="Base seed: fixes every episode's sampling and environment seed.")
     env_kwargs: dict[str, Any] = Field(
@@ -113,6 +113,29 @@ class EvalConfig(BaseModel):
     )
     progress: bool = Field(True, description="Show a progress bar with the running pass@1.")
 
+    RENAMED: ClassVar[dict[str, str]] = {"n": "samples", "num_tasks": "tasks"}
+    """Former names of fields: given one, the error says the new name (not a silent second name)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_former_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [k for k in cls.RENAMED if k in data]
+            if old:
+                raise ValueError("; ".join(f"'{k}' is now called '{cls.RENAMED[k]}'" for k in old))
+        return data
+
+    @field_validator("rollout", mode="before")
+    @classmethod
+    def _no_group_size(cls, rollout: Any) -> Any:
+        given = rollout.model_fields_set if isinstance(rollout, RolloutConfig) else rollout
+        if isinstance(given, dict | set) and "group_size" in given:
+            raise ValueError(
+                "group_size is not an evaluation setting: each episode is its own rollout; set `samples` "
+                "(episodes per task) instead"
+            )
+        return rollout
+
     @field_validator("ks")
     @classmethod
     def _ks_positive(cls, ks: list[int]) -> list[int]:
@@ -122,15 +145,22 @@ class EvalConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> EvalConfig:
-        if max(self.ks) > self.n:
+        if max(self.ks) > self.samples:
             raise ValueError(
-                f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task but n={self.n}; "
-                f"raise n or drop the larger k"
+                f"pass@{max(self.ks)} needs at least {max(self.ks)} samples per task but samples={self.samples}; "
+                f"raise samples or drop the larger k"
             )
         if self.names is not None and len(self.names) != len(self.models):
             raise ValueError(
                 f"{len(self.names)} names for {len(self.models)} models; give one name per model"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _env_settings(self) -> EvalConfig:
+        from agentrl.registry import check_env_kwargs
+
+        check_env_kwargs(self.env, self.env_kwargs)  # against the env's settings (`agentrl env show ENV`)
         return self
 
 
@@ -323,13 +353,13 @@ def resolve_tasks(
 
 
 def make_budget(cfg: EvalConfig) -> tuple[EvalBudget, list[Task]]:
-    tasks, turns = resolve_tasks(cfg.env, cfg.split, cfg.num_tasks, cfg.env_kwargs, cfg.max_turns)
+    tasks, turns = resolve_tasks(cfg.env, cfg.split, cfg.tasks, cfg.env_kwargs, cfg.max_turns)
     budget = EvalBudget(
         env=cfg.env,
         env_kwargs=cfg.env_kwargs,
         split=cfg.split,
-        num_tasks=cfg.num_tasks,
-        n=cfg.n,
+        num_tasks=cfg.tasks,
+        n=cfg.samples,
         max_turns=turns,
         seed=cfg.seed,
         task_ids=[t.id for t in tasks],
@@ -404,7 +434,8 @@ async def run_episodes(
     async def one(task_index: int, sample: int) -> None:
         seed = episode_seed(budget.seed, task_index, sample)
         async with semaphore:
-            (traj,) = await collect(
+            # A harness episode gives one trajectory per branch; branch 0 (first) is the episode's own.
+            traj, *_branches = await collect(
                 budget.env,
                 [tasks[task_index]],
                 policy,
@@ -423,16 +454,9 @@ async def run_episodes(
 
 def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], Any]:
     def factory(model_dir: str) -> Any:
-        from agentrl.rollout.policy import VLLMPolicy, _has_cuda
+        from agentrl.rollout.engine import make_policy
 
-        # In-process engine on CPU: no engine-core process to spawn, so it starts several times faster.
-        return VLLMPolicy(
-            model_dir,
-            in_process=not _has_cuda(),
-            seed=seed,
-            max_model_len=budget.rollout.max_total_tokens,
-            engine_kwargs={"use_tqdm_on_load": False},  # the progress bar is ours
-        )
+        return make_policy(model_dir, budget.rollout, seed=seed)
 
     return factory
 

@@ -5,7 +5,7 @@
 1. warm start: the tiny Qwen2 model, SFT on oracle demonstrations of `agentrl/calc-v0` into the
    learnability band (cached by recipe hash; `agentrl.kit.warm_start`);
 2. GRPO (`agentrl train`, examples/calc_grpo.yaml) under torchrun with 2 processes (FSDP2, gloo),
-   bubblewrap sandboxes (the config's `env_kwargs.backend`; docker works too, slower on 2 cores),
+   docker sandboxes (the config's `env_kwargs.backend`; each command through the container's resident executor),
    vLLM rollouts, the learnability-band curriculum;
 3. held-out evaluation of the warm start and the trained model under one budget
    (`agentrl.eval.evaluate`: same tasks, seeds, decoding and limits): pass@1 and pass@k with CIs;
@@ -80,11 +80,11 @@ def _run(
     steps: int | None,
 ) -> int:
     from agentrl.eval.evaluate import EvalConfig, evaluate
-    from agentrl.eval.report import plot_training
     from agentrl.kit.warm_start import WarmStartRecipe, warm_start
     from agentrl.rollout.config import RolloutConfig
     from agentrl.runlog import Stage, count_lines
     from agentrl.train.config import load_config
+    from agentrl.train.plot import plot_training
     from agentrl.train.trainer import launch
 
     def _say(msg: str) -> None:
@@ -145,10 +145,10 @@ def _run(
         env_kwargs=cfg.env_kwargs,  # the training's sandbox backend
         models=[ws.path, str(final)],
         names=["warm-start", "grpo"],
-        n=n,
+        samples=n,
         ks=[k for k in (1, 2, 4, 8, 16, 32) if k <= n],
         split="test",
-        num_tasks=eval_tasks or (4 if quick else 32),
+        tasks=eval_tasks or (4 if quick else 32),
         # The training's token limits; the other settings (T=1, the episode timeout) are the defaults.
         rollout=RolloutConfig(
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_total_tokens=cfg.rollout.max_total_tokens
@@ -157,14 +157,14 @@ def _run(
         out=str(out / "eval"),
         progress=False,
     )
-    episodes = 2 * ecfg.num_tasks * ecfg.n  # two models, every (task, sample) pair
+    episodes = 2 * ecfg.tasks * ecfg.samples  # two models, every (task, sample) pair
     written = lambda: count_lines(*(out / "eval").glob("*/episodes.jsonl"))  # noqa: E731
     with Stage(console, "3/3 evaluation", _counted(written, episodes, "episode")):
         before, after = evaluate(ecfg)
     report["eval"] = {
         "seconds": round(time.time() - t0, 1),
-        "tasks": ecfg.num_tasks,
-        "samples_per_task": ecfg.n,
+        "tasks": ecfg.tasks,
+        "samples_per_task": ecfg.samples,
         "before": before.pass_at_dict(),
         "after": after.pass_at_dict(),
     }
@@ -179,7 +179,7 @@ def _run(
     (out / "demo.json").write_text(json.dumps(report, indent=2))
 
     _say("")
-    _say(f"held-out {cfg.env} (test split): {ecfg.num_tasks} tasks x {ecfg.n} samples, T=1.0")
+    _say(f"held-out {cfg.env} (test split): {ecfg.tasks} tasks x {ecfg.samples} samples, T=1.0")
     for s in (before, after):
         cells = "  ".join(f"pass@{p.k} {p.pass_at_k:.3f} [{p.ci_low:.2f},{p.ci_high:.2f}]" for p in s.pass_at)
         _say(f"  {s.model:10s} {cells}")

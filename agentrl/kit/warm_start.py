@@ -88,7 +88,7 @@ class WarmStartRecipe(BaseModel):
         default_factory=lambda: {"tools_in_prompt": False},
         description="`agentrl.make` overrides of the short stage's environment.",
     )
-    short_epochs: float = Field(12.0, gt=0, description="SFT passes over the short-context demonstrations.")
+    short_epochs: int = Field(12, ge=1, description="SFT passes over the short-context demonstrations.")
     short_lr: float = Field(1e-3, gt=0, description="SFT peak learning rate of the short stage.")
     demos: int = Field(
         256, ge=1, description="Oracle demonstrations in the environment's own context (one per train task)."
@@ -96,7 +96,7 @@ class WarmStartRecipe(BaseModel):
     demo_kinds: list[str] | None = Field(
         None, description="Keep only train tasks of these kinds (task.metadata['kind']); None keeps all."
     )
-    epochs: float = Field(4.0, gt=0, description="SFT passes over the demonstrations.")
+    epochs: int = Field(4, ge=1, description="SFT passes over the demonstrations.")
     lr: float = Field(1e-3, gt=0, description="SFT peak learning rate.")
     batch_size: int = Field(16, ge=1, description="SFT sequences per optimizer step (both stages).")
     micro_batch_size: int = Field(
@@ -288,7 +288,7 @@ def _stage(
     recipe: WarmStartRecipe,
     n: int,
     env_kwargs: dict[str, Any],
-    epochs: float,
+    epochs: int,
     lr: float,
     threads: int,
     log: list[dict[str, Any]],
@@ -396,8 +396,8 @@ def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
 
     from agentrl.registry import task_source
     from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.engine import make_policy
     from agentrl.rollout.loop import collect_sync
-    from agentrl.rollout.policy import VLLMPolicy
 
     t0 = time.perf_counter()
     source = task_source(recipe.env, split=recipe.eval_split, backend=recipe.backend)
@@ -406,9 +406,7 @@ def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
     cfg = RolloutConfig(
         group_size=recipe.eval_samples, temperature=recipe.eval_temperature, max_tokens_per_turn=128
     )
-    with VLLMPolicy(
-        model_dir, in_process=True, dtype="float32", max_model_len=cfg.max_total_tokens, seed=recipe.eval_seed
-    ) as policy:
+    with make_policy(model_dir, cfg, seed=recipe.eval_seed, dtype="float32", in_process=True) as policy:
         trajectories = collect_sync(
             recipe.env, tasks, policy, cfg, seed=recipe.eval_seed, env_kwargs={"backend": recipe.backend}
         )

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 class RolloutConfig(BaseModel):
     """Sampling, limits and parallelism of rollouts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A field documents itself with `description=` or with the docstring under it.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     group_size: int = Field(
         8, ge=1, description="Episodes per task (same task, different samples): one GRPO group."
@@ -38,11 +39,8 @@ class RolloutConfig(BaseModel):
         description="Wall-clock limit of one episode (reset to verdict); beyond it the episode ends `timeout`.",
     )
     concurrency: int = Field(32, ge=1, description="Episodes in flight at once (each holds one environment).")
-    end_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        description="How long ending a timed-out episode (its verifier, its sandbox release) may take.",
-    )
+    end_timeout_s: float = Field(60.0, gt=0)
+    """How long ending a timed-out episode (its verifier, its sandbox release) may take."""
     drift_check: bool = Field(
         True, description="Re-render every finished conversation and report token drift (`Trajectory.drift`)."
     )
@@ -64,3 +62,9 @@ class RolloutConfig(BaseModel):
     def budget(self) -> dict[str, float | int]:
         """The `BUDGET_FIELDS` and their values."""
         return {name: getattr(self, name) for name in self.BUDGET_FIELDS}
+
+
+def turn_seed(seed: int, episode: int, turn: int) -> int:
+    """The sampling seed of turn `turn` of episode `episode` in a rollout whose random stream is `seed`:
+    the native loop's and the gateway's (a harness episode samples what the native loop would)."""
+    return (seed * 1_000_003 + episode) * 1_009 + turn

@@ -32,12 +32,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster import episode_group
-from agentrl.rollout.config import RolloutConfig
+from agentrl.gateway.harness import HarnessEpisode, is_harness_env
+from agentrl.protocols import AgentEnv
+from agentrl.rollout.config import RolloutConfig, turn_seed
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
 from agentrl.rollout.trajectory import Timings, Trajectory
 from agentrl.task import Task
-from agentrl.types import AgentEnv, FinishReason, Split
+from agentrl.types import FinishReason, Split
 
 if TYPE_CHECKING:
     from agentrl.verifiers import Verdict
@@ -196,6 +198,7 @@ class _Episode:
         self.versions: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.env_busy = False  # an environment call is running on a thread right now
+        self.harness: HarnessEpisode | None = None
 
     async def env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -208,7 +211,7 @@ class _Episode:
 
     def sampling(self, turn: int, max_tokens: int) -> SamplingConfig:
         base = self.spec.seed
-        seed = None if base is None else (base * 1_000_003 + self.spec.index) * 1_009 + turn
+        seed = None if base is None else turn_seed(base, self.spec.index, turn)
         return SamplingConfig(
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
@@ -225,6 +228,9 @@ class _Episode:
     async def run(self) -> None:
         masker, cfg = self.masker, self.cfg
         options = {"task": self.spec.task} if isinstance(self.spec.task, Task) else {"index": self.spec.task}
+        if is_harness_env(self.env):
+            await self.run_harness(options)
+            return
         obs, _info = await self.env_call(self.env.reset, seed=self.spec.env_seed, options=options)
         self.task_id, self.split = self.env.task.id, self.env.task.split
         self.seq = seq = masker.start(obs)
@@ -270,6 +276,33 @@ class _Episode:
                 )
                 return
             masker.add_observation(seq, new_messages, ids)
+
+    async def run_harness(self, options: dict[str, Any]) -> None:
+        """A harness environment's episode: its agent plays through a gateway session (`agentrl.gateway`)."""
+        from agentrl.gateway.server import shared_gateway
+
+        self.harness = HarnessEpisode(
+            self.env,
+            shared_gateway(self.policy, self.masker),
+            rollout=self.cfg,
+            seed=self.spec.seed,
+            index=self.spec.index,
+            group_id=self.spec.group_id,
+            env_call=self.env_call,
+        )
+        await self.harness.play(seed=self.spec.env_seed, options=options)
+        episode = self.env.episode
+        self.task_id, self.split = self.env.task.id, self.env.task.split
+        self.finish_reason, self.error, self.verdict = episode.finish_reason, episode.error, episode.verdict
+
+    def trajectories(self, total_s: float) -> list[Trajectory]:
+        """The episode's trajectory; a harness episode's, one per branch of its calls."""
+        traj = self.trajectory(total_s)
+        if self.harness is None:
+            return [traj]
+        if self.env is not None and self.env.task is not None:
+            traj.task_id, traj.split = self.env.task.id, self.env.task.split
+        return self.harness.trajectories(traj)
 
     def trajectory(self, total_s: float) -> Trajectory:
         seq = self.seq
@@ -319,7 +352,7 @@ async def _run_one(
     policy: Policy,
     cfg: RolloutConfig,
     episode_policy: EpisodePolicyFactory | None = None,
-) -> Trajectory:
+) -> list[Trajectory]:
     ep = _Episode(spec, masker, policy, cfg, episode_policy)
     t0 = time.perf_counter()
     healthy = True
@@ -361,7 +394,7 @@ async def _run_one(
     finally:
         if ep.env is not None:
             pool.release(ep.env, healthy)
-    return ep.trajectory(time.perf_counter() - t0)
+    return ep.trajectories(time.perf_counter() - t0)
 
 
 async def collect(
@@ -378,6 +411,9 @@ async def collect(
     episode_policy: EpisodePolicyFactory | None = None,
 ) -> list[Trajectory]:
     """Roll out `group_size` episodes for each task; return the trajectories in task-then-sample order.
+
+    An episode gives one trajectory; a harness environment's (`agentrl.gateway.harness`) gives one per
+    branch of its calls, adjacent, branch 0 first.
 
     `envs` is an environment id (built with `agentrl.make(id, **env_kwargs)`) or a zero-argument
     factory; `tasks` are `Task`s or task indices of the environment's generator. `seed` is the call's
@@ -414,15 +450,16 @@ async def collect(
             specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", seed, env_seed))
     semaphore = asyncio.Semaphore(cfg.concurrency)
 
-    async def one(spec: _EpisodeSpec) -> Trajectory:
+    async def one(spec: _EpisodeSpec) -> list[Trajectory]:
         async with semaphore:
-            traj = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
+            trajs = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
         if on_trajectory is not None:
-            on_trajectory(traj)
-        return traj
+            for traj in trajs:
+                on_trajectory(traj)
+        return trajs
 
     try:
-        return list(await asyncio.gather(*(one(s) for s in specs)))
+        return [t for trajs in await asyncio.gather(*(one(s) for s in specs)) for t in trajs]
     finally:
         pool.close()
 

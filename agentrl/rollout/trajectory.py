@@ -19,7 +19,9 @@ from agentrl.types import FinishReason, Message
 
 # Episodes that ended for a reason outside the policy's control are kept for inspection but
 # excluded from the loss by default: their reward says nothing about the policy.
-UNTRAINABLE_FINISH_REASONS: frozenset[FinishReason] = frozenset({"env_error", "timeout", "engine_error"})
+UNTRAINABLE_FINISH_REASONS: frozenset[FinishReason] = frozenset(
+    {"env_error", "timeout", "engine_error", "agent_error"}
+)
 
 
 @dataclass
@@ -69,6 +71,14 @@ class Trajectory:
     drift: DriftReport | None = None
     messages: list[Message] = field(default_factory=list)
     error: str | None = None
+    # A harness episode (`agentrl.gateway`) may give several trajectories: one per branch of its calls.
+    branch: int = 0
+    """This trajectory's branch of its episode: 0 ends at the episode's last call (the one evaluations
+    score), the others are earlier leaves (history the harness rewrote, choices it did not continue)."""
+    branches: int = 1
+    """How many trajectories its episode gave."""
+    drifted_calls: int = 0
+    """Calls of its episode whose conversation did not extend the tokens already sampled (each began a branch)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -7,17 +7,11 @@ The recipes read top to bottom: `trainer` (GRPO with the learnability curriculum
 - `grpo`: advantages and the clipped policy loss (pure functions);
 - `batch`, `packing`, `varlen`, `logprobs`: trajectories to tensors, micro-batches by a token budget,
   packed rows, log-probs from hidden states at the action tokens only;
-- `curriculum`: the learnability band and dynamic sampling;
-- `distributed`, `placement`, `weight_sync`: FSDP2, where the trainer and the engine run on GPUs,
-  and the weight push;
-- `checkpoint`, `tracking`, `peak_memory`: resumable checkpoints, metrics sinks, memory measurement.
+- `curriculum`: the learnability band, dynamic sampling and adaptive difficulty (`build_curriculum`);
+- `producer`: rank 0's rollouts, turning the curriculum's draws into batches;
+- `distributed`: FSDP2 under torchrun (where the engine runs and how weights reach it is the rollout
+  stage's: `agentrl.rollout.placement`, `agentrl.rollout.weight_sync`);
+- `stopping`: Ctrl-C and runs with nothing to learn from;
+- `checkpoint`, `tracking`, `plot`, `peak_memory`: resumable checkpoints, metrics sinks, the training
+  plot, memory measurement.
 """
-
-from typing import Any as _Any
-
-
-def __getattr__(name: str) -> _Any:
-    # What `agentrl.train` held when it was one module, kept importable for a while (deprecated).
-    from agentrl._moved import forward_old_names
-
-    return forward_old_names(__name__, name)

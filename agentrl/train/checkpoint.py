@@ -47,7 +47,18 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 #: Config fields a resumed run may change: they do not change what the steps already taken would
 #: compute (more steps, another checkpoint or logging schedule). Anything else needs --force.
 RESUMABLE_CHANGES = frozenset(
-    {"steps", "checkpoint_every", "keep_last", "report_to", "resume", "wandb", "stop_uninformative_after"}
+    # `sandbox`: where and how many sandboxes run (Docker hosts, pool size, engine limits) does not
+    # change what is learned, so a resumed run may move to other hosts.
+    {
+        "steps",
+        "checkpoint_every",
+        "keep_last",
+        "report_to",
+        "resume",
+        "wandb",
+        "stop_uninformative_after",
+        "sandbox",
+    }
 )
 
 

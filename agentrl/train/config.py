@@ -1,9 +1,12 @@
 """`TrainConfig`: every knob of `agentrl train`, with its docstring, loaded from YAML/TOML with CLI overrides.
 
     agentrl train examples/calc_grpo.yaml steps=30 optim.lr=3e-5 curriculum.batch_groups=4
+    agentrl train examples/calc_grpo.yaml --steps 30 --optim.lr 3e-5 --curriculum.batch-groups 4
 
 An override is `dotted.path=value`; the value is parsed as YAML (so `true`, `3e-5`, `[1, 2]`
-work). The file is never rewritten; the resolved config is saved next to the run's metrics.
+work). Every field is also an option of `agentrl train` (`agentrl train --help` lists them by
+section, with these descriptions; `agentrl.cli_options` makes them). The file is never rewritten;
+the resolved config is saved next to the run's metrics.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentrl.errors import UserError, did_you_mean, format_validation_error, one_line
+from agentrl.errors import UserError, did_you_mean_path, format_validation_error, one_line
 from agentrl.rollout.config import RolloutConfig
-from agentrl.rollout.policy import DEFAULT_SLEEP_WAIT_S, DEFAULT_WEIGHT_CHUNK_BYTES
+from agentrl.rollout.weight_sync import DEFAULT_SLEEP_WAIT_S, DEFAULT_WEIGHT_CHUNK_BYTES
+from agentrl.sandbox.settings import SandboxSettings
 from agentrl.train.curriculum import CurriculumConfig
 
 # The options a config chooses from, declared once: the components take them as they are.
@@ -32,11 +36,12 @@ PackingMode = Literal["auto", "on", "off"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A field documents itself with `description=` or with the docstring under it.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class EngineSettings(_Strict):
-    """Where the vLLM engines run: beside the trainer (`agentrl.train.placement`; nothing to set on a CPU
+    """Where the vLLM engines run: beside the trainer (`agentrl.rollout.placement`; nothing to set on a CPU
     machine), or `count` of them on the Ray cluster of `cluster.ray_address` (`agentrl.rollout.ray_policy`)."""
 
     devices: list[int] | None = Field(
@@ -82,27 +87,6 @@ class EngineSettings(_Strict):
         description="Custom Ray resources each engine asks for, on top of its GPU (or CPU): one mapping for all "
         "engines, or a list with one per engine (e.g. [{node_a: 1}, {node_b: 1}] pins engine i to a node).",
     )
-
-
-class SandboxSettings(_Strict):
-    docker_hosts: list[str | dict[str, Any]] = Field(
-        default_factory=list,
-        description="Docker engines the episodes' sandboxes run on, each with its own warm pool; each sandbox "
-        "goes to the engine with the fewest out. An entry is an address (unix:///var/run/docker.sock, "
-        "tcp://node2:2376, ssh://user@node3) or {url, cert_path, tls_verify} for TLS (cert_path: a folder "
-        "with ca.pem, cert.pem, key.pem). Empty: the one engine of DOCKER_HOST, else the local socket. "
-        "`agentrl sandbox reap --host URL` cleans one up after a crash.",
-    )
-
-    @field_validator("docker_hosts")
-    @classmethod
-    def _hosts_parse(cls, hosts: list[str | dict[str, Any]]) -> list[str | dict[str, Any]]:
-        from agentrl.sandbox.hosts import DockerHost
-
-        urls = [DockerHost.parse(h).url for h in hosts]  # a bad entry: its one-line reason
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"an engine is named twice: {urls}")
-        return hosts
 
 
 class ClusterSettings(_Strict):
@@ -235,7 +219,9 @@ class WandbSettings(_Strict):
 class TrainConfig(_Strict):
     env: str = Field("agentrl/calc-v0", description="Environment id.")
     env_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Overrides passed to agentrl.make (e.g. backend)."
+        default_factory=dict,
+        description="The environment's settings (e.g. backend), passed to agentrl.make and checked against "
+        "its settings model when the config loads; `agentrl env show ENV` lists them.",
     )
     model: str = Field(description="Starting checkpoint (transformers directory), e.g. the SFT warm start.")
     out: str = Field(
@@ -256,7 +242,9 @@ class TrainConfig(_Strict):
     )
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer settings.")
     sandbox: SandboxSettings = Field(
-        default_factory=SandboxSettings, description="Where the episodes' sandboxes run."
+        default_factory=SandboxSettings,
+        description="Where the episodes' sandboxes run, the warm pool and the Docker engine's limits "
+        "(AGENTRL_POOL_SIZE and the other AGENTRL_ variables of agentrl.sandbox.settings override them).",
     )
     cluster: ClusterSettings = Field(
         default_factory=ClusterSettings,
@@ -272,17 +260,10 @@ class TrainConfig(_Strict):
     eval: EvalSettings = Field(
         default_factory=EvalSettings, description="Held-out evaluation during training."
     )
-    checkpoint_every: int = Field(
-        10,
-        ge=0,
-        description="Save out/checkpoint-N (Hugging Face layout, plus what resuming needs) every N steps; "
-        "0: only at the end and on Ctrl-C.",
-    )
-    keep_last: int = Field(
-        3,
-        ge=1,
-        description="Keep the newest N checkpoint-N directories (only the newest keeps the optimizer state).",
-    )
+    checkpoint_every: int = Field(10, ge=0)
+    """Save out/checkpoint-N (Hugging Face layout, plus what resuming needs) every N steps; 0: only at the end and on Ctrl-C."""
+    keep_last: int = Field(3, ge=1)
+    """Keep the newest N checkpoint-N directories (only the newest keeps the optimizer state)."""
     resume: bool = Field(
         True,
         description="Resume from the newest out/checkpoint-N when there is one (the config must match; "
@@ -305,12 +286,8 @@ class TrainConfig(_Strict):
         description="Longest one collective of the update may wait for the other ranks before the run stops "
         "(NCCL's watchdog). Waits for rank 0's rollouts, engine start-up and evaluation are not bounded by it.",
     )
-    stop_uninformative_after: int = Field(
-        3,
-        ge=0,
-        description="Stop after this many steps in a row without one informative group (every group all-pass "
-        "or all-fail: nothing to learn from); 0: never stop. Each such step is reported.",
-    )
+    stop_uninformative_after: int = Field(3, ge=0)
+    """Stop after this many steps in a row without one informative group (all-pass or all-fail groups only: nothing to learn from); 0: never stop. Each such step is reported."""
 
     @model_validator(mode="after")
     def _trainable(self) -> TrainConfig:
@@ -331,6 +308,13 @@ class TrainConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _env_settings(self) -> TrainConfig:
+        from agentrl.registry import check_env_kwargs
+
+        check_env_kwargs(self.env, self.env_kwargs)  # against the env's settings (`agentrl env show ENV`)
+        return self
+
 
 class SFTConfig(StepSettings):
     """Everything `agentrl sft` needs; the step settings (`StepSettings`) are GRPO's `optim:` ones."""
@@ -340,7 +324,7 @@ class SFTConfig(StepSettings):
     out: str = Field(
         description="Output directory: the fine-tuned checkpoint (transformers format) and metrics.jsonl."
     )
-    epochs: float = Field(3.0, gt=0, description="Passes over the data (fractions allowed).")
+    epochs: int = Field(3, ge=1, description="Passes over the data.")
     lr: float = Field(1e-3, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps, then cosine decay to 10% of lr.")
     batch_size: int = Field(32, gt=0, description="Sequences per optimizer step, over all processes.")
@@ -375,8 +359,24 @@ def _read(p: Path) -> Any:
         ) from None
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, **fields: Any) -> TrainConfig:
-    """Config from a YAML or TOML file (or none), then keyword fields, then `a.b=c` overrides.
+def _merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    settings: dict[str, Any] | None = None,
+    **fields: Any,
+) -> TrainConfig:
+    """Config from a YAML or TOML file (or none), then keyword fields, then `settings` (a nested
+    mapping, merged section by section: the command's options), then `a.b=c` overrides.
 
     Every problem is a `ConfigError` in one line: a missing file, an unknown key (with the closest
     known one), a value of the wrong type (with the value given).
@@ -386,13 +386,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, **f
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            hint = did_you_mean(p.name, [x.name for x in p.parent.iterdir()]) if p.parent.is_dir() else ""
-            raise ConfigError(f"config file {p} does not exist.{hint}".rstrip("."))
+            raise ConfigError(f"config file {p} does not exist.{did_you_mean_path(p)}".rstrip("."))
         data = _read(p) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of config fields")
         where = f"config {p}"
     data.update({k: v for k, v in fields.items() if v is not None})
+    data = _merged(data, settings or {})
     for item in overrides or []:
         keys, value = _parse_override(item)
         node = data

@@ -1,4 +1,4 @@
-"""FSDP2 plumbing shared by SFT and GRPO: process group, sharding, full state dicts, checkpoints.
+"""FSDP2 plumbing shared by SFT and GRPO: process group, sharding, full state dicts, the Hugging Face export.
 
 One code path for one process and many: the process group is always initialised (a one-rank
 gloo group when not launched by `torchrun`), so a 1-process run and a 2-process run execute the
@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,20 @@ def run_ranks(
             raise subprocess.CalledProcessError(code, cmd[:6])
 
 
+def run_here_or_as_ranks(run: Callable[[], Path], module: str, payload: str, nproc: int) -> Path | None:
+    """A recipe's launch: `run()` in this process when `nproc` is 1 (its process group torn down
+    after, whatever happens), else `python -m module payload` as `nproc` ranks (`run_ranks`), and
+    None, since the ranks' result stays in their processes."""
+    if nproc == 1:
+        try:
+            return run()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    run_ranks(module, payload, nproc)
+    return None
+
+
 def run_rank(main: Any) -> int:
     """The body of a rank launched by `run_ranks`: run `main()` and return the process exit status.
 
@@ -333,54 +348,6 @@ def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str,
     dist.all_reduce(t)
     t /= dist.get_world_size()
     return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
-
-
-def save_checkpoint(
-    path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-) -> None:
-    """Full (unsharded) model + optimizer state and a JSON-able `state`; rank 0 writes. Collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
-    if dist.get_rank() == 0:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": model_sd, "optimizer": optim_sd}, tmp / "weights.pt")
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
-        if path.exists():
-            import shutil
-
-            shutil.rmtree(path)
-        tmp.rename(path)  # a crash mid-save never leaves a half-written checkpoint under `path`
-    dist.barrier()
-
-
-def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load what `save_checkpoint` wrote into a sharded model and its optimizer; returns `state`.
-
-    `weights.pt` must hold plain tensors and state dicts (what `save_checkpoint` writes): a file that
-    asks to run code while loading is a `UserError`, and nothing in it runs."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-    from agentrl.train.checkpoint import load_plain
-
-    path = Path(path)
-    if not (path / "weights.pt").exists():
-        raise FileNotFoundError(f"no checkpoint at {path} (expected {path / 'weights.pt'})")
-    blob = load_plain(
-        path / "weights.pt",
-        fix="load only checkpoints save_checkpoint wrote, from a source you trust; delete this one",
-    )
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=blob["model"],
-        optim_state_dict=blob["optimizer"],
-        options=StateDictOptions(full_state_dict=True),
-    )
-    return json.loads((path / "state.json").read_text())
 
 
 HF_CHECKPOINT_FILES = frozenset(

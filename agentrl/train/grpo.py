@@ -105,7 +105,7 @@ def weight_negatives(advantages: Tensor, weight: float) -> Tensor:
     the positives are what raise pass@1 (at a cost in pass@k) while the negatives keep pass@k;
     their W-REINFORCE down-weights the positives instead. On a small model whose failures are
     scattered sampling slips, pushing those slips down moves the whole model more than it
-    sharpens it (see the README's "Where it stands").
+    sharpens it (docs/DEMO.md).
     """
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"negative weight must be in [0, 1], got {weight}")

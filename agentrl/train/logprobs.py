@@ -311,7 +311,9 @@ def action_logprobs(
         install(model)
         logp, ent = getattr(model, _METHOD)(row_inputs, rows, targets, temperature, with_entropy)
     else:
-        logp, ent = _full_logits_fallback(model, row_inputs, rows, targets, temperature, with_entropy)
+        logp, ent = _logprobs_of_logits(
+            _full_logits_at(model, row_inputs, rows), targets, temperature, with_entropy
+        )
     flat = b_idx * width + t_idx  # [N] where each value lands in [B * T]
     zeros = torch.zeros(bsz * width, dtype=torch.float32, device=batch.input_ids.device)  # [B * T]
     out = zeros.scatter(0, flat, logp).view(bsz, width)  # [B, T]
@@ -319,15 +321,8 @@ def action_logprobs(
     return TokenLogProbs(out, entropy)
 
 
-def _full_logits_fallback(
-    model: nn.Module,
-    row_inputs: dict[str, Any],
-    rows: Tensor,
-    targets: Tensor,
-    temperature: float,
-    with_entropy: bool,
-) -> tuple[Tensor, Tensor]:
-    """For heads `supports_lean` refuses: the model's own logits, still only at the selected rows."""
+def _full_logits_at(model: nn.Module, row_inputs: dict[str, Any], rows: Tensor) -> Tensor:
+    """For heads `supports_lean` refuses: the model's own logits [N, V], kept only at the selected rows."""
     if not getattr(model, "_agentrl_warned_fallback", False):
         log.warning(
             "%s: logits are not plain lm_head(hidden); computing log-probs from the full logits",
@@ -335,7 +330,14 @@ def _full_logits_fallback(
         )
         model._agentrl_warned_fallback = True  # type: ignore[assignment]
     logits = model(**row_inputs, use_cache=False).logits  # [B, T, V]
-    z = logits.reshape(-1, logits.shape[-1]).index_select(0, rows).float() / temperature  # [N, V]
+    return logits.reshape(-1, logits.shape[-1]).index_select(0, rows)  # [N, V]
+
+
+def _logprobs_of_logits(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    """(log-probs [N], entropies [N], empty unless `with_entropy`) of `targets` under `logits` [N, V]."""
+    z = logits.float() / temperature  # [N, V]
     lse = torch.logsumexp(z, dim=-1)  # [N]
     logp = z.gather(1, targets[:, None]).squeeze(1) - lse  # [N]
     ent = torch.empty(0, device=z.device)

@@ -1,5 +1,6 @@
 """Rank 0's rollout producer: the vLLM policy and the environments turning curriculum draws into
-the next training batch.
+the next training batch. The producer drives: it asks `DynamicBatch` for tasks, plays their
+episodes and hands the groups back; the curriculum never calls into it.
 
     producer = RolloutProducer(cfg, policy)
     batch = producer.next_batch(curriculum)   # a RolloutBatch: groups, metrics, the state after it
@@ -24,7 +25,7 @@ from typing import Any
 
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.config import TrainConfig
-from agentrl.train.curriculum import Curriculum, DynamicBatchResult, TaskDraw, build_batch, group_by_id
+from agentrl.train.curriculum import Curriculum, DynamicBatch, DynamicBatchResult, TaskDraw, group_by_id
 
 
 @dataclass
@@ -80,6 +81,17 @@ class RolloutProducer:
         self.stats["rollout/engine_errors"] = self.stats.get("rollout/engine_errors", 0.0) + sum(
             1 for t in trajs if t.finish_reason == "engine_error"
         )
+        # Harness episodes (agentrl.gateway): extra branches (one episode, several trajectories), the calls
+        # that drifted from the sampled tokens (counted once per episode, on its branch 0), agent failures.
+        for key, value in (
+            ("rollout/branches", sum(1 for t in trajs if t.branch > 0)),
+            ("rollout/drifted_calls", sum(t.drifted_calls for t in trajs if t.branch == 0)),
+            (
+                "rollout/agent_errors",
+                sum(1 for t in trajs if t.finish_reason == "agent_error" and t.branch == 0),
+            ),
+        ):
+            self.stats[key] = self.stats.get(key, 0.0) + value
         if hasattr(self.policy, "engine_of"):  # several engines: how the groups spread over them
             for t in {t.group_id: t for t in trajs}.values():
                 key = f"rollout/engine{self.policy.engine_of(t.group_id)}_groups"
@@ -93,7 +105,10 @@ class RolloutProducer:
         async producer and the trainer never touch the curriculum at the same time.
         """
         self.stats = {}
-        result = build_batch(curriculum, self.groups)
+        builder = DynamicBatch(curriculum)
+        while not builder.done:
+            builder.add(self.groups(builder.request()))
+        result = builder.result()
         metrics = {**batch_metrics(result, curriculum), **self.stats}
         return RolloutBatch(result, metrics, curriculum.state_dict(), self.calls)
 
@@ -140,9 +155,8 @@ def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[st
     """What one batch says about the policy and the curriculum, for metrics.jsonl."""
     # Rewards over every generated group (dropped zero-variance ones too): what the policy scored.
     trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
-    m: dict[str, float] = {
-        k: float(v) for k, v in curriculum.metrics(result).as_dict().items() if isinstance(v, int | float)
-    }
+    curriculum_metrics = {**curriculum.metrics().as_dict(), **result.metrics().as_dict()}
+    m = {k: float(v) for k, v in curriculum_metrics.items() if isinstance(v, int | float)}
     if trajs:
         m["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
         m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)

@@ -184,22 +184,14 @@ def training_data(cfg: SFTConfig) -> list[Trajectory]:
 def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
     """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes, after checking the inputs
     (process count, starting model, data) so bad input is one line before any process starts."""
-    import torch.distributed as dist
-
     from agentrl.errors import check_model_dir, check_nproc
-    from agentrl.train.distributed import run_ranks
+    from agentrl.train.distributed import run_here_or_as_ranks
 
     check_nproc(nproc)
     check_model_dir(cfg.model)
     training_data(cfg)
-    if nproc == 1:
-        try:
-            return train_sft(cfg)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-    run_ranks("agentrl.train.sft", cfg.model_dump_json(), nproc)
-    return Path(cfg.out)
+    out = run_here_or_as_ranks(lambda: train_sft(cfg), "agentrl.train.sft", cfg.model_dump_json(), nproc)
+    return out if out is not None else Path(cfg.out)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import Field, field_validator
+
 from agentrl.agents import ScriptedOracle
 from agentrl.env import ToolEnv
+from agentrl.env_settings import ToolEnvSettings
 from agentrl.envs.python_repair.images import stage_source
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
 from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
@@ -40,6 +43,10 @@ from agentrl.types import Message, Split
 log = logging.getLogger(__name__)
 
 TOOLS = ["bash", "python", "read_file", "write_file", "str_replace", "submit"]
+# No bytecode caches in the workspace: a .pyc written when the agent ran the buggy module is trusted
+# by mtime (1 s resolution) and size, so a same-size fix within that second would run as the old
+# code in the agent's own runs. (The verifier never loads workspace bytecode at all.)
+_SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def load_tasks(
@@ -99,43 +106,59 @@ class PythonRepairOracle(ScriptedOracle):
         return self.call("submit", answer=f"restored {meta['function']} in {meta['module']}")
 
 
+class PythonRepairSettings(ToolEnvSettings):
+    """python-repair-v0's settings: ToolEnv's with its own defaults, and which packages and tasks."""
+
+    packages: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PACKAGES),
+        description="Packages whose planted bugs are the tasks (a list, or 'toolz,parse').",
+    )
+    first_use_n: int = Field(
+        4,
+        ge=1,
+        description="Tasks synthesized on first use when the cache has none for the split (doubled up to 8x "
+        "until some land there); `agentrl tasks synth python-repair --n 300` makes a full set ahead of time.",
+    )
+    seed: int = Field(0, description="Seed of the task synthesis: which functions are mutated, and how.")
+    tools: list[Any] | None = Field(
+        default_factory=lambda: list(TOOLS),
+        description="The tools the agent calls (@agentrl.tool functions or built-in names).",
+    )
+    verifier: Any = Field(
+        ("hidden-tests", {"mode": "all", "timeout_s": 120.0}),
+        description="How an episode is scored: the package's hidden tests, every FAIL_TO_PASS and PASS_TO_PASS "
+        "one must pass; or a verifier's name, (name, kwargs), or a Verifier.",
+    )
+    max_turns: int = Field(30, ge=1, description="Most assistant messages per episode.")
+    exec_timeout_s: float = Field(
+        60.0, gt=0, description="Timeout of one command a tool runs in the sandbox (a test run), in seconds."
+    )
+    sandbox_env: dict[str, str] = Field(
+        default_factory=lambda: dict(_SANDBOX_ENV),
+        description="Environment variables every sandbox starts with; PYTHONDONTWRITEBYTECODE=1 always.",
+    )
+
+    @field_validator("packages", mode="before")
+    @classmethod
+    def _split_packages(cls, value: Any) -> Any:
+        return _package_list(value) if isinstance(value, str) else value
+
+    @field_validator("sandbox_env")
+    @classmethod
+    def _no_bytecode(cls, value: dict[str, str]) -> dict[str, str]:
+        return {**_SANDBOX_ENV, **value}
+
+
 class PythonRepairEnv(ToolEnv):
+    settings_model = PythonRepairSettings
     instructions = (
         "You are a software engineer. A Python package in /workspace has a bug that makes some of its "
         "tests fail. Investigate with the tools, fix the package's source, then call `submit`."
     )
 
-    def __init__(
-        self,
-        *,
-        packages: Sequence[str] | str = DEFAULT_PACKAGES,
-        seed: int = 0,
-        split: Split = "train",
-        tasks: Sequence[Task] | None = None,
-        first_use_n: int = 4,
-        tools: list | None = None,
-        verifier: Any = None,
-        max_turns: int = 30,
-        exec_timeout_s: float = 60.0,
-        **kwargs: Any,
-    ):
-        self.packages = _package_list(packages)
-        super().__init__(
-            tasks=self.make_tasks(
-                packages=packages, seed=seed, split=split, tasks=tasks, first_use_n=first_use_n
-            ),
-            tools=tools or TOOLS,
-            verifier=verifier or ("hidden-tests", {"mode": "all", "timeout_s": 120.0}),
-            max_turns=max_turns,
-            split=split,
-            exec_timeout_s=exec_timeout_s,
-            # No bytecode caches in the workspace: a .pyc written when the agent ran the buggy
-            # module is trusted by mtime (1 s resolution) and size, so a same-size fix within that
-            # second would run as the old code in the agent's own runs. (The verifier never loads
-            # workspace bytecode at all.)
-            sandbox_env={"PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("sandbox_env", {})},
-            **kwargs,
-        )
+    @property
+    def packages(self) -> list[str]:
+        return self.settings.packages
 
     @classmethod
     def make_tasks(

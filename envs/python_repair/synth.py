@@ -32,7 +32,6 @@ import re
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -512,13 +511,6 @@ def cached_tasks(
             if t.outcome == "kept"
         )
     return out
-
-
-def iter_trials(
-    packages: list[str] | tuple[str, ...], seed: int, cache_dir: Path | None = None
-) -> Iterator[Trial]:
-    for name in packages:
-        yield from read_log(get_spec(name), seed, cache_dir)
 
 
 def statistics(trials: list[Trial], tasks: list[Task] | None = None) -> dict[str, Any]:

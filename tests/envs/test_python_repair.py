@@ -188,7 +188,7 @@ def env(synthesized):
 
 @pytest.mark.docker
 def test_oracle_scores_1_and_the_untouched_mutant_0(env, synthesized):
-    from agentrl.verifier_check import check_verifier
+    from agentrl.checks.verifier_check import check_verifier
 
     for task in synthesized[2][0].tasks:
         check = check_verifier(env, task)

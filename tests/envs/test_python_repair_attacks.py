@@ -1,7 +1,7 @@
 """python-repair-v0 under the audit's attacks that target it, through env.step only,
 on docker and on bwrap.
 
-Each attack is the audit library's own (`agentrl.attacks`), played by `attack.play(env, task)`:
+Each attack is the audit library's own (`agentrl.checks.attacks`), played by `attack.play(env, task)`:
 reset, tool calls in the env's format, submit. Against the code before the fix each of them
 scored reward 1 (or, for 9 and 11, showed what it looked for): benchmarks/RESULTS.md has the
 before/after table. Here every one must score 0 (or show nothing), and the controls still hold:
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.attacks import (
+from agentrl.checks.attacks import (
     AtexitForgedReport,
     AtexitForgedReportOsExit,
     BugLocationMetadata,
@@ -24,14 +24,14 @@ from agentrl.attacks import (
     ProcCmdlineLeak,
     RegisterAllpassPlugin,
 )
-from agentrl.attacks_harness import (
+from agentrl.checks.attacks_harness import (
     HarnessEmitter,
     HarnessGuardFrames,
     HarnessHookExec,
     HarnessSwapTestModules,
     UnittestCallTestMethod,
 )
-from agentrl.verifier_check import check_verifier
+from agentrl.checks.verifier_check import check_verifier
 
 HARNESS_ATTACKS = [
     HarnessHookExec,

@@ -73,12 +73,24 @@ def test_episode_seed_depends_on_its_key_only():
 
 
 def test_config_errors_say_the_fix():
-    with pytest.raises(ValueError, match="pass@8 needs at least 8 samples per task but n=4"):
-        EvalConfig(env=GUESS, models=["m"], n=4, ks=[1, 8])
+    with pytest.raises(ValueError, match="pass@8 needs at least 8 samples per task but samples=4"):
+        EvalConfig(env=GUESS, models=["m"], samples=4, ks=[1, 8])
     with pytest.raises(ValueError, match="1 names for 2 models"):
         EvalConfig(env=GUESS, models=["a", "b"], names=["x"], ks=[1])
     with pytest.raises(ValueError, match="positive"):
         EvalConfig(env=GUESS, models=["a"], ks=[0])
+
+
+def test_former_field_names_and_group_size_are_refused_with_the_new_name():
+    """One name per setting: `n` and `num_tasks` are `samples` and `tasks`, said so rather than accepted."""
+    with pytest.raises(ValueError, match="'n' is now called 'samples'; 'num_tasks' is now called 'tasks'"):
+        EvalConfig(env=GUESS, models=["m"], n=4, num_tasks=3)
+    # Each episode of an evaluation is its own rollout: a group size would mean nothing.
+    for rollout in ({"group_size": 4}, RolloutConfig(group_size=4)):
+        with pytest.raises(ValueError, match="group_size is not an evaluation setting.*set `samples`"):
+            EvalConfig(env=GUESS, models=["m"], rollout=rollout)
+    cfg = EvalConfig(env=GUESS, models=["m"], samples=4, ks=[1, 4], tasks=3, rollout=RolloutConfig(top_p=0.9))
+    assert (cfg.samples, cfg.tasks, cfg.rollout.top_p) == (4, 3, 0.9)
 
 
 def test_model_names_are_distinct():
@@ -116,7 +128,7 @@ def test_checkpoint_fingerprint_follows_content_not_path(tmp_path):
 
 
 def test_budget_resolves_the_task_list_and_turn_limit():
-    budget, tasks = make_budget(EvalConfig(env=GUESS, models=["m"], n=2, ks=[1], num_tasks=3, split="test"))
+    budget, tasks = make_budget(EvalConfig(env=GUESS, models=["m"], samples=2, ks=[1], tasks=3, split="test"))
     assert budget.task_ids == ["guess-number/test/0", "guess-number/test/1", "guess-number/test/2"]
     assert [t.id for t in tasks] == budget.task_ids
     assert budget.max_turns == 12  # the registered limit, recorded: the budget states what ran
@@ -124,7 +136,7 @@ def test_budget_resolves_the_task_list_and_turn_limit():
 
 def test_a_path_without_a_checkpoint_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(EvalError, match=r"is not a checkpoint directory \(no config.json\)"):
-        evaluate(EvalConfig(env=GUESS, models=[str(tmp_path)], n=1, ks=[1], out=str(tmp_path / "out")))
+        evaluate(EvalConfig(env=GUESS, models=[str(tmp_path)], samples=1, ks=[1], out=str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()
 
 
@@ -181,9 +193,9 @@ def two_model_run(engine, tiny_model_dir, second_model, tmp_path_factory):  # no
         env=GUESS,
         models=[str(tiny_model_dir), str(second_model)],
         names=["before", "after"],
-        n=2,
+        samples=2,
         ks=[1, 2],
-        num_tasks=2,
+        tasks=2,
         max_turns=2,
         rollout=RolloutConfig(temperature=0.7, top_p=0.9, concurrency=4, **FAST_ROLLOUT),
         out=str(out),

@@ -25,10 +25,11 @@ from agentrl.envs.calc import CalcEnv
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.loop import collect, collect_sync
 from agentrl.rollout.masker import ChatMasker
-from agentrl.rollout.policy import Generation, SamplingConfig, VLLMPolicy, score_logprobs
+from agentrl.rollout.policy import Generation, SamplingConfig, VLLMPolicy
 from agentrl.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from agentrl.task import Task
 from tests import fixtures_model
+from tests.rollout.score import score_logprobs
 
 tiny_model_dir = fixtures_model.tiny_model_dir  # the session-wide tiny model, as a fixture of this module
 
@@ -291,6 +292,7 @@ def test_hang_crash_and_dead_sandbox_each_end_one_episode(tokenizer) -> None:
     assert wall < timeout_s + 60
 
 
+@pytest.mark.docker  # CalcEnv's python tool runs in a Docker sandbox
 def test_reset_failure_is_an_env_error_for_that_episode_only(tokenizer) -> None:
     class BrokenReset(CalcEnv):
         def reset(self, *, seed=None, options=None):

@@ -14,8 +14,11 @@ import pytest
 from safetensors.torch import load_file
 
 from agentrl.kit.tiny_model import init_tiny
-from agentrl.rollout.policy import HFPolicy, Policy, SamplingConfig, VLLMPolicy, score_logprobs
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.engine import make_policy
+from agentrl.rollout.policy import HFPolicy, Policy, SamplingConfig, VLLMPolicy
 from tests import fixtures_model
+from tests.rollout.score import score_logprobs
 
 tiny_model_dir = fixtures_model.tiny_model_dir  # the session-wide tiny model, as a fixture of this module
 
@@ -29,9 +32,18 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_tiny(tmp_path_factory.getbasetemp() / "tiny-qwen2-seed1", seed=1)
 
 
+START_VERSION = 3  # as a resumed run's engine starts
+
+
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir: Path):
-    p = VLLMPolicy(tiny_model_dir, in_process=True, dtype="float32", max_model_len=1024)
+    p = make_policy(
+        tiny_model_dir,
+        RolloutConfig(max_total_tokens=1024),
+        dtype="float32",
+        in_process=True,
+        version=START_VERSION,
+    )
     yield p
     p.close()
 
@@ -46,6 +58,15 @@ def gather(policy: Policy, sampling: SamplingConfig, prompts=PROMPTS):
 def max_diff(model, prompt: list[int], gen, temperature: float) -> float:
     ref = score_logprobs(model, prompt + gen.token_ids, temperature=temperature)[len(prompt) :]
     return max(abs(a - b) for a, b in zip(ref, gen.logprobs, strict=True))
+
+
+@pytest.mark.vllm
+def test_make_policy_starts_at_the_given_version_with_the_rollouts_context(policy) -> None:
+    """The first test on the engine (none has pushed weights yet): `make_policy`'s one context rule."""
+    assert isinstance(policy, VLLMPolicy) and policy.in_process
+    assert policy.engine_kwargs["max_model_len"] == 1024  # the rollout's max_total_tokens
+    (gen,) = gather(policy, SamplingConfig(temperature=0.0, max_tokens=2), prompts=PROMPTS[:1])
+    assert policy.version == gen.policy_version == gen.policy_version_end == START_VERSION
 
 
 @pytest.mark.vllm
@@ -127,10 +148,12 @@ def test_update_weights_reaches_the_engine(policy, tiny_model_dir: Path, other_m
         assert gen.policy_version == v0 + 1
         assert gen.token_ids == other.generate_sync(prompt, greedy).token_ids
         assert max_diff(other.model, prompt, gen, 1.0) < TOL
-    # Back to the first weights, as (name, tensor) pairs this time.
-    policy.update_weights(iter(load_file(Path(tiny_model_dir) / "model.safetensors").items()))
-    assert policy.version == v0 + 2
-    assert [g.token_ids for g in gather(policy, greedy)] == [g.token_ids for g in before]
+    # Back to the first weights, as (name, tensor) pairs this time, numbered by the caller.
+    first = iter(load_file(Path(tiny_model_dir) / "model.safetensors").items())
+    assert policy.update_weights(first, version=v0 + 7) == v0 + 7
+    again = gather(policy, greedy)
+    assert [g.token_ids for g in again] == [g.token_ids for g in before]
+    assert policy.version == v0 + 7 and {g.policy_version for g in again} == {v0 + 7}
 
 
 def test_hf_policy_reference(tiny_model_dir: Path, other_model_dir: Path) -> None:
@@ -141,6 +164,14 @@ def test_hf_policy_reference(tiny_model_dir: Path, other_model_dir: Path) -> Non
     assert max_diff(hf.model, PROMPTS[0], gen, 1.0) < 1e-5
     assert hf.update_weights(load_file(other_model_dir / "model.safetensors")) == 1
     assert gen.token_ids != hf.generate_sync(PROMPTS[0], sampling).token_ids or hf.version == 1
+    resumed = HFPolicy(tiny_model_dir, version=5)
+    assert resumed.generate_sync(PROMPTS[0], sampling).policy_version == 5
+    assert resumed.update_weights(load_file(other_model_dir / "model.safetensors")) == 6
+    assert (
+        resumed.update_weights(load_file(tiny_model_dir / "model.safetensors"), version=9)
+        == resumed.version
+        == 9
+    )
 
 
 @pytest.mark.vllm
@@ -185,7 +216,7 @@ def test_a_weight_push_does_not_report_failed_loads_for_layers_with_nothing_to_l
     found by their structure, not by name."""
     import logging
 
-    from agentrl.rollout.policy import _ExpectedReloadWarnings
+    from agentrl.rollout.weight_sync import _ExpectedReloadWarnings
 
     records: list[logging.LogRecord] = []
 

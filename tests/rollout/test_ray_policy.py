@@ -31,17 +31,19 @@ COIN = "tests.coin_env:test/Coin-v0"
 
 @pytest.fixture(scope="module")
 def policy(ray_cluster, tiny_model_dir):  # noqa: F811
+    from agentrl.rollout.engine import make_policy
     from agentrl.rollout.ray_policy import RayPolicy
 
-    p = RayPolicy(
+    p = make_policy(
         tiny_model_dir,
-        engines=2,
-        address=ray_cluster.address,
-        resources=[{"node_a": 1}, {"node_b": 1}],
-        dtype="float32",
-        max_model_len=1024,
+        RolloutConfig(max_total_tokens=1024),
         seed=0,
+        dtype="float32",
+        ray_address=ray_cluster.address,
+        engines=2,
+        resources=[{"node_a": 1}, {"node_b": 1}],
     )
+    assert isinstance(p, RayPolicy) and p.policy_kwargs["max_model_len"] == 1024
     yield p
     p.close()
 

@@ -186,11 +186,33 @@ def test_reap_by_run_removes_that_runs_containers_even_while_its_owner_lives(tcp
 def test_an_environment_places_its_sandbox_on_the_configured_hosts(tcp_engine, monkeypatch):
     import agentrl
     from agentrl.sandbox import hosts
+    from agentrl.sandbox.settings import SandboxSettings, configure
 
     monkeypatch.setenv("AGENTRL_POOL_SIZE", "0")
-    hosts.configure([tcp_engine.address])
+    monkeypatch.delenv("AGENTRL_DOCKER_HOSTS", raising=False)
+    configure(SandboxSettings(docker_hosts=[tcp_engine.address]))  # what `agentrl train` does with sandbox:
     try:
-        assert os.environ[hosts.HOSTS_ENV] == tcp_engine.address  # what worker processes read
+        env = agentrl.make("agentrl/calc-v0", backend="docker")
+        try:
+            env.reset(seed=0)
+            assert env.unwrapped.sandbox.docker_host == tcp_engine.address
+        finally:
+            env.close()
+        pools = hosts.default_host_pool()._pools.values()
+        assert [p.size for p in pools] == [0]  # AGENTRL_POOL_SIZE overrides the configured 4
+    finally:
+        configure(None)
+    assert hosts.default_host_pool() is None
+
+
+@pytest.mark.docker
+def test_the_hosts_can_come_from_the_environment_alone(tcp_engine, monkeypatch):
+    import agentrl
+    from agentrl.sandbox import hosts
+
+    monkeypatch.setenv("AGENTRL_POOL_SIZE", "0")
+    monkeypatch.setenv("AGENTRL_DOCKER_HOSTS", tcp_engine.address)
+    try:
         env = agentrl.make("agentrl/calc-v0", backend="docker")
         try:
             env.reset(seed=0)
@@ -198,8 +220,8 @@ def test_an_environment_places_its_sandbox_on_the_configured_hosts(tcp_engine, m
         finally:
             env.close()
     finally:
-        hosts.configure(None)
-    assert hosts.HOSTS_ENV not in os.environ and hosts.default_host_pool() is None
+        monkeypatch.delenv("AGENTRL_DOCKER_HOSTS")
+    assert hosts.default_host_pool() is None  # the old hosts' pool is closed
 
 
 def test_a_bad_docker_host_in_the_config_is_one_line_naming_the_fix():

@@ -205,9 +205,9 @@ def ipc_push_case(out: Path, model_dir: str, engine_gpus: str, chunk_bytes: str)
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from agentrl.train import weight_sync
+    from agentrl.rollout import weight_sync
+    from agentrl.rollout.placement import Placement
     from agentrl.train.distributed import init_distributed, shard_model
-    from agentrl.train.placement import Placement
 
     info = init_distributed()
     fake = FakeIPC()
@@ -282,18 +282,18 @@ def rpc_push_case(out: Path, model_a: str, model_b: str, chunk_bytes: str) -> di
     than the model (serialized buckets), wake, generate; twice, with model b then model a."""
     from transformers import AutoModelForCausalLM
 
+    from agentrl.rollout.engine import without_torchrun_env
+    from agentrl.rollout.placement import Placement
     from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.rollout.weight_sync import WeightSync
     from agentrl.train.distributed import init_distributed, shard_model
-    from agentrl.train.placement import Placement
-    from agentrl.train.trainer import _without_torchrun_env
-    from agentrl.train.weight_sync import WeightSync
 
     info = init_distributed()
     greedy = SamplingConfig(temperature=0.0, max_tokens=GREEDY_TOKENS)
     sleeping = Placement((), (), colocated=True, sleep=True, transport="rpc", gpu_memory_utilization=None)
     policy = None
     if info.is_main:
-        with _without_torchrun_env():
+        with without_torchrun_env():
             policy = VLLMPolicy(
                 model_a,
                 in_process=False,
@@ -327,11 +327,11 @@ def gpu_ipc_push_case(out: Path, model_a: str, model_b: str, engine_gpus: str, c
     parallelism). Three sleep -> push -> wake cycles with generation between, alternating the weights."""
     from transformers import AutoModelForCausalLM
 
+    from agentrl.rollout.engine import without_torchrun_env
+    from agentrl.rollout.placement import plan_placement
     from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.rollout.weight_sync import WeightSync
     from agentrl.train.distributed import init_distributed, shard_model
-    from agentrl.train.placement import plan_placement
-    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
-    from agentrl.train.weight_sync import WeightSync
 
     info = init_distributed()
     devices = [int(g) for g in engine_gpus.split(",")]
@@ -340,9 +340,9 @@ def gpu_ipc_push_case(out: Path, model_a: str, model_b: str, engine_gpus: str, c
     chunk = int(float(chunk_mib) * (1 << 20))
     policy = None
     if info.is_main:
-        with _without_torchrun_env():
+        with without_torchrun_env():
             policy = VLLMPolicy(model_a, dtype="float32", max_model_len=512, weight_bucket_bytes=chunk,
-                                **engine_placement_kwargs(placement))  # fmt: skip
+                                **placement.engine_kwargs())  # fmt: skip
     greedy = SamplingConfig(temperature=0.0, max_tokens=GREEDY_TOKENS)
     result: dict[str, Any] = {
         "generated": [],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,8 +18,9 @@ from agentrl.train.curriculum import (
     Curriculum,
     CurriculumConfig,
     DynamicBatch,
+    DynamicBatchResult,
     TaskDraw,
-    build_batch,
+    build_curriculum,
     filter_groups,
     group_by_id,
 )
@@ -46,6 +48,16 @@ def traj(task_id: str, group_id: str, reward: float, finish_reason: str = "submi
 def group(task_id: str, rewards: list[float], group_id: str | None = None) -> list[Trajectory]:
     gid = group_id or f"{task_id}#{len(rewards)}#{sum(rewards)}"
     return [traj(task_id, gid, r) for r in rewards]
+
+
+def build_batch(
+    cur: Curriculum, generate: Callable[[list[TaskDraw]], list[list[Trajectory]]]
+) -> DynamicBatchResult:
+    """Drive `DynamicBatch` to the end as the rollout producer does, with a synchronous `generate`."""
+    builder = DynamicBatch(cur)
+    while not builder.done:
+        builder.add(generate(builder.request()))
+    return builder.result()
 
 
 def tracked(cur: Curriculum, n: int) -> list[str]:
@@ -209,9 +221,9 @@ def test_thompson_sampling_is_deterministic_and_uses_posterior_draws() -> None:
     assert any(p not in (None, 0.2, 0.5, 0.7) for _, p in first)
 
 
-def test_from_generator_uses_the_environment_generator() -> None:
+def test_build_curriculum_over_the_environment_generator() -> None:
     gen = CalcTaskGenerator(seed=1)
-    cur = Curriculum.from_generator(gen, CurriculumConfig(first_index=5), split="train")
+    cur = build_curriculum(gen, CurriculumConfig(first_index=5), split="train")
     draw = cur.sample(1)[0]
     assert isinstance(draw, TaskDraw) and draw.index == 5
     assert draw.task == gen.generate(5, "train")
@@ -252,7 +264,7 @@ def test_refill_is_bounded_by_max_gen_factor() -> None:
     assert calls == [4, 6]
     assert (result.requested_groups, result.generated_groups, len(result.groups)) == (10, 10, 0)
     assert not result.full and result.refill_cost == 10.0
-    m = cur.metrics(result)
+    m = result.metrics()
     assert (m.all_fail_fraction, m.all_pass_fraction, m.dropped_groups) == (1.0, 0.0, 10)
 
 
@@ -386,9 +398,10 @@ def test_simulation_concentrates_on_band_tasks() -> None:
     believed = [s.task_id for s in cur.tasks.values() if s.observed and cur.in_band(cur.p_hat(s.task_id))]
     truly = np.mean([0.2 <= Simulator.true_p(t) <= 0.8 for t in believed])
     assert truly > 0.9, truly
-    m = cur.metrics(result)
+    m = cur.metrics()
     assert 0 < m.band_occupancy < 1 and sum(m.p_hat_histogram) == m.num_tracked
-    assert m.kept_groups == 8 and math.isclose(m.refill_cost, result.refill_cost)
+    b = result.metrics()
+    assert b.kept_groups == 8 and math.isclose(b.refill_cost, result.refill_cost)
 
 
 def test_reprobing_finds_tasks_that_became_learnable() -> None:

@@ -11,8 +11,14 @@ from agentrl.envs.calc import CalcTaskGenerator
 from agentrl.envs.calc_levels import LeveledCalcTasks
 from agentrl.errors import UserError
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.train.curriculum import Curriculum, CurriculumConfig, DynamicBatch
-from agentrl.train.difficulty import LeveledCurriculum, LeveledTaskGenerator
+from agentrl.train.curriculum import (
+    Curriculum,
+    CurriculumConfig,
+    DynamicBatch,
+    LeveledCurriculum,
+    LeveledTaskGenerator,
+    build_curriculum,
+)
 from tests.train.test_curriculum import traj
 
 
@@ -148,10 +154,8 @@ def test_state_dict_round_trip_continues_identically():
 def test_the_config_switch_builds_a_leveled_curriculum_from_an_environment():
     env = agentrl.make("agentrl/calc-levels-v0", backend="local", use_pool=False)
     try:
-        cur = Curriculum.from_source(
-            env.tasks, CurriculumConfig(difficulty={"adaptive": True, "start_level": 2})
-        )
-        plain = Curriculum.from_source(env.tasks, CurriculumConfig())
+        cur = build_curriculum(env.tasks, CurriculumConfig(difficulty={"adaptive": True, "start_level": 2}))
+        plain = build_curriculum(env.tasks, CurriculumConfig())
     finally:
         env.close()
     assert isinstance(cur, LeveledCurriculum) and cur.level == 2
@@ -163,9 +167,9 @@ def test_the_config_switch_builds_a_leveled_curriculum_from_an_environment():
 def test_a_generator_without_levels_is_one_clear_error():
     cfg = CurriculumConfig(difficulty={"adaptive": True})
     with pytest.raises(UserError, match="needs a task generator with difficulty levels.*calc-levels-v0"):
-        Curriculum.from_source(CalcTaskGenerator(), cfg)
+        build_curriculum(CalcTaskGenerator(), cfg)
     with pytest.raises(UserError, match="start_level is 9, but the task generator has 6 levels"):
-        Curriculum.from_source(
+        build_curriculum(
             LeveledCalcTasks(), CurriculumConfig(difficulty={"adaptive": True, "start_level": 9})
         )
 
@@ -184,5 +188,5 @@ def test_the_trainers_task_source_for_calc_levels_steers_levels():
     """`train` builds its curriculum from `agentrl.task_source(cfg.env)`: for calc-levels-v0 that must be
     the leveled generator (not calc-v0's, which the env class inherits), or adaptive difficulty fails."""
     source = agentrl.task_source("agentrl/calc-levels-v0")
-    curriculum = Curriculum.from_source(source, CurriculumConfig(difficulty={"adaptive": True}))
+    curriculum = build_curriculum(source, CurriculumConfig(difficulty={"adaptive": True}))
     assert isinstance(curriculum, LeveledCurriculum) and curriculum.num_levels == 6

@@ -55,3 +55,33 @@ def test_a_one_rank_group_holds_its_port_from_the_start(monkeypatch) -> None:
         assert err.value.errno == errno.EADDRINUSE
     finally:
         dist.destroy_process_group()
+
+
+def test_one_process_runs_here_and_leaves_no_process_group_behind(monkeypatch) -> None:
+    """A recipe launched with one process runs in this one, and its one-rank group is torn down after,
+    when it returns and when it fails (a later run in the same process must be able to start its own)."""
+    from pathlib import Path
+
+    from agentrl.train.distributed import init_distributed, run_here_or_as_ranks
+
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    for key in keys:  # set, then removed: the test's end removes what the one-rank group sets as well
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    assert not dist.is_initialized()
+
+    def run() -> Path:
+        assert init_distributed().world_size == 1
+        return Path("ran-here")
+
+    def fail() -> Path:
+        for key in keys:  # a plain `python` run again, not a rank of the group just torn down
+            os.environ.pop(key, None)
+        init_distributed()
+        raise RuntimeError("the recipe failed")
+
+    assert run_here_or_as_ranks(run, "agentrl.no_such_module", "{}", 1) == Path("ran-here")
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="the recipe failed"):
+        run_here_or_as_ranks(fail, "agentrl.no_such_module", "{}", 1)
+    assert not dist.is_initialized()

@@ -146,7 +146,8 @@ def test_activation_checkpointing_on_the_gpu_gives_the_same_gradients(tiny_model
 
 
 def test_transformers_policy_samples_on_the_gpu(tiny_model_dir) -> None:  # noqa: F811
-    from agentrl.rollout.policy import HFPolicy, SamplingConfig, score_logprobs
+    from agentrl.rollout.policy import HFPolicy, SamplingConfig
+    from tests.rollout.score import score_logprobs
 
     gpu = HFPolicy(tiny_model_dir)  # a directory loads onto CUDA when there is one
     cpu = HFPolicy(tiny_model_dir, device="cpu")
@@ -191,18 +192,18 @@ def test_colocated_engine_sleeps_and_takes_weights_by_cuda_ipc(
     from transformers import AutoModelForCausalLM
 
     from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.engine import without_torchrun_env
+    from agentrl.rollout.placement import plan_placement
     from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.rollout.weight_sync import WeightSync
     from agentrl.train.distributed import shard_model
-    from agentrl.train.placement import plan_placement
-    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
-    from agentrl.train.weight_sync import WeightSync
 
     other = init_tiny(tmp_path / "seed1", seed=1)
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
     assert placement.colocated and placement.sleep and placement.transport == "ipc"
-    with _without_torchrun_env():  # the engine's processes must not join this test's process group
+    with without_torchrun_env():  # the engine's processes must not join this test's process group
         policy = VLLMPolicy(
-            tiny_model_dir, dtype="float32", max_model_len=512, **engine_placement_kwargs(placement)
+            tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs()
         )
     try:
         trainer = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32).to(CUDA)
@@ -231,18 +232,18 @@ def test_dedicated_engine_takes_weights_over_nccl(tiny_model_dir, one_rank_group
     from transformers import AutoModelForCausalLM
 
     from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.engine import without_torchrun_env
+    from agentrl.rollout.placement import plan_placement
     from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.rollout.weight_sync import WeightSync
     from agentrl.train.distributed import shard_model
-    from agentrl.train.placement import plan_placement
-    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
-    from agentrl.train.weight_sync import WeightSync
 
     other = init_tiny(tmp_path / "seed1", seed=1)
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, devices=[1])
     assert not placement.colocated and placement.transport == "nccl"
-    with _without_torchrun_env():  # the engine's processes must not join this test's process group
+    with without_torchrun_env():  # the engine's processes must not join this test's process group
         policy = VLLMPolicy(
-            tiny_model_dir, dtype="float32", max_model_len=512, **engine_placement_kwargs(placement)
+            tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs()
         )
     try:
         trainer = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32).to(CUDA)
@@ -312,17 +313,17 @@ def test_colocated_push_in_chunks_over_repeated_sleep_wake_cycles(
     from transformers import AutoModelForCausalLM
 
     from agentrl.kit.tiny_model import init_tiny
+    from agentrl.rollout.engine import without_torchrun_env
+    from agentrl.rollout.placement import plan_placement
     from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+    from agentrl.rollout.weight_sync import WeightSync
     from agentrl.train.distributed import shard_model
-    from agentrl.train.placement import plan_placement
-    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
-    from agentrl.train.weight_sync import WeightSync
 
     other = init_tiny(tmp_path / "seed1", seed=1)
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
-    with _without_torchrun_env():
+    with without_torchrun_env():
         policy = VLLMPolicy(
-            tiny_model_dir, dtype="float32", max_model_len=512, **engine_placement_kwargs(placement)
+            tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs()
         )
     greedy = SamplingConfig(temperature=0.0, max_tokens=8)
     prompt = [5, 6, 7, 8]
@@ -438,13 +439,13 @@ def test_sleep_on_the_gpu_waits_a_bounded_time_for_running_requests(tiny_model_d
     import threading
     import time
 
+    from agentrl.rollout.engine import without_torchrun_env
+    from agentrl.rollout.placement import plan_placement
     from agentrl.rollout.policy import EngineBusyError, SamplingConfig, VLLMPolicy
-    from agentrl.train.placement import plan_placement
-    from agentrl.train.trainer import _without_torchrun_env, engine_placement_kwargs
 
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
-    with _without_torchrun_env():
-        policy = VLLMPolicy(tiny_model_dir, max_model_len=8192, **engine_placement_kwargs(placement))
+    with without_torchrun_env():
+        policy = VLLMPolicy(tiny_model_dir, max_model_len=8192, **placement.engine_kwargs())
     try:
         long = SamplingConfig(temperature=0.0, max_tokens=8000, ignore_eos=True)
         done: dict[str, object] = {}

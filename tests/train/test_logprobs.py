@@ -115,6 +115,26 @@ def test_tiny_model_logprobs_and_gradients_equal_the_full_logits_path(tiny, pack
         assert ((g - r).abs().max() / scale).item() < 1e-5
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_head_the_lean_path_refuses_gets_the_same_values_from_the_full_logits(tiny, packed: bool) -> None:
+    """A config that scales its logits (Cohere's `logit_scale`) turns the lean path off; the full-logits
+    fallback then gives what `sequence_logprobs` and `token_entropy` give on the model's own logits."""
+    batch = collate(trajectories(tiny.config.vocab_size, seed=1), pad_id=0)
+    tiny.config.logit_scale = 0.5  # this model's forward ignores it: only the path changes
+    try:
+        assert not supports_lean(tiny)
+        out = action_logprobs(tiny, batch, temperature=0.8, with_entropy=True, packed=packed)
+    finally:
+        del tiny.config.logit_scale
+    tiny.config._attn_implementation = "sdpa"
+    logits = tiny(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    ref = sequence_logprobs(logits, batch.input_ids, temperature=0.8) * batch.loss_mask  # [B, T]
+    ref_ent = token_entropy(logits, temperature=0.8) * batch.loss_mask  # [B, T]
+    torch.testing.assert_close(out.logprobs, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.entropy, ref_ent, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out.logprobs == 0, ref == 0)
+
+
 def _head_peak(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, lean: bool) -> int:
     hidden = hidden.detach().requires_grad_()
     weight = weight.detach().requires_grad_()

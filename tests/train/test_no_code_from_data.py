@@ -184,24 +184,6 @@ def test_agentrl_train_refuses_a_planted_checkpoint_in_one_line(one_rank_group, 
     assert not marker.exists()
 
 
-# --- weights.pt (distributed.save_checkpoint / load_checkpoint) ----------------------------------------
-
-
-@pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_planted_weights_file_is_refused_by_load(payload, one_rank_group, tiny_model_dir, tmp_path):  # noqa: F811
-    from agentrl.train.distributed import load_checkpoint, save_checkpoint
-
-    model, opt = trained(tiny_model_dir)
-    save_checkpoint(tmp_path / "ckpt", model, opt, {"step": 1})
-    marker = new_marker(tmp_path)
-    target = tmp_path / "ckpt" / "weights.pt"
-    plant(target, payload, marker)
-    fresh, fresh_opt = trained(tiny_model_dir, steps=0)
-    with pytest.raises(UserError, match=REFUSED) as exc:
-        load_checkpoint(tmp_path / "ckpt", fresh, fresh_opt)
-    assert_refused(exc, target, marker)
-
-
 # --- the payloads are real: loaded the unsafe way, each creates its marker ------------------------------
 
 
@@ -268,18 +250,6 @@ def test_an_older_checkpoint_with_numpy_rng_state_still_resumes(one_rank_group, 
     np.random.seed(0)
     checkpoint.set_rng_state(state["rng"])
     assert np.random.random() == expected
-
-
-def test_distributed_checkpoint_round_trips(one_rank_group, tiny_model_dir, tmp_path):  # noqa: F811
-    from agentrl.train.distributed import load_checkpoint, save_checkpoint
-
-    model, opt = trained(tiny_model_dir)
-    save_checkpoint(tmp_path / "ckpt", model, opt, {"step": 1})
-    torch.load(tmp_path / "ckpt" / "weights.pt", weights_only=True)
-    fresh, fresh_opt = trained(tiny_model_dir, steps=0)
-    assert load_checkpoint(tmp_path / "ckpt", fresh, fresh_opt) == {"step": 1}
-    saved, loaded = full_params(model), full_params(fresh)
-    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
 
 
 # --- the other state the project reads is parsed, never unpickled ---------------------------------------

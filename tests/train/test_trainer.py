@@ -336,13 +336,13 @@ def test_all_fail_because_the_verifier_crashed_says_so_with_the_crash_and_where(
     stop names the crash instead, its exception and file:line."""
     import inspect
 
-    from agentrl.train.trainer import _stop_advice
+    from agentrl.train.stopping import stop_advice
 
     crashed = _played(_CrashingVerifier(), ["1", "2"])
     assert all(t.reward == 0.0 and t.trainable for t in crashed)  # an all-fail group to the curriculum
     lines, start = inspect.getsourcelines(_CrashingVerifier.verify)
     where = f"{__file__}:{start + next(i for i, text in enumerate(lines) if 'return ' in text)}"
-    advice = _stop_advice("all-fail", "agentrl/x-v0", crashed)
+    advice = stop_advice("all-fail", "agentrl/x-v0", crashed)
     assert advice.startswith("the verifier failed on every episode (2 of the last batch)"), advice
     assert f"verifier 'crashing' crashed: KeyError: 'score' (at {where})" in advice
     assert "`agentrl verifier check agentrl/x-v0`" in advice and "Warm-start" not in advice
@@ -350,13 +350,13 @@ def test_all_fail_because_the_verifier_crashed_says_so_with_the_crash_and_where(
 
     # Some episodes judged, some not: the ordinary advice, and how many the verifier failed on.
     judged = _played("exact-match", ["2"])
-    advice = _stop_advice("all-fail", "agentrl/x-v0", [*judged, *crashed])
+    advice = stop_advice("all-fail", "agentrl/x-v0", [*judged, *crashed])
     assert (
         "Warm-start it first" in advice
         and "the verifier failed on 2 of the last batch's 3 episodes" in advice
     )
     # A verifier that judged every episode: the advice as it always was.
-    assert _stop_advice("all-fail", "agentrl/x-v0", judged).startswith(
+    assert stop_advice("all-fail", "agentrl/x-v0", judged).startswith(
         "every episode failed: the policy cannot"
     )
 

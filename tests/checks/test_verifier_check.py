@@ -7,9 +7,9 @@ import logging
 import pytest
 
 import agentrl
+from agentrl.checks.verifier_check import DroppedTask, VerifierCheck, check_verifier, filter_tasks
 from agentrl.env import ToolEnv
 from agentrl.task import Task
-from agentrl.verifier_check import DroppedTask, VerifierCheck, check_verifier, filter_tasks
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_sqlite_query_and_change_tasks_are_trusted(sqlite):
 def test_wrong_reference_answer_is_dropped_with_reason(calc, caplog):
     good = calc.tasks.get(1)
     broken = good.model_copy(update={"id": "calc/broken", "answer": str(int(good.answer) + 1)})
-    with caplog.at_level(logging.WARNING, logger="agentrl.verifier_check"):
+    with caplog.at_level(logging.WARNING, logger="agentrl.checks.verifier_check"):
         kept, dropped = filter_tasks(calc, [good, broken])
     assert kept == [good]
     assert [d.task.id for d in dropped] == ["calc/broken"] and isinstance(dropped[0], DroppedTask)

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 import agentrl
+from agentrl.checks.env_check import check_env, garbage_actions
 from agentrl.env import ToolEnv
-from agentrl.env_check import check_env, garbage_actions
 from agentrl.parsers import get_parser
 from agentrl.registry import all_specs
 from agentrl.task import Task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.docker

@@ -14,15 +14,9 @@ import pytest
 import torch
 
 from agentrl.kit.tiny_model import init_tiny
-from agentrl.rollout.policy import (
-    EngineWeightSyncClient,
-    HFPolicy,
-    SamplingConfig,
-    VLLMPolicy,
-    _pickled_handles,
-)
-from agentrl.train.placement import Placement
-from agentrl.train.weight_sync import WeightSync, checkpoint_name
+from agentrl.rollout.placement import Placement
+from agentrl.rollout.policy import HFPolicy, SamplingConfig, VLLMPolicy
+from agentrl.rollout.weight_sync import EngineWeightSyncClient, WeightSync, _pickled_handles, checkpoint_name
 from tests.fixtures_dist import one_rank_group  # noqa: F401  (pytest fixture)
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
@@ -145,7 +139,7 @@ def test_trainer_weight_source_gathers_bf16_under_checkpoint_names(tiny_model_di
     the tied head once, bf16, global shapes; vLLM's own order checks and per-layer grouping accept it."""
     from safetensors.torch import load_file
 
-    from agentrl.train.weight_sync import trainer_weight_source
+    from agentrl.rollout.weight_sync import trainer_weight_source
 
     model = sharded(tiny_model_dir, activation_checkpointing=True)
     source = trainer_weight_source(model)
@@ -213,6 +207,7 @@ def test_gpu_placement_options_are_refused_on_the_cpu(tiny_model_dir, monkeypatc
 # --- chunked pushes, repeated sleep/wake, bounded sleep, several ranks ----------------------------------
 
 
+@pytest.mark.vllm  # imports vLLM's producer
 def test_the_chunk_plan_is_the_one_vllms_producer_cuts_and_the_buffer_holds_the_largest_tensor(
     tiny_model_dir,  # noqa: F811
     monkeypatch,
@@ -223,7 +218,7 @@ def test_the_chunk_plan_is_the_one_vllms_producer_cuts_and_the_buffer_holds_the_
     from safetensors.torch import load_file
     from vllm.distributed.weight_transfer.base import ParamMeta
 
-    from agentrl.train.weight_sync import _unstaged_chunks, chunk_plan, staging_bytes
+    from agentrl.rollout.weight_sync import _unstaged_chunks, chunk_plan, staging_bytes
     from tests.train.rank_cases import _CpuTorch
 
     monkeypatch.setattr(packed_tensor, "torch", _CpuTorch())
@@ -264,14 +259,14 @@ def test_repeated_sleep_wake_with_generation_between_and_pushes_in_chunks(
     import agentrl.rollout.policy as policy_mod
 
     buckets: list[int] = []
-    real_buckets = policy_mod._buckets
+    real_buckets = policy_mod.buckets
 
     def counted(named, limit, serialize):
         out = real_buckets(named, limit, serialize)
         buckets.append(len(out))
         return out
 
-    monkeypatch.setattr(policy_mod, "_buckets", counted)
+    monkeypatch.setattr(policy_mod, "buckets", counted)
     chunk = 1 << 20  # 1 MiB, the tiny model is 14 MB in fp32
     policy = VLLMPolicy(
         tiny_model_dir, in_process=True, dtype="float32", max_model_len=256, weight_bucket_bytes=chunk
@@ -388,7 +383,7 @@ def test_the_nccl_endpoint_listens_before_its_port_is_announced(monkeypatch) -> 
     import vllm.distributed.device_communicators.pynccl as pynccl
     from vllm.distributed.utils import StatelessProcessGroup
 
-    from agentrl.train import weight_sync
+    from agentrl.rollout import weight_sync
 
     made: dict[str, Any] = {}
 

@@ -1,22 +1,22 @@
-"""The trainer's side of the rollout engine around an update: sleep, wake, and the weight push.
+"""How weights move from the trainer into the rollout engine: both ends, and the sleep and wake around them.
 
     sync = WeightSync(placement, policy_on_rank_0_or_None, model, info, active=True)
     sync.before_update()        # a colocated engine sleeps: its weights and KV cache leave the GPU
     grpo_step(...)
     version = sync.after_update()   # wake weights -> push the new ones -> give memory back -> wake the KV cache
 
-Called on every trainer rank (pushing is a collective: each rank's shard is gathered); only rank 0
-holds the engine. The push depends on `agentrl.train.placement`:
+`WeightSync` is called on every trainer rank (pushing is a collective: each rank's shard is gathered);
+only rank 0 holds the engine. The push depends on the `agentrl.rollout.placement`:
 
 - `rpc` (CPU): the full state dict is gathered to the CPU and handed to `VLLMPolicy.update_weights`,
-  which streams it to the engine's workers in buckets of `chunk_bytes` (serialized when the engine is
-  another process).
+  which streams it to the engine's workers in buckets of `chunk_bytes` (`buckets`; serialized when the
+  engine is another process), where `VLLMWeightSyncExtension` loads them.
 - `ipc` (colocated GPUs) and `nccl` (dedicated GPUs): vLLM's weight-transfer engines
-  (`vllm.distributed.weight_transfer`). The trainer's parameters are gathered one at a time on
-  their GPU (each shard cast to bf16 first, so the gather moves and holds bf16, not fp32), packed
-  into chunks of `chunk_bytes` and handed over as CUDA IPC handles (the engine reads them in place)
-  or broadcast over an NCCL group between trainer rank 0 and the engine's workers: no CPU round
-  trip, no serialization.
+  (`vllm.distributed.weight_transfer`), reached through `EngineWeightSyncClient`. The trainer's
+  parameters are gathered one at a time on their GPU (each shard cast to bf16 first, so the gather
+  moves and holds bf16, not fp32), packed into chunks of `chunk_bytes` and handed over as CUDA IPC
+  handles (the engine reads them in place) or broadcast over an NCCL group between trainer rank 0 and
+  the engine's workers: no CPU round trip, no serialization.
 
 Memory beside a colocated engine: only ranks whose GPU an engine worker uses stage the IPC chunks
 (`StagedIPCSender`; vLLM's own sender stages on every rank), and after the push those ranks hand the
@@ -26,22 +26,225 @@ PyTorch's cache they would sit beside the engine's cache for the whole generatio
 The order around an update matters with sleep mode level 2: weights are woken (allocated) before
 they are loaded, and the KV cache only after, so the push never competes with the cache for memory.
 Every push increments the policy's `version` once.
+
+The engine-core process imports this module by name (`VLLMWeightSyncExtension`): it imports nothing
+of agentrl's above the rollout stage.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-import torch.distributed as dist
-from torch import nn
+from agentrl.rollout.placement import Placement
 
-from agentrl.rollout.policy import DEFAULT_SLEEP_WAIT_S, DEFAULT_WEIGHT_CHUNK_BYTES
-from agentrl.train.distributed import DistInfo, full_state_dict
-from agentrl.train.placement import Placement
+if TYPE_CHECKING:  # torch is imported where it is used: `agentrl.rollout.policy` imports this module cheaply
+    import torch
+    from torch import nn
+
+DEFAULT_WEIGHT_CHUNK_BYTES = 512 << 20
+"""One chunk of a weight push: a bucket of `update_weights`, the staging buffer of the GPU transfers."""
+DEFAULT_SLEEP_WAIT_S = 300.0
+"""How long `VLLMPolicy.sleep` waits for requests still running before it gives up."""
+
+WeightsLike = Mapping[str, "torch.Tensor"] | Iterable[tuple[str, "torch.Tensor"]]
+"""New weights: a state dict, or (name, tensor) pairs, under the checkpoint's (Hugging Face) names."""
+
+
+def named_tensors(weights: WeightsLike) -> Iterable[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of `weights`."""
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engine's side: what its workers run, and the calls that reach them
+
+
+class VLLMWeightSyncExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`): receives new weights from the trainer.
+
+    An update is begin -> load chunk(s) -> finish, each a `collective_rpc`, so a large model can be
+    streamed in buckets. It uses vLLM's layer-wise reload (the machinery behind `reload_weights`),
+    which re-runs each layer's post-load processing: on CPU the linear layers keep their weights
+    packed for oneDNN/SGL kernels, so copying into the parameters alone would change nothing.
+    The engine-core process imports this class by name (see the module doc).
+    """
+
+    def agentrl_begin_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        _ExpectedReloadWarnings.install(model)
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(model)
+        self._agentrl_loaded: set[str] = set()
+
+    def agentrl_load_weights(self, named_tensors: list[tuple[str, Any]] | bytes) -> int:
+        from vllm.config import set_current_vllm_config
+
+        if not hasattr(self, "_agentrl_loaded"):
+            raise RuntimeError("agentrl_load_weights called without agentrl_begin_weight_update")
+        if isinstance(named_tensors, (bytes, bytearray)):  # a bucket sent across processes
+            import safetensors.torch
+
+            named_tensors = list(safetensors.torch.load(bytes(named_tensors)).items())
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            loaded = model.load_weights((str(name), tensor) for name, tensor in named_tensors)
+        self._agentrl_loaded |= set(loaded or ())
+        return len(named_tensors)
+
+    def agentrl_finish_weight_update(self) -> list[str]:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(model, self.model_config)  # type: ignore[attr-defined]
+            # A tied output head (lm_head sharing embed_tokens.weight) receives no weights of its own,
+            # so the reload never re-processes it; on CPU its packed GEMM copy would keep the old
+            # embedding. Re-run post-load processing of every module whose weight is shared.
+            owners: dict[int, list[Any]] = {}
+            for module in model.modules():
+                weight = module.__dict__.get("_parameters", {}).get("weight")
+                if weight is not None and weight.numel() > 0:
+                    owners.setdefault(id(weight), []).append(module)
+            for modules in owners.values():
+                if len(modules) > 1:
+                    for module in modules:
+                        method = getattr(module, "quant_method", None)
+                        if method is not None and hasattr(method, "process_weights_after_loading"):
+                            method.process_weights_after_loading(module)
+        self.model_runner.reset_lora_state()  # type: ignore[attr-defined]
+        loaded = sorted(getattr(self, "_agentrl_loaded", ()))
+        self._agentrl_loaded = set()
+        return loaded
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers that have nothing to load.
+
+    vLLM 0.32's layer-wise reload (model_loader/reload/layerwise.py, `finalize_layerwise_processing`)
+    counts every tensor of a layer as loadable, buffers included. A layer whose only tensors are
+    non-persistent buffers (RotaryEmbedding's `cos_sin_cache`, computed at construction and in no
+    checkpoint) receives nothing from a weight push, so the reload warns "Failed to load weights" and
+    then puts the original buffer back, which is exactly right. The same holds for a tied output head
+    (`ParallelLMHead` sharing `embed_tokens.weight`): checkpoints carry no weight of its own, and
+    `agentrl_finish_weight_update` re-processes it from the shared one. On every push, for every
+    such layer, it reads like a failed sync; a layer with parameters of its own that fails still warns.
+    """
+
+    def __init__(self, layer_classes: set[str]):
+        super().__init__()
+        self.layer_classes = layer_classes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "%s: Failed to load weights"
+            and isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] in self.layer_classes
+        )
+
+    @classmethod
+    def install(cls, model: Any) -> None:
+        names = set()
+        seen: set[int] = set()  # parameters of modules met earlier (the checkpoint loads those)
+        for module in model.modules():
+            params = [p for p in module._parameters.values() if p is not None]
+            buffers = {n for n, b in module._buffers.items() if b is not None}
+            if not params and buffers and buffers <= set(module._non_persistent_buffers_set):
+                names.add(type(module).__name__)
+            elif params and all(id(p) in seen for p in params):
+                names.add(type(module).__name__)  # a tied head: every parameter is an earlier layer's
+            seen.update(id(p) for p in params)
+        logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        for existing in logger.filters:
+            if isinstance(existing, cls):
+                existing.layer_classes |= names
+                return
+        logger.addFilter(cls(names))
+
+
+def buckets(named: Iterable[tuple[str, Any]], limit: int, serialize: bool) -> list[Any]:
+    """Group tensors into buckets of at most `limit` bytes (one tensor may exceed it alone), each loaded
+    by one `agentrl_load_weights` call.
+
+    With `serialize`, each bucket becomes safetensors bytes: the engine's RPC to a worker process
+    pickles plain data reliably, while nested (name, tensor) pairs do not survive it (vLLM 0.32 turns
+    them into lists). In process, the tensors are handed over as they are (no copy).
+    """
+    out: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for name, tensor in named:
+        t = tensor.detach()
+        if serialize:
+            # Own host memory per tensor: safetensors refuses tensors that share storage (tied weights).
+            t = t.to("cpu", copy=True).contiguous()
+        nbytes = t.numel() * t.element_size()
+        if out[-1] and size + nbytes > limit:
+            out.append([])
+            size = 0
+        out[-1].append((name, t))
+        size += nbytes
+    if not out[-1]:
+        raise ValueError("update_weights got no tensors; pass a state dict or an iterable of (name, tensor)")
+    if serialize:
+        import safetensors.torch
+
+        return [safetensors.torch.save(dict(bucket)) for bucket in out]
+    return out
+
+
+class _Engine(Protocol):
+    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list[Any]: ...
+
+
+class EngineWeightSyncClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over a `VLLMPolicy`'s engine: the four phases of a weight
+    transfer as blocking `collective_rpc`s to its workers (what `AsyncLLM.init_weight_transfer_engine`
+    and friends send). CUDA IPC handles are pickled into `ipc_handles_pickled`, the form vLLM's
+    workers accept from outside their process (as its HTTP client does)."""
+
+    def __init__(self, policy: _Engine):
+        self.policy = policy
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.policy.rpc("init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.policy.rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        payload = (
+            [_pickled_handles(u) for u in update_info]
+            if isinstance(update_info, list)
+            else _pickled_handles(update_info)
+        )
+        self.policy.rpc("update_weights", {"update_info": payload})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.policy.rpc("finish_weight_update")
+
+
+def _pickled_handles(update_info: dict[str, Any]) -> dict[str, Any]:
+    if update_info.get("ipc_handles") is None:
+        return update_info
+    import base64
+    import pickle
+
+    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(update_info["ipc_handles"])).decode("ascii")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The trainer's side: its parameters, gathered and sent
+
 
 # Module wrappers whose names must not reach the engine (activation checkpointing adds the first).
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
@@ -60,11 +263,14 @@ def named_trainer_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tens
         yield checkpoint_name(name), param
 
 
-def trainer_weight_source(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Any:
+def trainer_weight_source(model: nn.Module, dtype: torch.dtype | None = None) -> Any:
     """vLLM's `WeightSource` over the (FSDP-sharded) trainer: metadata without gathering, iteration that
     gathers one full parameter at a time on its device (a collective: every rank iterates) in `dtype`,
-    the wire and engine dtype."""
+    the wire and engine dtype (None: bf16)."""
+    import torch
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
+
+    dtype = dtype or torch.bfloat16
 
     class TrainerWeights(WeightSource):
         def metadata(self) -> list[Any]:
@@ -144,10 +350,14 @@ def _unstaged_chunks(iterator: Iterator[tuple[str, torch.Tensor]], buffer_bytes:
 
 
 def _gpu_uuid() -> str:
+    import torch
+
     return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
 def _current_gpu() -> int:
+    import torch
+
     return torch.cuda.current_device()
 
 
@@ -184,6 +394,7 @@ class StagedIPCSender:
 
     def send_weights(self) -> None:
         """Every rank: one push, start -> a chunk at a time -> finish."""
+        import torch
         from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
         from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
 
@@ -236,6 +447,8 @@ class StagedIPCSender:
     @staticmethod
     def _merged(handle: dict[str, Any]) -> dict[str, Any]:
         """This chunk's handles of every rank that staged it, one per GPU UUID."""
+        import torch.distributed as dist
+
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return dict(handle)
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -250,6 +463,8 @@ class StagedIPCSender:
 
 
 def _barrier() -> None:
+    import torch.distributed as dist
+
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
@@ -308,6 +523,24 @@ def nccl_sender(
     return engine
 
 
+class RankInfo(Protocol):
+    """Where a trainer rank is (`agentrl.train.distributed.DistInfo` is one)."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+
+    @property
+    def is_main(self) -> bool: ...
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded state dict on the CPU, on every rank (a collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 class WeightSync:
     """Sleep/wake of the engine around each update, and the push of the new weights (see the module doc)."""
 
@@ -316,7 +549,7 @@ class WeightSync:
         placement: Placement,
         policy: Any | None,
         model: nn.Module,
-        info: DistInfo,
+        info: RankInfo,
         *,
         active: bool = True,
         chunk_bytes: int = DEFAULT_WEIGHT_CHUNK_BYTES,
@@ -364,6 +597,8 @@ class WeightSync:
         return None if self.policy is None else int(self.policy.version)
 
     def _release_cached_memory(self) -> None:
+        import torch
+
         if self.beside_engine and torch.cuda.is_available():
             torch.cuda.empty_cache()
 

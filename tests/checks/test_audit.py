@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from agentrl import audit, verifiers
+from agentrl import verifiers
 from agentrl.agents import AnswerOracle
-from agentrl.audit import Outcome, render_calls, run_audit
+from agentrl.checks import attack_base, audit
+from agentrl.checks.audit import Outcome, render_calls, run_audit
 from agentrl.env import ToolEnv
 from agentrl.envs.guess_number import GuessNumberEnv
 from agentrl.parsers import get_parser
@@ -93,7 +94,7 @@ def test_an_exception_out_of_env_step_is_a_finding_not_a_crash():
 
 
 PLUGIN = """
-from agentrl.audit import Outcome, Play
+from agentrl.checks.audit import Outcome, Play
 
 
 class AlwaysWins:
@@ -127,7 +128,7 @@ def _plugin_dir(tmp_path: Path) -> Path:
 def test_a_third_party_attack_is_loaded_from_its_entry_point_and_played(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(_plugin_dir(tmp_path)))
     monkeypatch.setattr(audit, "_entry_points_loaded", False)
-    monkeypatch.setattr(audit, "_REGISTRY", dict(audit._REGISTRY))
+    monkeypatch.setattr(attack_base, "_REGISTRY", dict(attack_base._REGISTRY))
     assert "test-always-wins" in {a.name for a in audit.attacks()}
     report = run_audit(GuessNumberEnv(), tasks=1, only=["test-always-wins"])
     assert [f.status for f in report.findings] == ["exploited"]  # it read the answer: reward 1

@@ -20,7 +20,7 @@ GPU indices among the visible ones:
   `collective_rpc`).
 
 Both GPU transports are vLLM's own weight-transfer engines (`vllm.distributed.weight_transfer`,
-vLLM >= 0.32): `agentrl.train.weight_sync` drives them.
+vLLM >= 0.32): `agentrl.rollout.weight_sync` drives them.
 
 Everything here is a pure function of the counts and the config, so every rank computes the same
 placement, and a bad one fails before anything starts, with a message that says what to change.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from agentrl.errors import UserError, check_nproc, cuda_visible_note
 
@@ -64,6 +64,17 @@ class Placement:
         The engine runs on node 0, so only node 0's ranks on `engine_gpus` do: those alone stage weights for
         the CUDA IPC push (the engine reads no other GPU's) and give cached memory back before it wakes."""
         return self.colocated and node_rank == 0 and local_rank in self.engine_gpus
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """`VLLMPolicy` arguments that put the engine where this placement says (nothing on CPU)."""
+        if not self.on_gpu:
+            return {}
+        return {
+            "devices": list(self.engine_gpus),
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "sleep_mode": self.sleep,
+            "weight_transfer": self.transport,
+        }
 
 
 def plan_placement(

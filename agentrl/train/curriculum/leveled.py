@@ -20,7 +20,7 @@ first version of this rule kept the benchmark's adaptive arm on its easiest leve
 
 Band draws and re-probes are those of `Curriculum` (tracked tasks of every level, weighted
 p̂(1 - p̂)); only where new tasks come from changes. Switch it on with
-`curriculum.difficulty.adaptive: true`; `Curriculum.from_source` then builds a `LeveledCurriculum`.
+`curriculum.difficulty.adaptive: true`; `build_curriculum` then builds a `LeveledCurriculum`.
 
 A task is tracked by one integer index, so that `TaskStats` and the checkpointed state stay those of
 `Curriculum`: `n * levels + level` for the generator's task n at `level`.
@@ -36,15 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 from agentrl.errors import UserError
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.task import Split, Task
-from agentrl.train.curriculum import (
-    Curriculum,
-    CurriculumConfig,
-    CurriculumMetrics,
-    DynamicBatchResult,
-    TaskDraw,
-    TaskStats,
-    group_by_id,
-)
+from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
+from agentrl.train.curriculum.config import CurriculumConfig
 
 
 @runtime_checkable
@@ -57,6 +50,20 @@ class LeveledTaskGenerator(Protocol):
     def generate(self, index: int, split: Split = "train") -> Task: ...
 
     def generate_at(self, index: int, split: Split, level: int) -> Task: ...
+
+
+def leveled_generator(source: Any) -> LeveledTaskGenerator:
+    """The leveled generator behind a task source (`agentrl.tasksource.as_task_source`'s view of one);
+    a source without difficulty levels is a `UserError` that says which environments have them."""
+    generator = getattr(source, "source", source)  # a lazily loaded source: what it loaded
+    generator = getattr(generator, "generator", generator)
+    if not isinstance(generator, LeveledTaskGenerator):
+        raise UserError(
+            f"curriculum.difficulty.adaptive needs a task generator with difficulty levels (a `levels` "
+            f"count and generate_at(index, split, level)); {getattr(source, 'name', 'this environment')} "
+            "has none. Use e.g. agentrl/calc-levels-v0, or set curriculum.difficulty.adaptive=false"
+        )
+    return generator
 
 
 @dataclass
@@ -96,23 +103,6 @@ class LeveledCurriculum(Curriculum):
         self.pending: dict[str, int] = {}  # probed task id -> its level, until its first group is in
         self.moves: list[dict[str, int]] = []  # {"probes": judged so far, "level": the new level}
         self.judged = 0
-
-    @classmethod
-    def from_source(
-        cls, source: Any, config: CurriculumConfig | None = None, split: Split = "train"
-    ) -> LeveledCurriculum:
-        from agentrl.tasksource import as_task_source
-
-        src = as_task_source(source)
-        generator = getattr(src, "source", src)  # a lazily loaded source: what it loaded
-        generator = getattr(generator, "generator", generator)
-        if not isinstance(generator, LeveledTaskGenerator):
-            raise UserError(
-                f"curriculum.difficulty.adaptive needs a task generator with difficulty levels (a `levels` "
-                f"count and generate_at(index, split, level)); {getattr(src, 'name', 'this environment')} "
-                "has none. Use e.g. agentrl/calc-levels-v0, or set curriculum.difficulty.adaptive=false"
-            )
-        return cls(generator, config, split)
 
     # -- probes at the current level --------------------------------------------------------------
 
@@ -162,8 +152,8 @@ class LeveledCurriculum(Curriculum):
 
     # -- metrics and state --------------------------------------------------------------------------
 
-    def metrics(self, batch: DynamicBatchResult | None = None) -> LeveledMetrics:
-        base = super().metrics(batch)
+    def metrics(self) -> LeveledMetrics:
+        base = super().metrics()
         return LeveledMetrics(**asdict(base), level=self.level, level_moves=len(self.moves))
 
     def state_dict(self) -> dict[str, Any]:

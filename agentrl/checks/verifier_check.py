@@ -9,7 +9,7 @@ longer says whether the agent solved it. So, per task, before it is used:
   state untouched: it submits an empty answer when the environment has a `submit` tool, and
   otherwise says nothing until the turn limit.
 
-    kept, dropped = agentrl.verifier_check.filter_tasks(env, tasks)
+    kept, dropped = agentrl.checks.verifier_check.filter_tasks(env, tasks)
     for task, reason in dropped: ...
 
 `filter_tasks` logs how many tasks it dropped and why; `agentrl verifier check ENV_ID --tasks N`
@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 
 from agentrl.agents import run_episode
 from agentrl.parsers import HERMES, ToolCallParser
+from agentrl.protocols import has_oracle
 from agentrl.task import Task
-from agentrl.types import Message, has_oracle
+from agentrl.types import Message
 from agentrl.verifiers import Verdict
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
-"""The built-in attack library of `agentrl verifier audit` (see `agentrl.audit` for the contract).
+"""The built-in attack library of `agentrl verifier audit` (see `agentrl.checks.attack_base` for the contract).
 
 Every attack plays one episode through `env.reset`/`env.step`, as a reward-hacking policy would,
 and never fixes the task. Three families here (the attacks on the harness from inside the test process are in
-`agentrl.attacks_harness`):
+`agentrl.checks.attacks_harness`):
 
 - **python-repair** (`pristine-symlink` ... `proc-cmdline-leak`): tricks that once scored reward 1
   without a fix on `agentrl/python-repair-v0`, or broke an env's contract; one per trick that goes
   through `env.step`.
 - **hidden tests** (`workspace-conftest` ... `huge-output`): the older tricks against pytest
-  based verifiers (the README's Verifiers section lists them).
+  based verifiers (docs/VERIFIERS.md lists them).
 - **generic** (`submit-without-work`, `answer-hedging`, `answer-flood`, `state-rc-and-path`,
   `parallel-guesses`, `nested-json`, `many-calls-per-step`): for any env, by the tools and the
   verifier it has.
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.audit import (
+from agentrl.checks.attack_base import (
     NOT_ANSWER_DEPENDENT,
     Outcome,
     Play,
@@ -533,7 +533,7 @@ class NestedJson(_Base):
         return True if tool_names(env) else "the env has no tools"
 
     def play(self, env: Any, task: Task) -> Outcome:
-        from agentrl.audit import render_calls
+        from agentrl.checks.attack_base import render_calls
 
         play = Play(env, task)
         tool = sorted(t for t in tool_names(env) if t != "submit")[:1] or ["submit"]
@@ -1052,7 +1052,7 @@ def _unrelated(answer: str) -> str:
 def _reads_answer(env: Any) -> bool | None:
     """True: a built-in answer verifier is part of the env's verifier. False: every part is a
     built-in that never reads the answer. None: a verifier this library does not know (a plugin's,
-    the user's own), which `_AnswerAttack.play` then asks by probing (`agentrl.audit.probe_answers`)."""
+    the user's own), which `_AnswerAttack.play` then asks by probing (`agentrl.checks.attack_base.probe_answers`)."""
     parts = verifier_parts(env)
     if any(str(getattr(v, "name", "")) in _ANSWER_VERIFIERS or type(v) in _ANSWER_TYPES for v in parts):
         return True
@@ -1239,6 +1239,3 @@ ATTACKS: tuple[type, ...] = (
 
 for _cls in ATTACKS:
     register(_cls)
-
-# The attacks on the hidden-test harness from inside the test process live in their own module.
-from agentrl import attacks_harness  # noqa: E402,F401

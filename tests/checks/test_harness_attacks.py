@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.attacks_harness import ATTACKS as HARNESS_ATTACKS
-from agentrl.attacks_harness import HarnessEmitter, HarnessGuardFrames, HarnessHookExec
+from agentrl.checks.attacks_harness import ATTACKS as HARNESS_ATTACKS
+from agentrl.checks.attacks_harness import HarnessEmitter, HarnessGuardFrames, HarnessHookExec
 from agentrl.task import Task
 from tests.verifiers.test_hidden_tests import BUGGY, FIXED, HIDDEN_TESTS, FixFunctionEnv, play
 
