@@ -1,0 +1,35 @@
+"""The gateway: an OpenAI-compatible server in front of the policy engine, so that agents written against
+the OpenAI API play (and are trained on) episodes, token-exact.
+
+- `server`: `Gateway`, the HTTP server (FastAPI on uvicorn) and its routes, one session URL per episode;
+- `session`: `Session`, one episode's calls captured (prompt ids, sampled ids, log-probs, policy
+  version) and stitched into trajectories, with branches where the history drifted;
+- `protocol`: the OpenAI request and error formats;
+- `harness`: `HarnessEnv`, an environment whose episodes a user's agent plays through a session.
+
+Names are imported lazily: `import agentrl.gateway` does not load the web server.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Gateway": "agentrl.gateway.server",
+    "shared_gateway": "agentrl.gateway.server",
+    "Session": "agentrl.gateway.session",
+    "GATEWAY_METRICS": "agentrl.gateway.session",
+    "GatewayError": "agentrl.gateway.protocol",
+    "HarnessEnv": "agentrl.gateway.harness",
+    "HarnessTask": "agentrl.gateway.harness",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentrl.gateway' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,316 @@
+"""Harness environments: an episode is the user's own agent, written against the OpenAI API, playing
+against its session URL.
+
+    async def agent(client: openai.AsyncOpenAI, task: HarnessTask) -> None:
+        messages = list(task.messages)                       # the environment's system and user messages
+        while not task.done:
+            reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            messages += await task.step(message)             # the environment runs the calls, as today
+
+    agentrl.register("me/calc-agent-v0", entry_point="agentrl.gateway:HarnessEnv",
+                     env="agentrl/calc-v0", agent="my_pkg.agents:agent")
+
+`HarnessEnv(env, agent)` wraps an environment: its tasks, tools, limits and verifier are the wrapped
+environment's (built with `tools_in_prompt=False`: the tools reach the model through the chat
+template's `tools`, as OpenAI's API passes them). The rollout (`agentrl.rollout.loop`, so `agentrl
+train`, `agentrl eval` and `agentrl rollout` alike) plays such an environment by opening one gateway
+session per episode and running `agent(client, task)` with `client` an `openai.AsyncOpenAI` pointed
+at it. `task.step(message)` steps the environment with the text the policy sampled for that reply,
+and returns the observation as OpenAI messages to append.
+
+The episode ends, with its reason recorded, when the first of these happens:
+
+- the environment ends it (`submit`, its turn limit, a sandbox failure): the reason is the environment's;
+- the agent returns: `submitted` (the verifier scores the final state);
+- the agent raises: `agent_error`, with the exception in `error` (scored, and not trained on);
+- the agent asks for more completions than the turn limit: `max_turns`; a conversation past the
+  context budget: `max_tokens`;
+- the episode runs past the rollout's `episode_timeout_s`: `timeout` (an agent that hangs).
+
+Whatever ends it, the agent is cancelled, the session closed (its URL answers 404 from then on), and
+the verifier's reward is the episode's; nothing the agent sends can set it. The episode's calls become
+one trajectory per branch (`agentrl.gateway.session`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from agentrl.gateway.protocol import ChatMessage, normal_message
+from agentrl.gateway.session import Session
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.gateway.server import Gateway
+    from agentrl.protocols import AgentEnv
+    from agentrl.task import Task
+    from agentrl.types import FinishReason, Message
+
+log = logging.getLogger(__name__)
+
+AgentFn = Callable[[Any, "HarnessTask"], Awaitable[None]]
+"""`async def agent(client: openai.AsyncOpenAI, task: HarnessTask) -> None`."""
+
+# How long a cancelled agent may take to unwind before the episode goes on without it.
+_CANCEL_GRACE_S = 5.0
+
+
+def load_agent(agent: str | AgentFn) -> AgentFn:
+    """`agent` itself, or the callable a `"package.module:function"` string names."""
+    if callable(agent):
+        return agent
+    module, _, attr = str(agent).partition(":")
+    if not module or not attr:
+        raise ValueError(f"agent {agent!r} must be a callable or a 'package.module:function' string")
+    fn = getattr(importlib.import_module(module), attr, None)
+    if not callable(fn):
+        raise ValueError(f"agent {agent!r}: {module} has no callable {attr!r}")
+    return fn
+
+
+class HarnessEnv:
+    """An environment whose episodes a harness agent plays (see the module docstring).
+
+    env: the environment that poses the tasks, runs the tools and scores (an id for `agentrl.make`, or an
+        instance); agent: the harness, a callable or a `"module:function"` string; max_calls: the most
+        completions an episode may ask for (default: the environment's `max_turns`). Other keyword
+        arguments (`max_turns`, `verifier`, settings) go to `agentrl.make(env, ...)`.
+
+    Everything else (`reset`, `step`, `tasks`, `toolbox`, `episode`, ...) is the wrapped environment's,
+    so the checks (`agentrl env check`, `agentrl verifier audit`) run on it unchanged.
+    """
+
+    def __init__(
+        self,
+        env: str | AgentEnv,
+        agent: str | AgentFn,
+        *,
+        env_id: str | None = None,
+        max_calls: int | None = None,
+        **env_kwargs: Any,
+    ):
+        if isinstance(env, str):
+            from agentrl.registry import make
+
+            env_kwargs.setdefault("tools_in_prompt", False)
+            env = make(env, **env_kwargs)
+        elif env_kwargs:
+            raise ValueError(
+                f"HarnessEnv got settings {sorted(env_kwargs)} for an environment instance; pass an id to build it"
+            )
+        self.env = env
+        self.agent = load_agent(agent)
+        self.max_calls = max_calls
+        self.env_id = env_id or env.env_id
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":  # not set yet (a failed __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: str) -> Any:
+        return self.env.step(action)
+
+    def end_episode(self, reason: FinishReason, error: str | None = None) -> Any:
+        return self.env.end_episode(reason, error)
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> HarnessEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_harness_env(env: Any) -> bool:
+    return isinstance(env, HarnessEnv)
+
+
+class HarnessTask:
+    """What a harness agent gets beside its client: the task, the first messages, the tools, the model name,
+    and `step`, which runs a reply's tool calls in the environment."""
+
+    def __init__(self, episode: HarnessEpisode, task: Task, first_messages: list[Message]):
+        self._episode = episode
+        self.task = task
+        """The environment's `Task` (id, prompt, metadata): what the agent works on."""
+        self.prompt = task.prompt
+        self.messages: list[dict[str, Any]] = [dict(m) for m in first_messages]
+        """The environment's first messages (system instructions, the task), as OpenAI messages."""
+        self.tools: list[dict[str, Any]] = [dict(s) for s in episode.env.toolbox.schemas]
+        """The environment's tools as OpenAI tool schemas (`tools=` of a chat completion)."""
+        self.model: str = episode.gateway.model_name
+        self.done = False
+        """True once the episode is over: further steps do nothing, further completions get 404."""
+        self._lock = asyncio.Lock()
+
+    async def step(self, message: Any) -> list[dict[str, Any]]:
+        """Run `message`'s tool calls (an assistant message the client returned, or its dict) in the environment;
+        the observation as OpenAI messages (tool results, or what was wrong with the message). A reply the
+        gateway gave is stepped as the exact text the policy sampled for it."""
+        async with self._lock:  # the environment takes one step at a time
+            ep = self._episode
+            session = ep.session
+            if self.done or session is None or session.closed or ep.env.episode.done:
+                self.done = True
+                return []
+            normal = _normal(message)
+            sample = session.sample_for(normal) if normal is not None else None
+            if sample is not None:
+                text = sample.action_text
+            else:  # a message the agent wrote itself: in the environment's tool-call format
+                text = _render(normal, ep.env.parser) if normal is not None else str(message)
+            obs, _reward, terminated, truncated, _info = await ep.env_call(ep.env.step, text)
+            if terminated or truncated:
+                self.done = True
+                episode = ep.env.episode
+                session.close(episode.finish_reason, episode.error)
+            return [dict(m) for m in obs]
+
+
+def _normal(message: Any) -> dict[str, Any] | None:
+    data = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else message
+    if not isinstance(data, dict):
+        return None
+    data = {k: v for k, v in data.items() if v is not None}
+    try:
+        return normal_message(ChatMessage.model_validate(data))
+    except Exception:
+        return None
+
+
+def _render(message: dict[str, Any], parser: Any) -> str:
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    parts = [message.get("content") or ""]
+    if calls:
+        parts.append(parser.render_calls(calls))
+    return "\n".join(p for p in parts if p)
+
+
+class HarnessEpisode:
+    """One harness episode in a rollout: reset, the agent against a fresh session, the ending, the branches."""
+
+    def __init__(
+        self,
+        env: HarnessEnv,
+        gateway: Gateway,
+        *,
+        rollout: RolloutConfig,
+        seed: int | None,
+        index: int,
+        group_id: str,
+        env_call: Callable[..., Awaitable[Any]],
+    ):
+        self.env, self.gateway, self.rollout = env, gateway, rollout
+        self.seed, self.index, self.group_id = seed, index, group_id
+        self.env_call = env_call
+        self.session: Session | None = None
+
+    async def play(self, *, seed: int | None, options: dict[str, Any]) -> None:
+        """Play the episode to its end (see the module docstring); the environment's episode records how."""
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+        env = self.env
+        obs, _info = await self.env_call(env.reset, seed=seed, options=options)
+        loop = asyncio.get_running_loop()
+        over = asyncio.Event()
+
+        def on_close(_session: Session) -> None:
+            with contextlib.suppress(RuntimeError):  # the rollout's loop is gone: nobody waits
+                loop.call_soon_threadsafe(over.set)
+
+        self.session = session = self.gateway.session(
+            rollout=self.rollout,
+            seed=self.seed,
+            index=self.index,
+            max_calls=env.max_calls if env.max_calls is not None else env.max_turns,
+            parser=env.parser,
+            group_id=self.group_id,
+            on_close=on_close,
+        )
+        task = HarnessTask(self, env.task, obs)
+        client = AsyncOpenAI(
+            base_url=session.url,
+            api_key="agentrl-session",  # the session URL is the credential; the SDK wants a key
+            max_retries=0,
+            timeout=self.rollout.episode_timeout_s,
+            # The session URL is plain HTTP on this machine: no certificate store to load (tens of
+            # milliseconds of CPU per client, one client per episode).
+            http_client=DefaultAsyncHttpxClient(verify=False),
+        )
+        agent = asyncio.ensure_future(env.agent(client, task))
+        waiter = asyncio.ensure_future(over.wait())
+        reason: FinishReason = "submitted"
+        error: str | None = None
+        try:
+            await asyncio.wait({agent, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if agent.done() and not session.closed:
+                exc = agent.exception() if not agent.cancelled() else asyncio.CancelledError()
+                if exc is not None:
+                    reason, error = "agent_error", f"the agent raised {type(exc).__name__}: {exc}"
+                    log.info("harness agent of episode %s raised: %r", self.index, exc)
+        except asyncio.CancelledError:
+            reason, error = (
+                "timeout",
+                f"the episode ran past its {self.rollout.episode_timeout_s:g}s wall-clock limit",
+            )
+            raise
+        finally:
+            task.done = True
+            for t in (agent, waiter):
+                t.cancel()
+            # An agent that swallows its cancellation is left behind after a grace period.
+            await asyncio.wait({agent, waiter}, timeout=_CANCEL_GRACE_S)
+            with contextlib.suppress(Exception):
+                await client.close()
+            session.close(reason, error)
+        episode = env.episode
+        if not episode.done:
+            await self.env_call(env.end_episode, session.finish_reason or reason, session.error)
+
+    def trajectories(self, base: Trajectory) -> list[Trajectory]:
+        """`base` (the episode's trajectory as the native loop would make it, without tokens) once per
+        branch, each with its branch's tokens; `base` itself when the agent never called the model."""
+        session = self.session
+        branches = session.branches() if session is not None else []
+        if not branches:
+            return [base]
+        out = []
+        cfg = self.rollout
+        for i, b in enumerate(branches):
+            seq = b.seq
+            drift = None
+            if cfg.drift_check and len(seq) > seq.prompt_len:
+                drift = b.masker.check_drift(seq, warn=cfg.warn_on_drift)
+            out.append(
+                dataclasses.replace(
+                    base,
+                    token_ids=list(seq.token_ids),
+                    loss_mask=list(seq.loss_mask),
+                    behavior_logprobs=list(seq.behavior_logprobs),
+                    prompt_len=seq.prompt_len,
+                    policy_version=min(b.versions),
+                    policy_version_max=max(b.versions),
+                    drift=drift,
+                    messages=list(seq.messages),
+                    branch=i,
+                    branches=len(branches),
+                    drifted_calls=session.drifted_calls,
+                    timings=dataclasses.replace(base.timings, generate_s=session.generate_s),
+                )
+            )
+        return out

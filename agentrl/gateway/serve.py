@@ -1,0 +1,94 @@
+"""`agentrl gateway`: a checkpoint served through the gateway by itself, for pointing an agent at it by hand.
+
+    agentrl gateway --model runs/warm-calc --sessions 2 --out calls.jsonl
+    {"session": 0, "url": "http://127.0.0.1:8000/s/4bq.../v1", "model": "agentrl-policy"}
+    ...
+
+Each session URL is one episode's: point an OpenAI client at it (`OPENAI_BASE_URL`). The server runs
+until interrupted (Ctrl-C, SIGTERM); then every session's calls are written to `--out` as
+trajectories (one per branch, `agentrl.gateway.session`), with no reward: no environment scored them.
+Unlike a rollout's sessions, these honour a request's temperature, top-p and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.gateway.server import Gateway
+from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.trajectory import Trajectory, save_trajectories
+
+
+def serve(
+    policy: Any,
+    *,
+    rollout: RolloutConfig,
+    sessions: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    uds: str | None = None,
+    parser: str = "hermes",
+    model_name: str = "agentrl-policy",
+    out: str | Path | None = None,
+    echo: Callable[[str], None] = print,
+    stop: threading.Event | None = None,
+) -> int:
+    """Serve until `stop` is set (by default: until SIGINT or SIGTERM); write the sessions' trajectories to
+    `out`; return how many were written."""
+    stop = stop or _stop_on_signals()
+    with Gateway(policy, host=host, port=port, uds=uds, parser=parser, model_name=model_name) as gateway:
+        opened = [gateway.session(rollout=rollout, lock_sampling=False) for _ in range(sessions)]
+        for i, s in enumerate(opened):
+            echo(json.dumps({"session": i, "url": s.url, "model": gateway.model_name}))
+        stop.wait()
+        trajectories = []
+        for i, s in enumerate(opened):
+            s.close("submitted")
+            trajectories += session_trajectories(s, task_id=f"session-{i}")
+    if out is not None:
+        save_trajectories(out, trajectories)
+    return len(trajectories)
+
+
+def session_trajectories(session: Any, *, task_id: str) -> list[Trajectory]:
+    """A session's branches as unscored trajectories (no environment, no reward)."""
+    branches = session.branches()
+    out = []
+    for i, b in enumerate(branches):
+        seq = b.seq
+        out.append(
+            Trajectory(
+                task_id=task_id,
+                group_id=task_id,
+                token_ids=list(seq.token_ids),
+                loss_mask=list(seq.loss_mask),
+                behavior_logprobs=list(seq.behavior_logprobs),
+                prompt_len=seq.prompt_len,
+                reward=0.0,
+                passed=False,
+                finish_reason=session.finish_reason or "submitted",
+                policy_version=min(b.versions),
+                policy_version_max=max(b.versions),
+                messages=list(seq.messages),
+                branch=i,
+                branches=len(branches),
+                drifted_calls=session.drifted_calls,
+            )
+        )
+    return out
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    return stop

@@ -1,0 +1,571 @@
+"""One episode's session: every chat completion it serves, captured token-exact, stitched into trajectories.
+
+Token ids are the truth, as in the native rollout (`agentrl.rollout.masker`). Each sampled choice is a
+`Sample`: the ids the gateway fed the engine before it (the prompt, or the observation delta since its
+parent), the ids the engine sampled, their log-probs and the policy versions. The samples of a session
+form a tree:
+
+- A request *extends* a sample when its messages are that sample's request messages followed by the
+  assistant reply the gateway returned for it (same text, same calls: `protocol.reply_key`). The engine
+  is then given the sample's own context, its sampled ids exactly as sampled (never re-rendered nor
+  re-tokenized), and the new messages rendered once as a template delta (`ChatMasker.observation_ids`,
+  mask 0): what the native loop feeds the engine for the same conversation, id for id.
+- Any other request (the first one; a harness that dropped reasoning, edited, truncated or
+  re-ordered history, changed the tools) starts a new root: the whole conversation rendered by the
+  chat template. After the first call that is *drift*: the call is counted (`drifted_calls`) and its
+  branch is a trajectory of its own, so nothing is trained on tokens the policy did not sample.
+
+Every leaf of the tree is one `Trajectory` (`branches()`): branch 0 ends at the session's last call,
+the others follow in the order their leaves were sampled. They share the episode's reward and group.
+
+Sampling follows the rollout: the rollout's temperature and top-p (a request's own values are
+counted and ignored, because the trainer computes its log-probs at the rollout's temperature), its
+`max_tokens_per_turn` and `max_total_tokens`, and the native loop's per-turn seeds
+(`agentrl.rollout.config.turn_seed`). A session opened with `lock_sampling=False` (the `agentrl
+gateway` server: nothing trains on it) honours the request's temperature, top-p and seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentrl.cluster import episode_group
+from agentrl.gateway.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    GatewayError,
+    message_key,
+    normal_message,
+    reply_key,
+    session_not_found,
+)
+from agentrl.parsers import ToolCallParser
+from agentrl.rollout.config import RolloutConfig, turn_seed
+from agentrl.rollout.masker import ChatMasker, MaskedSequence
+from agentrl.rollout.policy import Generation, SamplingConfig, StopReason
+
+if TYPE_CHECKING:
+    from agentrl.types import FinishReason, Message
+
+log = logging.getLogger(__name__)
+
+# Gateway metrics, process-wide (as the masker's DRIFT_METRICS): sessions opened, calls served, calls
+# that did not extend their session (drift), branches they started, requests whose sampling arguments
+# were overridden by the rollout's.
+GATEWAY_METRICS: Counter[str] = Counter()
+_metrics_lock = threading.Lock()
+
+# A seed offset per extra choice of an `n > 1` request: choice 0 samples with the native loop's seed.
+_CHOICE_SEED_STRIDE = 0x9E3779B97F4A7C15
+_SEED_RANGE = 2**63
+
+
+def _count(**deltas: int) -> None:
+    with _metrics_lock:
+        for key, value in deltas.items():
+            GATEWAY_METRICS[f"gateway/{key}"] += value
+
+
+def _chain_hash(previous: str, part: str) -> str:
+    return hashlib.blake2b(
+        (previous + "\x00" + part).encode("utf-8", "surrogatepass"), digest_size=16
+    ).hexdigest()
+
+
+@dataclass(eq=False)
+class Sample:
+    """One sampled choice of one call, and where it sits in the session's tree."""
+
+    call: int
+    """Index of the call in the session (0 for the first request)."""
+    choice: int
+    parent: Sample | None
+    """The sample this one's context extends; None for a root (a first call, or drift)."""
+    forced_ids: list[int]
+    """Ids fed to the engine that it did not sample: the whole prompt for a root, else the parent's
+    turn close, the new messages and the generation prompt (mask 0)."""
+    forced_messages: list[Message]
+    """The messages `forced_ids` render (template form)."""
+    notes: list[str]
+    """Template problems met rendering `forced_ids` (a delta that was not append-only)."""
+    sampled_ids: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason
+    policy_version: int
+    policy_version_end: int
+    action_text: str
+    """What the policy wrote, as the environment reads it (the sampled text, end-of-turn token excluded)."""
+    reply: dict[str, Any]
+    """The assistant message the gateway returned, in normal form (what a harness sends back)."""
+    drifted: bool
+    """Whether this sample's root was a drifted call (it did not extend the session's history)."""
+    masker: ChatMasker
+    """The renderer of its conversation (the chat template with the request's tools)."""
+    continued: bool = False
+    """Whether a later call extends this sample (then it is not a leaf)."""
+
+
+@dataclass
+class Branch:
+    """One leaf's chain of samples, assembled as the native loop assembles an episode."""
+
+    seq: MaskedSequence
+    versions: list[int]
+    drifted: bool
+    samples: list[Sample]
+    masker: ChatMasker
+
+
+@dataclass
+class _Plan:
+    """A request, ready for the engine."""
+
+    call: int
+    parent: Sample | None
+    seq: MaskedSequence
+    forced_ids: list[int]
+    forced_messages: list[Message]
+    notes: list[str]
+    n_messages: int
+    """How many messages the request held (its samples' replies come after them)."""
+    prefix_hash: str
+    """The chained hash of the tools and those messages."""
+    masker: ChatMasker
+    samplings: list[SamplingConfig]
+    stops: list[str]
+    parse_tools: bool
+    drifted: bool
+
+
+@dataclass
+class Choice:
+    """One choice of a served completion, as the HTTP layer writes it."""
+
+    message: dict[str, Any]
+    """The assistant message: role, content (str or None), tool_calls (OpenAI shape) when any."""
+    finish_reason: str
+    sample: Sample
+    content_ids: list[int]
+    """The sampled ids whose text the content and log-probs cover (the end-of-turn token excluded)."""
+
+
+@dataclass
+class Completion:
+    choices: list[Choice]
+    prompt_tokens: int
+    policy_version: int
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class Session:
+    """One episode's session (see the module docstring); `url` is what its harness talks to.
+
+    Opened by `Gateway.session(...)`; thread-safe: the gateway's server thread serves it while the
+    rollout's thread steps the environment and, at the end, `close`s it and reads `branches()`.
+    """
+
+    def __init__(
+        self,
+        gateway: Any,
+        token: str,
+        *,
+        rollout: RolloutConfig,
+        seed: int | None,
+        index: int,
+        max_calls: int | None,
+        parser: ToolCallParser,
+        lock_sampling: bool,
+        group_id: str,
+        on_close: Callable[[Session], None] | None,
+    ):
+        self.gateway = gateway
+        self.token = token
+        self.rollout = rollout
+        self.seed = seed
+        self.index = index
+        self.max_calls = max_calls
+        self.parser = parser
+        self.lock_sampling = lock_sampling
+        self.group_id = group_id
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self.samples: list[Sample] = []
+        self._by_key: dict[tuple[int, str], Sample] = {}
+        self.calls = 0
+        """Calls accepted so far (the next call's turn number, for its seed)."""
+        self.drifted_calls = 0
+        self.sampling_overridden = 0
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self.generate_s = 0.0
+        self._inflight: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = set()
+
+    @property
+    def url(self) -> str:
+        """The base URL an OpenAI client takes (`OpenAI(base_url=session.url)`)."""
+        return f"{self.gateway.url}/s/{self.token}/v1"
+
+    @property
+    def closed(self) -> bool:
+        return self.finish_reason is not None
+
+    def close(self, reason: FinishReason, error: str | None = None) -> bool:
+        """End the session (later calls get 404); the first reason given is kept. True if this call closed it."""
+        with self._lock:
+            if self.finish_reason is not None:
+                return False
+            self.finish_reason, self.error = reason, error
+            inflight = list(self._inflight)
+        for loop, sampling in inflight:
+            with contextlib.suppress(RuntimeError):  # the server's loop is already closed
+                loop.call_soon_threadsafe(sampling.cancel)
+        self.gateway._forget(self.token)
+        if self._on_close is not None:
+            self._on_close(self)
+        return True
+
+    # --- serving ------------------------------------------------------------------------------------
+
+    async def complete(
+        self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None
+    ) -> Completion:
+        """Serve one request: plan it, sample its `n` choices, record them. `GatewayError` for what the
+        caller did wrong or for a session that is over."""
+        plan = self._plan(req, raw_tools)
+        t0 = time.perf_counter()
+        prompt = list(plan.seq.token_ids)
+        with episode_group(self.group_id):  # a policy of several engines keeps a group on one
+            sampling = asyncio.ensure_future(
+                asyncio.gather(*(self.gateway.policy.generate(prompt, s) for s in plan.samplings))
+            )
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._inflight.add((loop, sampling))
+        try:
+            # Closing the session cancels `sampling` (the engine aborts the requests): nobody would read them.
+            await asyncio.wait({sampling})
+        finally:
+            with self._lock:
+                self._inflight.discard((loop, sampling))
+            sampling.cancel()
+        if sampling.cancelled():
+            raise session_not_found()
+        exc = sampling.exception()
+        if exc is not None:
+            # As in the native loop: the engine's failure ends the episode (with its own reason, if it names one).
+            self.close(getattr(exc, "finish_reason", "env_error"), f"{type(exc).__name__}: {exc}")
+            raise GatewayError(
+                500,
+                f"The policy engine failed on this request ({type(exc).__name__}); the episode is over.",
+                type="server_error",
+            ) from exc
+        gens: list[Generation] = list(sampling.result())
+        self.generate_s += time.perf_counter() - t0
+        return self._record(plan, gens)
+
+    def _plan(self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None) -> _Plan:
+        cfg = self.rollout
+        messages = [normal_message(m) for m in req.messages]
+        try:
+            masker = self.gateway.masker_for(raw_tools)
+        except Exception as exc:  # tools the chat template cannot render
+            raise _unrenderable(exc, "tools") from None
+        tools_key = json.dumps(raw_tools, sort_keys=True) if raw_tools else ""
+        with self._lock:
+            if self.finish_reason is not None:
+                raise session_not_found()
+            if self.max_calls is not None and self.calls >= self.max_calls:
+                call_limit = True
+            else:
+                call_limit = False
+                call = self.calls
+                self.calls += 1
+            parent, prefix, hashes = self._find_parent(messages, tools_key)
+        if call_limit:
+            self.close("max_turns", f"the harness asked for more than {self.max_calls} completions")
+            raise session_not_found()
+        if parent is not None:
+            seq = self._sequence(parent)
+            new = [dict(m) for m in messages[prefix:]]
+            notes_before = len(seq.notes)
+            try:
+                ids = masker.observation_ids(seq, new)
+            except Exception as exc:  # new messages the chat template cannot render
+                raise _unrenderable(exc, "messages") from None
+            notes = seq.notes[notes_before:]
+            masker.add_observation(seq, new, ids)
+            forced_ids, forced_messages, drifted = ids, new, parent.drifted
+        else:
+            template = [dict(m) for m in messages]
+            try:
+                seq = masker.start(template)
+            except Exception as exc:  # a conversation the chat template cannot render
+                raise _unrenderable(exc, "messages") from None
+            forced_ids, forced_messages, notes = list(seq.token_ids), template, []
+            drifted = call > 0
+            if drifted:
+                with self._lock:
+                    self.drifted_calls += 1
+                _count(drifted_calls=1, branches=1)
+        budget = cfg.max_total_tokens - len(seq)
+        if budget <= 0:
+            reason = (
+                f"the conversation is {len(seq)} tokens; the context budget is {cfg.max_total_tokens} tokens"
+            )
+            self.close("max_tokens", reason)
+            raise GatewayError(
+                400,
+                f"This model's maximum context length is exceeded: {reason}.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        asked = req.max_completion_tokens or req.max_tokens
+        max_tokens = min(cfg.max_tokens_per_turn, budget, *([asked] if asked else []))
+        samplings = [self._sampling(req, call, i, max_tokens, masker) for i in range(req.n)]
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        parse_tools = bool(req.tools) and req.tool_choice != "none"
+        _count(calls=1)
+        return _Plan(
+            call,
+            parent,
+            seq,
+            forced_ids,
+            forced_messages,
+            notes,
+            len(messages),
+            hashes[-1],
+            masker,
+            samplings,
+            stops,
+            parse_tools,
+            drifted,
+        )
+
+    def _sampling(
+        self, req: ChatCompletionRequest, call: int, choice: int, max_tokens: int, masker: ChatMasker
+    ) -> SamplingConfig:
+        cfg = self.rollout
+        temperature, top_p = cfg.temperature, cfg.top_p
+        seed = None if self.seed is None else turn_seed(self.seed, self.index, call)
+        if self.lock_sampling:
+            asked = (req.temperature, req.top_p, req.seed)
+            if choice == 0 and any(
+                a is not None and a != v for a, v in zip(asked, (temperature, top_p, seed), strict=True)
+            ):
+                self.sampling_overridden += 1
+                _count(sampling_overridden=1)
+        else:
+            temperature = cfg.temperature if req.temperature is None else req.temperature
+            top_p = cfg.top_p if req.top_p is None else req.top_p
+            seed = req.seed if req.seed is not None else seed
+        if seed is not None and choice:
+            seed = (seed + choice * _CHOICE_SEED_STRIDE) % _SEED_RANGE
+        return SamplingConfig(
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop_token_ids=masker.stop_token_ids,
+        )
+
+    def _record(self, plan: _Plan, gens: list[Generation]) -> Completion:
+        masker = plan.masker
+        choices: list[Choice] = []
+        samples: list[Sample] = []
+        for i, gen in enumerate(gens):
+            ids, logprobs, reason = list(gen.token_ids), list(gen.logprobs), gen.stop_reason
+            content_cut: int | None = None
+            if plan.stops:
+                ids, logprobs, reason, content_cut = _cut_at_stop(masker, ids, logprobs, reason, plan.stops)
+            action = masker.action_text(ids, reason)
+            content_ids = ids[:-1] if reason == "stop" and ids and ids[-1] == masker.end_of_turn_id else ids
+            message, finish = self._reply(
+                action if content_cut is None else action[:content_cut], plan, reason
+            )
+            sample = Sample(
+                call=plan.call,
+                choice=i,
+                parent=plan.parent,
+                forced_ids=plan.forced_ids,
+                forced_messages=plan.forced_messages,
+                notes=plan.notes,
+                sampled_ids=ids,
+                logprobs=logprobs,
+                stop_reason=reason,
+                policy_version=gen.policy_version,
+                policy_version_end=gen.policy_version_end,
+                action_text=action,
+                reply=_normal_reply(message),
+                drifted=plan.drifted,
+                masker=masker,
+            )
+            samples.append(sample)
+            choices.append(Choice(message, finish, sample, content_ids))
+        over_budget = any(
+            s.stop_reason == "length" and len(plan.seq) + len(s.sampled_ids) >= self.rollout.max_total_tokens
+            for s in samples
+        )
+        with self._lock:
+            if self.finish_reason is not None:  # closed while the engine sampled: nobody will read it
+                raise session_not_found()
+            if plan.parent is not None:
+                plan.parent.continued = True
+            for s in samples:
+                self.samples.append(s)
+                self._by_key[
+                    (plan.n_messages + 1, _chain_hash(plan.prefix_hash, "R" + reply_key(s.reply)))
+                ] = s
+        if over_budget:
+            # As the native loop: a turn cut by the context budget is returned but ends the episode.
+            self.close(
+                "max_tokens",
+                f"call {plan.call + 1} ran into the context budget of {self.rollout.max_total_tokens} tokens",
+            )
+        return Completion(choices, len(plan.seq), min(g.policy_version for g in gens))
+
+    def _reply(self, text: str, plan: _Plan, reason: StopReason) -> tuple[dict[str, Any], str]:
+        """The assistant message for `text` and its finish reason: tool calls parsed when the request
+        offered tools (a message with a malformed call comes back as text, whole)."""
+        finish = "length" if reason == "length" else "stop"
+        if plan.parse_tools:
+            try:
+                parsed = self.parser.parse(text)
+            except Exception as exc:  # a plugin parser that raises: the text goes back as it is
+                log.warning("tool-call parser %r raised on a model message: %r", self.parser.name, exc)
+                parsed = None
+            if parsed is not None and parsed.calls and not parsed.errors:
+                calls = [
+                    {
+                        "id": c.id or f"call_{k}",
+                        "type": "function",
+                        "function": {
+                            "name": c.name,
+                            "arguments": json.dumps(c.arguments, ensure_ascii=False),
+                        },
+                    }
+                    for k, c in enumerate(parsed.calls)
+                ]
+                return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, (
+                    "tool_calls" if reason == "stop" else finish
+                )
+        return {"role": "assistant", "content": text}, finish
+
+    # --- the tree ------------------------------------------------------------------------------------
+
+    def _find_parent(
+        self, messages: list[dict[str, Any]], tools_key: str
+    ) -> tuple[Sample | None, int, list[str]]:
+        """The deepest sample whose request messages plus reply begin `messages` (caller holds the lock),
+        how many messages that covers, and the chained hashes of the tools and each prefix of `messages`."""
+        hashes = [_chain_hash("", tools_key)]
+        for m in messages:
+            hashes.append(_chain_hash(hashes[-1], message_key(m)))
+        for k in range(len(messages), 0, -1):
+            m = messages[k - 1]
+            if m["role"] != "assistant":
+                continue
+            hit = self._by_key.get((k, _chain_hash(hashes[k - 1], "R" + reply_key(m))))
+            if hit is not None:
+                return hit, k, hashes
+        return None, 0, hashes
+
+    def _sequence(self, leaf: Sample) -> MaskedSequence:
+        """The masked sequence of the chain that ends with `leaf`'s sampled ids."""
+        chain = []
+        node: Sample | None = leaf
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        chain.reverse()
+        root = chain[0]
+        seq = MaskedSequence(
+            token_ids=list(root.forced_ids),
+            loss_mask=[0] * len(root.forced_ids),
+            behavior_logprobs=[0.0] * len(root.forced_ids),
+            prompt_len=len(root.forced_ids),
+            messages=[dict(m) for m in root.forced_messages],
+        )
+        for i, s in enumerate(chain):
+            if i:
+                seq.append_forced(s.forced_ids)
+                seq.messages.extend(dict(m) for m in s.forced_messages)
+                seq.ends_in_generation_prompt = True
+            seq.notes.extend(s.notes)
+            seq.append_sampled(s.sampled_ids, s.logprobs, s.stop_reason)
+            seq.messages.append({"role": "assistant", "content": s.action_text})
+        return seq
+
+    def branches(self) -> list[Branch]:
+        """Every leaf's chain (see the module docstring): branch 0 ends at the last call."""
+        with self._lock:
+            leaves = [s for s in self.samples if not s.continued]
+        if not leaves:
+            return []
+        last = max(leaves, key=lambda s: (s.call, -s.choice))
+        ordered = [last, *(s for s in leaves if s is not last)]
+        out = []
+        for leaf in ordered:
+            seq = self._sequence(leaf)
+            chain, node = [], leaf
+            while node is not None:
+                chain.append(node)
+                node = node.parent
+            chain.reverse()
+            versions = [v for s in chain for v in (s.policy_version, s.policy_version_end)]
+            out.append(Branch(seq, versions, leaf.drifted, chain, leaf.masker))
+        return out
+
+    def sample_for(self, message: dict[str, Any]) -> Sample | None:
+        """The most recent sample whose reply is `message` (an assistant message in normal form)."""
+        key = reply_key(message)
+        with self._lock:
+            for s in reversed(self.samples):
+                if reply_key(s.reply) == key:
+                    return s
+        return None
+
+
+def _unrenderable(exc: Exception, what: str) -> GatewayError:
+    return GatewayError(
+        400,
+        f"The model's chat template cannot render these {what}: {type(exc).__name__}: {str(exc)[:300]}",
+        param=what,
+    )
+
+
+def _normal_reply(message: dict[str, Any]) -> dict[str, Any]:
+    """The reply in the normal form a harness's copy of it takes (`protocol.normal_message`)."""
+    return normal_message(ChatMessage.model_validate(message))
+
+
+def _cut_at_stop(
+    masker: ChatMasker, ids: list[int], logprobs: list[float], reason: StopReason, stops: list[str]
+) -> tuple[list[int], list[float], StopReason, int | None]:
+    """OpenAI's `stop` strings on a finished sample: keep the sampled ids up to the one that completes the
+    first stop string (they were sampled; the ones after it are dropped, never seen by the policy again),
+    and where the returned text ends (the stop string is not part of it, as OpenAI returns it)."""
+    text = masker.decode(ids)
+    if not any(s in text for s in stops):
+        return ids, logprobs, reason, None
+    lo, hi = 1, len(ids)  # the fewest ids whose text holds a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in masker.decode(ids[:mid]) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = masker.decode(ids[:lo])
+    cut = min(kept.index(s) for s in stops if s in kept)
+    return ids[:lo], logprobs[:lo], "stop", cut
