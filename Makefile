@@ -1,7 +1,7 @@
 # The two commands of the README, plus the pieces they are made of.
 # Every target that needs the environment runs scripts/setup.sh first: idempotent, seconds when
 # nothing changed.
-.PHONY: demo test setup lint bench clean gpu-smoke
+.PHONY: demo test check setup lint bench clean gpu-smoke
 
 demo: setup
 	.venv/bin/agentrl demo
@@ -10,11 +10,34 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
+# The quick lane, a subset of `make test`: lint and the tests that need no Docker engine, no vLLM and
+# no Ray (nor a GPU, nor minutes each), in 2-3 minutes. `--quick` (tests/conftest.py) deselects
+# the tests marked docker, vllm, ray, gpu or slow and hides Docker and vLLM from the rest, so a test
+# that needs them without its marker fails here instead of slowing the lane down. Two pytest workers
+# (pytest-xdist) with one OpenMP thread each: the lane's torch tests use tiny models, and on a loaded
+# box two threads each ran them 2-5x slower (docs/DEVELOPING.md).
+CHECK_WORKERS ?= 2
+check:
+	AGENTRL_SKIP_DOCKER=1 scripts/setup.sh
+	.venv/bin/ruff check .
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest --quick -q -n $(CHECK_WORKERS) $(PYTEST_ARGS)
+
 setup:
 	scripts/setup.sh
 
 lint: setup
 	.venv/bin/ruff check .
+
+# A short pass of the CPU benchmarks (a few minutes), one JSON each in runs/bench/; the full runs and
+# the measured numbers: benchmarks/RESULTS.md.
+BENCH_OUT ?= runs/bench
+bench: setup
+	mkdir -p $(BENCH_OUT)
+	.venv/bin/python benchmarks/sandbox.py --quick --backends docker,bwrap,local > $(BENCH_OUT)/sandbox.json
+	.venv/bin/python benchmarks/env_step.py --envs 1,2 --episodes 4 > $(BENCH_OUT)/env_step.json
+	.venv/bin/python benchmarks/rollout.py --tasks 2 --group-size 2 --max-turns 3 --repeats 1 > $(BENCH_OUT)/rollout.json
+	CUDA_VISIBLE_DEVICES= .venv/bin/python benchmarks/train_gpu.py --tiny --steps 2 > $(BENCH_OUT)/train_gpu.json
+	@echo "bench: results in $(BENCH_OUT)/"
 
 # The first command on a GPU machine: the gpu tests, benchmarks/train_gpu.py and a short `agentrl train`
 # with a colocated engine, one JSON in $OUT (or here). Without network, run ../shared/gpu/carry.sh before

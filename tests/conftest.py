@@ -2,12 +2,18 @@
 
 `make test` sets both up; running bare pytest without them fails those tests loudly with the
 command that fixes it, because a skipped sandbox test proves nothing.
+
+`pytest --quick` (`make check`) is the quick lane: the tests marked docker, vllm, ray, gpu or slow are
+deselected, and Docker and vLLM are put out of reach, so a test that needs them without its marker
+fails there, naming the marker, instead of quietly slowing the lane down.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
+import sys
 
 import pytest
 
@@ -59,7 +65,78 @@ def _has_cuda() -> bool:
         return False
 
 
+# Fixtures that bring an engine up: a test using one, directly or through another fixture, carries
+# its marker without writing it.
+FIXTURE_MARKERS = {
+    "private_engine": "docker",
+    "tcp_engine": "docker",
+    "toolz_repair_task": "docker",
+    "ray_cluster": "ray",
+}
+QUICK_LANE_LEAVES_OUT = ("docker", "vllm", "ray", "gpu", "slow")
+# Where the quick lane points Docker (subprocesses inherit it, so their Docker calls fail too).
+QUICK_LANE_DOCKER_HOST = "unix:///nonexistent/quick-lane-has-no-docker.sock"
+_reached: set[str] = set()
+"""What the running test reached of what the quick lane hides (a Docker API request, `import vllm`)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        default=False,
+        help="The quick lane (make check): leave out the tests marked "
+        + ", ".join(QUICK_LANE_LEAVES_OUT)
+        + "; hide Docker and vLLM from the rest.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--quick"):
+        os.environ["DOCKER_HOST"] = QUICK_LANE_DOCKER_HOST
+        sys.modules["vllm"] = None  # type: ignore[assignment]  # `import vllm` fails, find_spec says absent
+        from docker.api.client import APIClient
+
+        send = APIClient.send  # every request of the SDK to an engine goes through it
+
+        def recording_send(self, *args, **kwargs):
+            _reached.add("docker")
+            return send(self, *args, **kwargs)
+
+        APIClient.send = recording_send
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+    if config.getoption("--quick"):
+        left_out = [i for i in items if any(i.get_closest_marker(m) for m in QUICK_LANE_LEAVES_OUT)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            dropped = {id(i) for i in left_out}
+            items[:] = [i for i in items if id(i) not in dropped]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and item.config.getoption("--quick"):
+        if "import of vllm halted" in str(report.longrepr):
+            _reached.add("vllm")
+        for marker in sorted(_reached):
+            report.sections.append(
+                (
+                    "quick lane",
+                    f"this test reached {marker}, which `make check` hides: mark it @pytest.mark.{marker}",
+                )
+            )
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    _reached.clear()  # before the test's fixtures: what it reaches from here on is its own
     if item.get_closest_marker("gpu") and not _has_cuda():
         pytest.skip("needs a CUDA GPU")
     if item.get_closest_marker("docker") and (problem := _docker_problem()):

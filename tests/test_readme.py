@@ -1,34 +1,70 @@
-"""The README's Python snippets run as written: the user's first page must not lie.
+"""The README's and the guides' snippets run as written: the user's first page must not lie.
 
-Every ```python block of README.md is executed by one test here (the first test makes sure none is
-left out): the environment snippet against real Docker sandboxes, the third-party environment module
-as an importable package with its task file, and the attack plugin against that environment.
+Every ```python block of README.md and docs/*.md is executed by one test here (the first test makes
+sure none is left out): the environment snippet against real Docker sandboxes, the third-party
+environment and verifier modules as an importable package beside the README's task line, the
+guides' settings model, scripted oracle and attack plugin. The other blocks are checked for what
+they are: every ```toml entry point resolves to the snippet it names, every ```yaml block is a valid
+training config, every `agentrl ...` line of a ```bash block parses against the CLI (the tour's
+check commands run for real), and every `make ...` line names a Makefile target.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 import agentrl
 from agentrl.registry import registry
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKS = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
-def block(marker: str) -> str:
-    (found,) = [b for b in BLOCKS if marker in b]
+def blocks(language: str) -> list[tuple[str, str]]:
+    """(page, text) of every fenced block of `language` in the README and the guides."""
+    found = []
+    for page in PAGES:
+        for lang, text in _FENCE.findall(page.read_text()):
+            if lang == language:
+                found.append((page.relative_to(ROOT).as_posix(), text))
     return found
 
 
+def block(marker: str) -> str:
+    """The one ```python block holding `marker`."""
+    (found,) = [text for _, text in blocks("python") if marker in text]
+    return found
+
+
+# Each ```python block holds exactly one of these; the test named beside it runs the block.
+PYTHON_BLOCKS = {
+    'agentrl.make("agentrl/calc-v0")': "test_environment_snippet",
+    "# mylab/envs.py": "test_your_own_environment_snippet",
+    "# mylab/verifiers.py": "test_verifier_snippet",
+    "class MazeSettings": "test_settings_model_snippet",
+    "class ComputeThenSubmit": "test_scripted_oracle_snippet",
+    "class LeakTheAnswerFile": "test_attack_plugin_snippet",
+}
+
+
 def test_every_python_block_is_run_here():
-    markers = ['agentrl.make("agentrl/calc-v0")', "# mylab/envs.py", "class LeakTheAnswerFile"]
-    assert len(BLOCKS) == len(markers) and all(any(m in b for b in BLOCKS) for m in markers)
+    for page, text in blocks("python"):
+        held = [m for m in PYTHON_BLOCKS if m in text]
+        assert len(held) == 1, (
+            f"a ```python block of {page} is run by no test here (or by two): {text[:200]!r}"
+        )
+    for marker, test in PYTHON_BLOCKS.items():
+        assert len([t for _, t in blocks("python") if marker in t]) == 1, f"{test}: no block holds {marker!r}"
+        assert test in globals(), test
 
 
 @pytest.mark.docker
@@ -39,55 +75,222 @@ def test_environment_snippet():
     assert obs[0]["role"] == "tool" and obs[0]["content"].strip() == "42"  # print(6*7) ran in the sandbox
 
 
+# --- the README's mylab package: envs.py, verifiers.py, tasks.jsonl; the guides' attacks.py ----------
+
+README_TASK_LINE = next(text for page, text in blocks("jsonl") if page == "README.md")
+# More rows of the README's shape, so that the tour's `--tasks 5` checks have five tasks to play.
+MORE_TASKS = [("Japan", "Tokyo"), ("Peru", "Lima"), ("Kenya", "Nairobi"), ("Norway", "Oslo")]
+
+
 @pytest.fixture
 def mylab(tmp_path, monkeypatch):
-    """The README's `mylab/envs.py`, as a package on sys.path beside its tasks.jsonl."""
+    """The README's `mylab` package on sys.path: its modules and a tasks.jsonl led by the README's line."""
     package = tmp_path / "mylab"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "envs.py").write_text(block("# mylab/envs.py"))
-    rows = [
-        {
-            "id": "lookup/0",
-            "prompt": "What is the capital of France? Look it up.",
-            "answer": "Paris",
-            "metadata": {
-                "table": {"France": "Paris"},
-                "oracle_calls": [{"name": "lookup", "arguments": {"key": "France"}}],
-            },
-        }
-    ]
+    (package / "verifiers.py").write_text(block("# mylab/verifiers.py"))
+    (package / "attacks.py").write_text(block("class LeakTheAnswerFile"))
+    rows = [json.loads(line) for line in README_TASK_LINE.splitlines() if line.strip()]
+    for i, (country, capital) in enumerate(MORE_TASKS, start=len(rows)):
+        rows.append(
+            {
+                "id": f"lookup/{i}",
+                "prompt": f"What is the capital of {country}? Look it up.",
+                "answer": capital,
+                "metadata": {
+                    "table": {country: capital},
+                    "oracle_calls": [{"name": "lookup", "arguments": {"key": country}}],
+                },
+            }
+        )
     (package / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.syspath_prepend(str(tmp_path))
+    from mylab.envs import register_envs  # type: ignore[import-not-found]
+
+    register_envs()
     yield
     registry.pop("mylab/Lookup-v0", None)
     for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
         del sys.modules[name]
 
 
-def test_your_own_environment_snippet(mylab):
-    from mylab.envs import register_envs  # type: ignore[import-not-found]
+class _SubmitAtOnce:
+    """Submits `answer` on its first turn, without looking anything up."""
 
-    register_envs()
+    def __init__(self, env, answer: str):
+        self.env, self.answer = env, answer
+
+    def act(self, observation):
+        return self.env.parser.render_call("submit", answer=self.answer)
+
+
+def test_your_own_environment_snippet(mylab):
+    assert registry["mylab/Lookup-v0"].description.startswith("Answer a question")  # what `envs list` shows
     env = agentrl.make("mylab/Lookup-v0")
     try:
         task = env.tasks.get(0, "train")
+        assert task.metadata["oracle_calls"] == [{"name": "lookup", "arguments": {"key": "France"}}]
         result = agentrl.run_episode(env, env.oracle(task), options={"task": task})
         assert result.verdict.passed and env.episode.tools_used == {"lookup": 1, "submit": 1}
     finally:
         env.close()
 
 
-def test_attack_plugin_snippet(mylab):
-    from mylab.envs import register_envs  # type: ignore[import-not-found]
+def test_verifier_snippet(mylab):
+    from mylab.verifiers import LookedUpAnswer  # type: ignore[import-not-found]
+
+    env = agentrl.make("mylab/Lookup-v0", verifier=LookedUpAnswer())
+    try:
+        task = env.tasks.get(0, "train")
+        looked_up = agentrl.run_episode(env, env.oracle(task), options={"task": task})
+        assert looked_up.verdict.passed and looked_up.reward == 1.0
+        guessed = agentrl.run_episode(env, _SubmitAtOnce(env, "Paris"), options={"task": task})
+        assert not guessed.verdict.passed and "without a lookup" in guessed.verdict.details
+    finally:
+        env.close()
+
+
+def test_entry_points_resolve_to_the_snippets(mylab):
+    import importlib
+
+    groups = {"agentrl.envs", "agentrl.verifiers", "agentrl.attacks"}
+    seen = set()
+    for page, text in blocks("toml"):
+        for group, entries in tomllib.loads(text)["project"]["entry-points"].items():
+            assert group in groups, f"{page}: no such entry-point group {group!r}"
+            for name, target in entries.items():
+                module, _, attr = target.partition(":")
+                assert callable(getattr(importlib.import_module(module), attr)), f"{page}: {name} = {target}"
+                seen.add(group)
+    assert seen == groups
+
+
+def test_settings_model_snippet():
+    from pydantic import ValidationError
 
     namespace: dict = {}
-    exec(compile(block("class LeakTheAnswerFile"), "README.md", "exec"), namespace)
-    attack = namespace["LeakTheAnswerFile"]()
-    register_envs()
+    exec(compile(block("class MazeSettings"), "docs/ENVIRONMENTS.md", "exec"), namespace)
+    settings_model = namespace["MazeSettings"]
+    assert settings_model().size == 8 and settings_model().max_turns == 40
+    with pytest.raises(ValidationError, match="size"):
+        settings_model(size=1)
+
+    class MazeEnv(agentrl.ToolEnv):
+        settings_model = namespace["MazeSettings"]
+
+    env = MazeEnv(tasks=[agentrl.Task(id="maze/0", prompt="Leave the maze.")], tools=["submit"], size=12)
+    try:
+        assert env.settings.size == 12 and env.max_turns == 40
+    finally:
+        env.close()
+
+
+def test_scripted_oracle_snippet():
+    namespace: dict = {}
+    exec(compile(block("class ComputeThenSubmit"), "docs/ENVIRONMENTS.md", "exec"), namespace)
+    env = agentrl.make("agentrl/calc-v0", backend="local", use_pool=False)
+    try:
+        task = agentrl.Task(
+            id="calc/0", prompt="Compute 6 * 7.", answer="42", metadata={"expression": "6 * 7"}
+        )
+        oracle = namespace["ComputeThenSubmit"](task, env.parser)
+        result = agentrl.run_episode(env, oracle, options={"task": task})
+        assert result.verdict.passed and env.episode.calls_ran("python") == 1
+    finally:
+        env.close()
+
+
+def test_attack_plugin_snippet(mylab):
+    from mylab.attacks import LeakTheAnswerFile  # type: ignore[import-not-found]
+
     env = agentrl.make("mylab/Lookup-v0")
     try:
-        why_not = attack.applies_to(env)  # the env has no bash tool: not applicable, and it says why
+        why_not = LeakTheAnswerFile().applies_to(
+            env
+        )  # the env has no bash tool: not applicable, and it says why
         assert isinstance(why_not, str) and "bash" in why_not
     finally:
         env.close()
+
+
+# --- commands and configs ------------------------------------------------------------------------------
+
+
+def command_lines(program: str) -> list[tuple[str, list[str]]]:
+    """(page, argv) of every `program ...` line of the ```bash blocks, continuation lines joined."""
+    found = []
+    for page, text in blocks("bash"):
+        for line in text.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv and argv[0] == program:
+                found.append((page, argv[1:]))
+    return found
+
+
+def parse_cli(argv: list[str]) -> list[str]:
+    """Parse `agentrl ARGV` as the CLI would, running no command: the names of the commands reached."""
+    import typer.main
+
+    from agentrl import cli
+
+    group = typer.main.get_command(cli.app)  # a fresh command tree: the app itself is left as it is
+    reached: list[str] = []
+
+    def leaves(command):
+        subcommands = getattr(command, "commands", None)
+        if not subcommands:
+            yield command
+            return
+        for sub in subcommands.values():
+            yield from leaves(sub)
+
+    for command in leaves(group):
+        command.callback = lambda *args, _name=command.name, **kwargs: reached.append(_name)
+    exit_code = group.main(argv, prog_name="agentrl", standalone_mode=False)
+    assert exit_code in (None, 0), f"`agentrl {shlex.join(argv)}` does not parse (exit {exit_code})"
+    return reached
+
+
+def test_every_agentrl_command_line_parses(capsys):
+    lines = command_lines("agentrl")
+    assert len(lines) >= 15 and {p for p, _ in lines} >= {"README.md", "docs/TRAINING.md"}
+    for page, argv in lines:
+        assert len(parse_cli(argv)) == 1, f"{page}: `agentrl {shlex.join(argv)}` reaches no command"
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_the_tours_check_commands_run(mylab):
+    """The tour's `agentrl env check` and `agentrl verifier check` on the README's own environment."""
+    from typer.testing import CliRunner
+
+    from agentrl import cli
+
+    tour = [argv for page, argv in command_lines("agentrl") if page == "README.md" and argv[1:2] == ["check"]]
+    assert [argv[0] for argv in tour] == ["env", "verifier"]
+    for argv in tour:
+        result = CliRunner().invoke(cli.app, argv)
+        assert result.exit_code == 0, f"agentrl {shlex.join(argv)}:\n{result.output}"
+
+
+def test_every_make_line_names_a_target():
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    inline = [
+        (page.name, mention.split()[1:])
+        for page in PAGES
+        for mention in re.findall(r"`(make [\w-]+)", page.read_text())
+    ]
+    lines = command_lines("make") + inline
+    assert {argv[0] for _, argv in lines} >= {"demo", "test", "check", "bench", "gpu-smoke"}
+    for page, argv in lines:
+        assert argv[0] in targets, f"{page}: `make {argv[0]}` is no target of the Makefile"
+
+
+def test_every_yaml_block_is_a_valid_training_config():
+    from agentrl.train.config import TrainConfig
+
+    found = blocks("yaml")
+    assert {p for p, _ in found} >= {"README.md", "docs/SCALING.md", "docs/GPUS.md"}
+    for _, text in found:
+        data = yaml.safe_load(text)
+        TrainConfig.model_validate({"model": "runs/sft", **data})  # a fragment: the rest at its defaults
