@@ -1007,7 +1007,7 @@ class BwrapSandbox(SandboxBase):
         if not self._base_alive():
             raise SandboxDead(f"sandbox {self.id} went away (closed, or its directories were removed)")
         raise SandboxDead(
-            f"bwrap sandbox {self.id}: its resident executor {exc.why}; the agent's commands can no "
+            f"bwrap sandbox {self.id}: its resident executor is gone: {exc.why}; the agent's commands can no "
             "longer be trusted there, so the sandbox is given up (the episode is not scored)"
         )
 
@@ -1024,7 +1024,7 @@ class BwrapSandbox(SandboxBase):
         self._check_open()
         if (problem := self._executor.problem()) is not None:
             raise SandboxDead(
-                f"bwrap sandbox {self.id}: its resident executor {problem}; the episode is not scored"
+                f"bwrap sandbox {self.id}: its resident executor is gone: {problem}; the episode is not scored"
             )
 
     # -- commands -------------------------------------------------------------------------
@@ -1125,7 +1125,7 @@ class BwrapSandbox(SandboxBase):
             self._cgroups.kill_all()
         if problem is not None:
             raise SandboxDead(
-                f"bwrap sandbox {self.id}: its resident executor {problem}; the episode is not scored"
+                f"bwrap sandbox {self.id}: its resident executor is gone: {problem}; the episode is not scored"
             )
 
     # -- lifecycle ------------------------------------------------------------------------

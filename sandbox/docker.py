@@ -864,7 +864,7 @@ class DockerSandbox(SandboxBase):
 
 def _tampered_message(sandbox_id: str, why: str) -> str:
     return (
-        f"docker sandbox {sandbox_id}: its resident executor {why}; the agent's commands can no "
+        f"docker sandbox {sandbox_id}: its resident executor is gone: {why}; the agent's commands can no "
         "longer be trusted there, so the sandbox is given up (the episode is not scored)"
     )
 
