@@ -89,8 +89,9 @@ _NAME_ECHO = 80
 TOOL_DEADLINE_MARGIN_S = 30.0
 
 
-def _setting(name: str, doc: str) -> property:
-    """An attribute that reads and writes `self.settings.<name>` (validated on assignment)."""
+def _setting(name: str) -> property:
+    """An attribute that reads and writes `self.settings.<name>` (validated on assignment), documented
+    by the setting's own description in `ToolEnvSettings`."""
 
     def get(self: ToolEnv) -> Any:
         return getattr(self.settings, name)
@@ -98,7 +99,7 @@ def _setting(name: str, doc: str) -> property:
     def set_(self: ToolEnv, value: Any) -> None:
         self.set_setting(name, value)
 
-    return property(get, set_, doc=doc)
+    return property(get, set_, doc=ToolEnvSettings.model_fields[name].description)
 
 
 class ToolEnv(gymnasium.Env[list, str]):
@@ -126,19 +127,19 @@ class ToolEnv(gymnasium.Env[list, str]):
     #: The procedural task supply of a subclass, `task_generator(seed)`, used when no `tasks` are given.
     task_generator: ClassVar[Callable[[int], TaskGenerator] | None] = None
 
-    split = _setting("split", "The split reset() draws from.")
-    backend = _setting("backend", "Sandbox backend: docker, bwrap or local.")
-    limits = _setting("limits", "Resource limits of each sandbox.")
-    use_pool = _setting("use_pool", "Whether sandboxes come from the process-wide warm pool.")
-    tools_in_prompt = _setting("tools_in_prompt", "Whether the tools' schemas are in the system prompt.")
-    max_turns = _setting("max_turns", "Most assistant messages per episode.")
-    max_action_chars = _setting("max_action_chars", "Longest assistant message read, in characters.")
-    exec_timeout_s = _setting("exec_timeout_s", "Timeout of one command a tool runs, in seconds.")
-    step_timeout_s = _setting("step_timeout_s", "The tool calls' budget per message (None: the default).")
-    tool_timeout_s = _setting("tool_timeout_s", "Deadline of one tool call (None: the default).")
-    verifier_timeout_s = _setting("verifier_timeout_s", "Deadline of the verifier (None: the default).")
-    sandbox_env = _setting("sandbox_env", "Environment variables every sandbox starts with.")
-    render_mode = _setting("render_mode", "Gymnasium render mode: ansi, or None.")
+    split = _setting("split")
+    backend = _setting("backend")
+    limits = _setting("limits")
+    use_pool = _setting("use_pool")
+    tools_in_prompt = _setting("tools_in_prompt")
+    max_turns = _setting("max_turns")
+    max_action_chars = _setting("max_action_chars")
+    exec_timeout_s = _setting("exec_timeout_s")
+    step_timeout_s = _setting("step_timeout_s")
+    tool_timeout_s = _setting("tool_timeout_s")
+    verifier_timeout_s = _setting("verifier_timeout_s")
+    sandbox_env = _setting("sandbox_env")
+    render_mode = _setting("render_mode")
 
     def __init__(
         self,
@@ -183,7 +184,9 @@ class ToolEnv(gymnasium.Env[list, str]):
                 "'bash' and 'submit')"
             )
         self.parser = get_parser(s.parser)
-        if oracle is not None:  # the reference solution: oracle(task) -> an agent (docs/ENVIRONMENTS.md, Oracles)
+        if (
+            oracle is not None
+        ):  # the reference solution: oracle(task) -> an agent (docs/ENVIRONMENTS.md, Oracles)
             self.oracle = _in_format(oracle, self.parser)
         self.toolbox = ToolBox.of(list(s.tools))
         self.verifier: Verifier = self.make_verifier()

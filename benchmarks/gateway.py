@@ -49,13 +49,6 @@ async def openai_agent(client: Any, task: Any) -> None:
         messages += await task.step(message)
 
 
-def _reset_prefix_cache(policy: Any) -> None:
-    if policy.in_process:
-        policy._call_inproc(lambda engine: engine.reset_prefix_cache())
-    else:
-        policy._call_async(policy._engine.reset_prefix_cache())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="Checkpoint directory (default: the tiny model).")
@@ -123,7 +116,7 @@ def main() -> None:
 
     def timed(envs: Any, masker: ChatMasker, seed: int) -> tuple[list[Any], float]:
         # Same seeds, same prompts: a run would find the previous run's whole conversations cached.
-        _reset_prefix_cache(policy)
+        policy.reset_prefix_cache()
         t, c = time.perf_counter(), time.process_time()
         steps["n"] = 0
         trajs = collect_sync(envs, tasks, policy, cfg, seed=seed, masker=masker)

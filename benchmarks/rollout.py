@@ -111,13 +111,6 @@ def _replay(policy: Any, episodes: list[list[tuple[list[int], Any]]], concurrenc
     return time.perf_counter() - t0, tokens
 
 
-def _reset_prefix_cache(policy: Any) -> None:
-    if policy.in_process:
-        policy._call_inproc(lambda engine: engine.reset_prefix_cache())
-    else:
-        policy._call_async(policy._engine.reset_prefix_cache())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -188,7 +181,7 @@ def main() -> None:
     recorder = _Recorder(policy)
 
     def rollout(seed: int) -> tuple[list[Any], float, float, int, float]:
-        _reset_prefix_cache(policy)
+        policy.reset_prefix_cache()
         recorder.calls.clear()
         steps["n"], steps["s"] = 0, 0.0
         t0, c0 = time.perf_counter(), time.process_time()
@@ -198,13 +191,13 @@ def main() -> None:
         return trajs, time.perf_counter() - t0, time.process_time() - c0, steps["n"], steps["s"]
 
     def plain(trajs: list[Any]) -> tuple[float, float, int, int, float]:
-        _reset_prefix_cache(policy)
+        policy.reset_prefix_cache()
         steps["n"], steps["s"] = 0, 0.0
         wall, cpu, tokens = _plain(policy, trajs, args.concurrency)
         return wall, cpu, tokens, steps["n"], steps["s"]
 
     def replay(episodes: list[list[tuple[list[int], Any]]]) -> tuple[float, int, int, float]:
-        _reset_prefix_cache(policy)
+        policy.reset_prefix_cache()
         steps["n"], steps["s"] = 0, 0.0
         wall, tokens = _replay(policy, episodes, args.concurrency)
         return wall, tokens, steps["n"], steps["s"]

@@ -559,11 +559,16 @@ class VLLMPolicy:
         weights) and increments `version`, as `update_weights` does."""
         with self._update_lock:
             yield
-            if self.in_process:
-                self._call_inproc(lambda engine: engine.reset_prefix_cache(reset_running_requests=True))
-            else:
-                self._call_async(self._engine.reset_prefix_cache(reset_running_requests=True))
+            self.reset_prefix_cache(running=True)
             self._version += 1
+
+    def reset_prefix_cache(self, *, running: bool = False) -> None:
+        """Drop the engine's cached prefixes; `running`: requests in flight recompute theirs too (after
+        new weights). Benchmarks call it to time each arm from a cold cache."""
+        if self.in_process:
+            self._call_inproc(lambda engine: engine.reset_prefix_cache(reset_running_requests=running))
+        else:
+            self._call_async(self._engine.reset_prefix_cache(reset_running_requests=running))
 
     def close(self) -> None:
         if self._closed:
