@@ -37,6 +37,7 @@ bench: setup
 	.venv/bin/python benchmarks/env_step.py --envs 1,2 --episodes 4 > $(BENCH_OUT)/env_step.json
 	.venv/bin/python benchmarks/rollout.py --tasks 2 --group-size 2 --max-turns 3 --repeats 1 > $(BENCH_OUT)/rollout.json
 	CUDA_VISIBLE_DEVICES= .venv/bin/python benchmarks/train_gpu.py --tiny --steps 2 > $(BENCH_OUT)/train_gpu.json
+	CUDA_VISIBLE_DEVICES= .venv/bin/python benchmarks/lora.py --tiny --steps 2 > $(BENCH_OUT)/lora.json
 	@echo "bench: results in $(BENCH_OUT)/"
 
 # The first command on a GPU machine: the gpu tests, benchmarks/train_gpu.py and a short `agentrl train`

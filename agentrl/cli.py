@@ -23,7 +23,7 @@ from agentrl.cli_options import model_options, settings_command
 from agentrl.eval.evaluate import EvalConfig
 from agentrl.kit.warm_start import WarmStartRecipe
 from agentrl.rollout.config import RolloutConfig
-from agentrl.train.config import SFTConfig, TrainConfig
+from agentrl.train.config import ModelSettings, SFTConfig, TrainConfig
 
 _debug = os.environ.get("AGENTRL_DEBUG", "") not in ("", "0")
 
@@ -125,7 +125,10 @@ envs_app = typer.Typer(help="Registered environments.", no_args_is_help=True)
 app.add_typer(envs_app, name="envs")
 env_app = typer.Typer(help="One environment: show its spec, check its contract.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
-model_app = typer.Typer(help="Local models: build the tiny Qwen2 model and tokenizer.", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Local models: build the tiny Qwen2 model and tokenizer, warm-start it, merge a LoRA adapter.",
+    no_args_is_help=True,
+)
 app.add_typer(model_app, name="model")
 verifier_app = typer.Typer(
     help="Verifier plugins: list them, check an environment's verifier on its tasks, audit it with attacks.",
@@ -464,8 +467,38 @@ def model_warm_start(
     typer.echo(json.dumps(result.model_dump(exclude={"record"}), indent=2))
 
 
+@model_app.command("merge")
+def model_merge(
+    adapter: str = typer.Argument(
+        ..., help="LoRA adapter directory (a checkpoint-N or final/ of a run trained with model.lora)."
+    ),
+    out: str = typer.Option(..., "--out", help="Directory to write the full model to (new or empty)."),
+    base: str | None = typer.Option(
+        None, "--base", help="Base checkpoint; default: the one the adapter names (adapter_config.json)."
+    ),
+) -> None:
+    """Merge a LoRA adapter into its base: a full Hugging Face model (with the tokenizer) that
+    transformers, vLLM and `agentrl eval` load like any other checkpoint."""
+    from agentrl.train.lora import merge_adapter
+
+    typer.echo(merge_adapter(adapter, out, base=base))
+
+
+# `--model DIR` and `--lora '{rank: 16}'`: SFTConfig.model's two fields, under its own heading.
+_SFT_MODEL_OPTIONS = model_options(
+    ModelSettings,
+    into="model",
+    names={"path": "--model", "lora": "--lora"},
+    required=True,
+    panel=f"model: {SFTConfig.model_fields['model'].description}",
+)
+
+
 @settings_command(
-    app, "sft", model_options(SFTConfig, names={"only_passed": "--only-passed/--all"}, required=True)
+    app,
+    "sft",
+    model_options(SFTConfig, names={"only_passed": "--only-passed/--all"}, required=True, exclude={"model"}),
+    _SFT_MODEL_OPTIONS,
 )
 def sft(
     settings: dict[str, Any],
@@ -632,7 +665,7 @@ def eval_cmd(
     from agentrl.eval.evaluate import evaluate
 
     for m in settings["models"]:
-        check_model_dir(m)
+        check_model_dir(m, adapter_ok=True)  # a LoRA adapter is evaluated on its base (multi-LoRA engine)
     if backend:
         settings["env_kwargs"] = {**settings.get("env_kwargs", {}), "backend": backend}
     cfg = _validated(EvalConfig, "option", **settings)

@@ -11,6 +11,7 @@ Everything else that escapes a command is a bug (ours, or in a plugin) and keeps
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from pathlib import Path
@@ -176,11 +177,20 @@ def _checkpoints_inside(path: Path) -> list[Path]:
     return sorted(found, key=order, reverse=True)
 
 
-def check_model_dir(model: str | os.PathLike[str], what: str = "--model") -> None:
+def check_model_dir(
+    model: str | os.PathLike[str], what: str = "--model", *, adapter_ok: bool = False
+) -> None:
     """Raise a `UserError` unless `model` is a Hugging Face checkpoint directory (config, weights,
     tokenizer), or a Hub id to hand to transformers (a name like `org/model` with no such local path
-    and whose first part is not a local directory either: `runs/sft` with a `runs/` here is a path)."""
+    and whose first part is not a local directory either: `runs/sft` with a `runs/` here is a path).
+
+    A LoRA adapter directory (peft's adapter_config.json) passes when `adapter_ok` and its base model
+    does; otherwise the error says how to make a full model of it."""
     text = str(model)
+    adapter_cfg = Path(text).expanduser() / "adapter_config.json"  # agentrl.rollout.adapters.ADAPTER_CONFIG
+    if adapter_cfg.is_file():
+        _check_adapter_dir(Path(text).expanduser(), what, adapter_ok)
+        return
     if not text.strip():
         raise UserError(f"{what} is empty; give a checkpoint directory")
     path = Path(text).expanduser()
@@ -215,6 +225,23 @@ def check_model_dir(model: str | os.PathLike[str], what: str = "--model") -> Non
             f"{what} {text} has no tokenizer (tokenizer.json / tokenizer_config.json); save the tokenizer "
             "beside the model with tokenizer.save_pretrained(dir)"
         )
+
+
+def _check_adapter_dir(path: Path, what: str, adapter_ok: bool) -> None:
+    if not adapter_ok:
+        raise UserError(
+            f"{what} {path} is a LoRA adapter, not a full model; `agentrl model merge {path} --out DIR` "
+            "writes a full model to start from"
+        )
+    if not (path / "adapter_model.safetensors").is_file():
+        raise UserError(f"{what} {path} has an adapter_config.json but no adapter_model.safetensors")
+    try:
+        base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{what} {path}/adapter_config.json is not readable JSON ({exc})") from None
+    if not base:
+        raise UserError(f"{what} {path}/adapter_config.json names no base model (base_model_name_or_path)")
+    check_model_dir(base, f"{what} {path}'s base model")
 
 
 def check_nonempty_file(path: str | os.PathLike[str], what: str, kind: str = "JSONL") -> None:

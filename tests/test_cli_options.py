@@ -215,7 +215,7 @@ def test_eval_options_build_its_config(monkeypatch: pytest.MonkeyPatch):
         raise KeyboardInterrupt  # stop before the report
 
     monkeypatch.setattr(agentrl.eval.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr(agentrl.errors, "check_model_dir", lambda path: None)
+    monkeypatch.setattr(agentrl.errors, "check_model_dir", lambda path, **kw: None)
     args = ["eval", "--env", "agentrl/calc-v0", "--model", "a", "--model", "b", "--n", "4", "--k", "1,2"]
     args += ["--k", "4", "--tasks", "3", "--temperature", "0.5", "--no-progress", "--backend", "local"]
     result = CliRunner().invoke(app, args)

@@ -27,6 +27,11 @@ Layout of `<out>`:
     task_scatter.png          per-task pass rate, first model (x) against last model (y)
     paired_diff.png           per-task pass-rate difference of each later model against the first
 
+**LoRA adapters.** A `--model` may be a LoRA adapter directory (peft's `adapter_config.json` +
+`adapter_model.safetensors`, what a LoRA `agentrl train` writes): every adapter of one base runs in ONE
+engine (vLLM's multi-LoRA), the base itself too when it is also evaluated, each model's requests carrying
+its adapter; the comparison is paired as for full checkpoints.
+
 **Paired comparison.** With two or more models, each later model is compared with the first on
 the same episodes (`agentrl.eval.paired`): per-task differences, a paired bootstrap interval of the
 pass@1 difference and McNemar's exact test, with a one-line verdict, in `summary.json` ("paired"),
@@ -61,6 +66,7 @@ from agentrl.eval.report import (
     summarize,
     write_summary_json,
 )
+from agentrl.rollout.adapters import is_adapter_dir
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.task import Task
@@ -81,7 +87,9 @@ class EvalConfig(BaseModel):
 
     env: str = Field(description="Environment id, e.g. agentrl/calc-v0.")
     models: list[str] = Field(
-        min_length=1, description="Checkpoint directories (transformers format), evaluated in this order."
+        min_length=1,
+        description="Checkpoint directories (transformers format) or LoRA adapter directories (peft's), "
+        "evaluated in this order; the adapters of one base share one engine.",
     )
     names: list[str] | None = Field(
         None,
@@ -452,13 +460,76 @@ async def run_episodes(
             tg.create_task(one(task_index, sample))
 
 
-def _default_policy_factory(budget: EvalBudget, seed: int) -> Callable[[str], Any]:
-    def factory(model_dir: str) -> Any:
+class _Engines:
+    """The default policy factory: an engine per full checkpoint, and ONE engine per base model for every
+    LoRA adapter of it (vLLM's multi-LoRA), the base itself included when it is evaluated too. Each model
+    gets a view whose requests carry its adapter's name; the shared engine closes with its last view, or
+    at `close` (models whose episodes were all done never open a view)."""
+
+    def __init__(self, budget: EvalBudget, seed: int, models: Sequence[str]):
+        from agentrl.rollout.adapters import adapter_base, adapter_rank, is_adapter_dir
+
+        self.budget, self.seed = budget, seed
+        self.base_of: dict[str, str] = {}  # model path -> the base whose shared engine serves it
+        self.rank: dict[str, int] = {}  # base -> the largest adapter rank it must serve
+        for m in models:
+            if is_adapter_dir(m):
+                base = str(Path(adapter_base(m)).resolve())
+                self.base_of[m] = base
+                self.rank[base] = max(self.rank.get(base, 0), adapter_rank(m))
+        for m in models:  # a full checkpoint that is some adapter's base: the same engine, no adapter
+            if m not in self.base_of and str(Path(m).resolve()) in self.rank:
+                self.base_of[m] = str(Path(m).resolve())
+        self.users = {b: sum(1 for m in models if self.base_of.get(m) == b) for b in self.rank}
+        self.open: dict[str, Any] = {}
+
+    def __call__(self, model_dir: str) -> Any:
         from agentrl.rollout.engine import make_policy
 
-        return make_policy(model_dir, budget.rollout, seed=seed)
+        base = self.base_of.get(model_dir)
+        if base is None:
+            return make_policy(model_dir, self.budget.rollout, seed=self.seed)
+        if base not in self.open:
+            self.open[base] = make_policy(
+                base, self.budget.rollout, seed=self.seed, lora_rank=self.rank[base]
+            )
+        engine = self.open[base]
+        name = None
+        if model_dir != base and str(Path(model_dir).resolve()) != base:
+            name = f"adapter-{len(getattr(engine, '_agentrl_adapters', ())) + 1}"
+            engine.add_adapter(name, model_dir)
+            engine._agentrl_adapters = (*getattr(engine, "_agentrl_adapters", ()), name)
+        return _AdapterView(engine, name, lambda: self._release(base))
 
-    return factory
+    def _release(self, base: str) -> None:
+        self.users[base] -= 1
+        if self.users[base] <= 0 and base in self.open:
+            self.open.pop(base).close()
+
+    def close(self) -> None:
+        for engine in self.open.values():
+            engine.close()
+        self.open.clear()
+
+
+class _AdapterView:
+    """One model of a shared multi-LoRA engine: its requests carry `adapter` (None: the base model)."""
+
+    def __init__(self, engine: Any, adapter: str | None, on_close: Callable[[], None]):
+        self.engine, self.adapter, self._on_close = engine, adapter, on_close
+        self.tokenizer = engine.tokenizer
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        return await self.engine.generate(prompt_ids, sampling.model_copy(update={"adapter": self.adapter}))
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close, on_close = None, self._on_close
+            on_close()
 
 
 def _prepare_run_dir(out: Path, budget: EvalBudget, force: bool) -> None:
@@ -559,10 +630,10 @@ def evaluate(
     """
     out = Path(cfg.out)
     for path in cfg.models:
-        if not (Path(path) / "config.json").is_file():
+        if not (Path(path) / "config.json").is_file() and not is_adapter_dir(path):
             raise EvalError(
-                f"{path} is not a checkpoint directory (no config.json); give --model a directory saved "
-                "with save_pretrained (config.json, weights, tokenizer)"
+                f"{path} is not a checkpoint directory (no config.json) nor a LoRA adapter (no "
+                "adapter_config.json); give --model a directory saved with save_pretrained"
             )
     budget, tasks = make_budget(cfg)
     _prepare_run_dir(out, budget, cfg.force)
@@ -570,7 +641,24 @@ def evaluate(
         from agentrl.runlog import quiet_libraries
 
         quiet_libraries(out / "engine.log")
-    factory = policy_factory or _default_policy_factory(budget, cfg.seed)
+    engines = _Engines(budget, cfg.seed, cfg.models) if policy_factory is None else None
+    try:
+        per_model = _run_models(cfg, budget, tasks, policy_factory or engines, log)
+    finally:
+        if engines is not None:
+            engines.close()
+    return _summarize_models(cfg, budget, per_model, log)
+
+
+def _run_models(
+    cfg: EvalConfig,
+    budget: EvalBudget,
+    tasks: Sequence[Task],
+    factory: Callable[[str], Any],
+    log: Callable[[str], None],
+) -> list[tuple[str, list[Trajectory], float]]:
+    """Each model's missing episodes, in order; every model's episodes (all of them) with its wall time."""
+    out = Path(cfg.out)
     names = cfg.names or model_names(cfg.models)
     all_keys = [(i, j) for i in range(budget.num_tasks) for j in range(budget.n)]
     r = budget.rollout
@@ -607,7 +695,19 @@ def evaluate(
                 (mdir / MODEL_FILE).write_text(json.dumps(info, indent=2))
         trajs = [done[k].trajectory for k in all_keys]
         per_model.append((name, trajs, info["wall_s"]))
+    return per_model
 
+
+def _summarize_models(
+    cfg: EvalConfig,
+    budget: EvalBudget,
+    per_model: list[tuple[str, list[Trajectory], float]],
+    log: Callable[[str], None],
+) -> list[ModelSummary]:
+    """Summaries, paired comparisons (each later model against the first) and the report."""
+    out = Path(cfg.out)
+    names = [name for name, _, _ in per_model]
+    all_keys = [(i, j) for i in range(budget.num_tasks) for j in range(budget.n)]
     summaries = [
         summarize(name, trajs, cfg.ks, wall_s=wall, seed=cfg.seed) for name, trajs, wall in per_model
     ]

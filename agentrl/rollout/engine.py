@@ -4,6 +4,7 @@
     policy = make_policy("/path/to/model", rollout)                                # one VLLMPolicy
     policy = make_policy(model, rollout, placement=placement, version=7)           # beside the trainer, resumed
     policy = make_policy(model, rollout, ray_address="auto", engines=4)            # a RayPolicy of 4 engines
+    policy = make_policy(model, rollout, lora_rank=16, adapter="runs/x/checkpoint-8")  # LoRA, resumed adapter
 
 One rule for the engine's context (`max_model_len`): the rollout's `max_total_tokens`. The rollout loop
 cuts each turn's `max_tokens` to what is left of that budget and ends an episode whose next observation
@@ -36,6 +37,9 @@ def make_policy(
     ray_address: str | None = None,
     engines: int = 1,
     resources: Mapping[str, float] | Sequence[Mapping[str, float]] | None = None,
+    lora_rank: int | None = None,
+    adapter: str | os.PathLike[str] | None = None,
+    max_loras: int = 4,
 ) -> Any:
     """A started policy serving `model` (a Hugging Face checkpoint directory) to rollouts under `rollout`.
 
@@ -47,6 +51,11 @@ def make_policy(
     version: the version of these weights (a resumed run continues its count).
     ray_address: a Ray cluster (`auto`, HOST:PORT): `engines` engines there as one `RayPolicy`, each
         asking for `resources` (`agentrl.rollout.ray_policy`); None: one engine on this machine.
+    lora_rank: the engine serves LoRA adapters up to this rank (vLLM's `max_lora_rank`: the smallest
+        rank it accepts that is at least this one); None: no LoRA (unless `adapter` is given).
+    adapter: a LoRA adapter directory loaded at start as the current adapter, as version `version` (a
+        resumed LoRA run, an evaluation of an adapter); on Ray, readable at that path on every node.
+    max_loras: distinct adapters one batch may mix (vLLM's `max_loras`).
     """
     common: dict[str, Any] = {
         "seed": seed,
@@ -55,6 +64,10 @@ def make_policy(
         "engine_kwargs": {"use_tqdm_on_load": False},  # the caller's progress bar, not vLLM's
         "version": version,
     }
+    if lora_rank is not None or adapter is not None:
+        common.update(
+            lora_rank=lora_rank, adapter=None if adapter is None else str(adapter), max_loras=max_loras
+        )
     # An engine started by a torchrun rank must not join the rank's rendezvous (its engine core and
     # workers would read torchrun's variables); elsewhere there is nothing to hide.
     with without_torchrun_env():

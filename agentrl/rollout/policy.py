@@ -14,6 +14,13 @@
 `version` counts weight pushes from where the policy started (`version=`: a resumed run continues its
 count); `update_weights(..., version=)` numbers a push explicitly (`RayPolicy` keeps all engines alike).
 
+LoRA (`lora_rank=`): the engine serves the base weights plus LoRA adapters (peft's directory format,
+`agentrl.rollout.adapters`). `load_adapter(files)` is a LoRA run's weight push: the adapter becomes the one
+every later request carries, and counts as a version like `update_weights`; a request in flight keeps the
+adapter it started with to its end (`Generation.policy_version` is that adapter's version), and an adapter
+no request carries any more leaves the engine. `add_adapter(name, path)` adds a named adapter that a request
+selects with `SamplingConfig.adapter` (several adapters evaluated side by side in one engine).
+
 Log-probs are those of the distribution the token was sampled from: logits / temperature, then
 top-p renormalised (vLLM's `processed_logprobs`); at temperature 0 (greedy) the raw model
 log-probs. With top_p = 1 that is `log_softmax(logits / T)`, exactly the trainer's `old_logprobs`
@@ -25,9 +32,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import json
+import logging
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -38,6 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.errors import UserError, did_you_mean
+from agentrl.rollout.adapters import AdapterSource, adapter_dir, adapter_rank, check_adapter_dir
 from agentrl.rollout.placement import physical_devices
 from agentrl.rollout.weight_sync import (
     DEFAULT_SLEEP_WAIT_S,
@@ -51,6 +64,8 @@ from agentrl.rollout.weight_sync import (
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 # vLLM logs to stdout by default; our commands and benchmarks print JSON there. Its logs go to
 # stderr unless the user chose otherwise (set before vLLM is imported: it reads this at import).
@@ -88,6 +103,11 @@ class SamplingConfig(BaseModel):
     ignore_eos: bool = Field(
         False, description="Do not stop at the model's EOS (fixed-length generation, as benchmarks need)."
     )
+    adapter: str | None = Field(
+        None,
+        description="Name of a LoRA adapter added with `add_adapter` to sample with; None: the adapter pushed "
+        "last (`load_adapter`, or the one the engine started with), or the base model when there is none.",
+    )
 
 
 @dataclass(frozen=True)
@@ -101,9 +121,11 @@ class Generation:
     stop_reason: StopReason
     """`stop`: a stop token (or the model's EOS) ended it; `length`: `max_tokens` ran out."""
     policy_version: int
-    """Weights version when the request started."""
+    """Weights version when the request started; for a request that carried a pushed LoRA adapter, that
+    adapter's version."""
     policy_version_end: int
-    """Weights version when it finished (differs when weights were pushed mid-request)."""
+    """Weights version when it finished (differs when weights were pushed mid-request); a request that
+    carried a pushed adapter kept it to the end: its version again."""
 
 
 @runtime_checkable
@@ -167,6 +189,50 @@ def _has_cuda() -> bool:
         return False
 
 
+def engine_lora_rank(rank: int) -> int:
+    """The `max_lora_rank` a vLLM engine needs to serve adapters up to rank `rank`: the smallest rank vLLM
+    accepts (its `MaxLoRARanks`: 1, 8, 16, 32, ...) that is at least `rank`."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    allowed = sorted(get_args(MaxLoRARanks))
+    if rank < 1:
+        raise UserError(f"a LoRA rank must be at least 1, got {rank}")
+    fits = [r for r in allowed if r >= rank]
+    if not fits:
+        raise UserError(
+            f"LoRA rank {rank} is above the largest vLLM serves ({allowed[-1]}); lower the LoRA rank"
+        )
+    return fits[0]
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    """A LoRA adapter the engine serves."""
+
+    lora_id: int
+    """vLLM's id of it (`list_loras`); a fresh one for every adapter loaded."""
+    path: Path
+    """The directory vLLM loaded it from: a pushed adapter's own temporary directory, or the caller's."""
+    version: int | None
+    """The version a pushed adapter (`load_adapter`) counts as; None for a named one (`add_adapter`)."""
+
+
+@dataclass(eq=False)
+class _Adapter:
+    """A registered adapter and the requests that still carry it."""
+
+    request: Any  # vllm.lora.request.LoRARequest
+    info: LoadedAdapter
+    temp_dir: Path | None
+    """Written for this adapter (pushed bytes): deleted when the adapter leaves the engine."""
+    in_flight: int = 0
+    retired: bool = False
+    """Replaced by a newer one: it leaves the engine once `in_flight` is 0."""
+    removed: bool = False
+
+
 def _engine_args(
     model: str,
     *,
@@ -178,6 +244,8 @@ def _engine_args(
     gpu_memory_utilization: float | None,
     sleep_mode: bool,
     weight_transfer: str,
+    max_lora_rank: int | None = None,
+    max_loras: int = 4,
 ) -> dict[str, Any]:
     """vLLM's engine arguments for a `VLLMPolicy` (see its constructor), before the caller's `engine_kwargs`."""
     kwargs: dict[str, Any] = dict(
@@ -193,6 +261,10 @@ def _engine_args(
         enable_prefix_caching=True,
         disable_log_stats=True,
     )
+    if max_lora_rank is not None:
+        # Distinct adapters one batch may mix (the pushed one, older ones requests in flight still
+        # carry, named ones); vLLM keeps as many loaded and reloads an evicted one from its directory.
+        kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
     if on_gpu:
         if gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
@@ -230,6 +302,10 @@ class VLLMPolicy:
     so `generate` may be awaited from any event loop and `update_weights` called from any thread.
     On a machine without CUDA, the CPU settings of `vllm_cpu_env` are applied
     (variables the caller already set are kept).
+
+    LoRA: `lora_rank` starts the engine with vLLM's LoRA support for adapters up to that rank (`max_loras`
+    distinct adapters per batch); `adapter` is an adapter directory loaded at start as the current adapter
+    (its rank is used when `lora_rank` is not given), counting as `version`. See `load_adapter`, `add_adapter`.
     """
 
     def __init__(
@@ -248,6 +324,9 @@ class VLLMPolicy:
         weight_transfer: Literal["rpc", "ipc", "nccl"] = "rpc",
         engine_kwargs: dict[str, Any] | None = None,
         version: int = 0,
+        lora_rank: int | None = None,
+        max_loras: int = 4,
+        adapter: str | os.PathLike[str] | None = None,
     ):
         self.model = str(model)
         self.in_process = in_process
@@ -268,6 +347,22 @@ class VLLMPolicy:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if dtype == "auto" and not on_gpu:
             dtype = checkpoint_dtype(self.model)
+        start_rank = adapter_rank(check_adapter_dir(adapter)) if adapter is not None else None
+        lora_rank = start_rank if lora_rank is None else lora_rank
+        self.max_lora_rank = engine_lora_rank(lora_rank) if lora_rank is not None else None
+        """The largest adapter rank the engine serves (vLLM's `max_lora_rank`); None: started without LoRA."""
+        if start_rank is not None and self.max_lora_rank is not None and start_rank > self.max_lora_rank:
+            raise UserError(  # before the engine starts for nothing
+                f"the LoRA adapter at {adapter} has rank {start_rank}, above the engine's max_lora_rank "
+                f"{self.max_lora_rank}; start the engine with lora_rank >= {start_rank}"
+            )
+        # Guards the adapter records below; held briefly, never across an engine call.
+        self._lora_lock = threading.Lock()
+        self._lora_ids = itertools.count(1)
+        self._current: _Adapter | None = None
+        self._named: dict[str, _Adapter] = {}
+        self._retired: set[_Adapter] = set()  # replaced, still carried by requests in flight
+        self._scratch: Path | None = None  # temporary directories of pushed adapters
         kwargs = _engine_args(
             self.model,
             dtype=dtype,
@@ -278,6 +373,8 @@ class VLLMPolicy:
             gpu_memory_utilization=gpu_memory_utilization,
             sleep_mode=sleep_mode,
             weight_transfer=weight_transfer,
+            max_lora_rank=self.max_lora_rank,
+            max_loras=max_loras,
         )
         kwargs.update(engine_kwargs or {})
         self.engine_kwargs = kwargs
@@ -310,6 +407,12 @@ class VLLMPolicy:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        if adapter is not None:
+            try:
+                self.load_adapter(adapter, version=version)
+            except BaseException:
+                self.close()
+                raise
 
     # --- engine threads -----------------------------------------------------------------------------
 
@@ -355,9 +458,10 @@ class VLLMPolicy:
                     return
                 kind = cmd[0]
                 if kind == "add":
-                    _, rid, prompt, params, loop, fut = cmd
+                    _, rid, prompt, params, loop, fut, *lora_request = cmd  # the LoRA request, when any
+                    lora = lora_request[0] if lora_request else None
                     try:
-                        engine.add_request(rid, prompt, params)
+                        engine.add_request(rid, prompt, params, lora_request=lora)
                         pending[rid] = (loop, fut)
                     except Exception as exc:
                         _deliver(loop, _set_exception, fut, exc)
@@ -429,29 +533,235 @@ class VLLMPolicy:
 
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         params = self.sampling_params(sampling)
-        version = self._version
+        with self._lora_lock:  # the adapter and its version, read together: a push may land any moment
+            adapter = self._adapter_for(sampling.adapter)
+            pushed = adapter is not None and adapter.info.version is not None
+            version = adapter.info.version if pushed else self._version
+            if adapter is not None:
+                adapter.in_flight += 1  # it stays in the engine until this request is done
+        lora = adapter.request if adapter is not None else None
         rid = uuid.uuid4().hex
-        if self.in_process:
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[Any] = loop.create_future()
-            self._commands.put(("add", rid, prompt, params, loop, fut))
-            try:
-                out = await fut
-            except asyncio.CancelledError:
-                self._commands.put(("abort", rid))
-                raise
-        else:
-            out = await asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(self._async_generate(rid, prompt, params), self._loop)
-            )
-        return _to_generation(out, version, self._version)
+        try:
+            if self.in_process:
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[Any] = loop.create_future()
+                self._commands.put(("add", rid, prompt, params, loop, fut, lora))
+                try:
+                    out = await fut
+                except asyncio.CancelledError:
+                    self._commands.put(("abort", rid))
+                    raise
+            else:
+                out = await asyncio.wrap_future(
+                    asyncio.run_coroutine_threadsafe(
+                        self._async_generate(rid, prompt, params, lora), self._loop
+                    )
+                )
+        finally:
+            if adapter is not None:
+                self._release(adapter)
+        # A request that carried a pushed adapter sampled every token with it, whatever was pushed meanwhile.
+        return _to_generation(out, version, version if pushed else self._version)
 
-    async def _async_generate(self, rid: str, prompt: Any, params: Any) -> Any:
+    async def _async_generate(self, rid: str, prompt: Any, params: Any, lora: Any = None) -> Any:
         final = None
         # Cancelling this coroutine (the caller's timeout) aborts the request inside vLLM.
-        async for out in self._engine.generate(prompt, params, request_id=rid):
+        async for out in self._engine.generate(prompt, params, request_id=rid, lora_request=lora):
             final = out
         return final
+
+    # --- LoRA adapters ----------------------------------------------------------------------------
+
+    def load_adapter(self, adapter: AdapterSource, *, version: int | None = None) -> int:
+        """Push a LoRA adapter: every request started after this call carries it (a LoRA run's weight push).
+
+        `adapter`: peft's files as bytes (`{"adapter_config.json": ..., "adapter_model.safetensors": ...}`),
+        written into a temporary directory of this engine (a Ray engine on another node needs no shared
+        disk), or an adapter directory, used as it is. Requests in flight keep the adapter they started
+        with; the one this replaces leaves the engine (and its temporary directory is deleted) when the last
+        of them is done. Blocking; call it from the trainer's thread. Returns the new version: `version`,
+        else one more than before, as `update_weights`. Bad input (missing files, a rank above
+        `max_lora_rank`, an adapter vLLM refuses) raises ValueError/UserError and changes nothing.
+        """
+        with self._update_lock:
+            entry = self._register(adapter, "pushed")
+            with self._lora_lock:
+                new_version = self._version + 1 if version is None else version
+                entry.info = LoadedAdapter(entry.info.lora_id, entry.info.path, new_version)
+                old, self._current = self._current, entry
+                self._version = new_version
+                stale = self._retire(old)
+            if stale is not None:
+                self._remove(stale, wait=True)
+            return new_version
+
+    def add_adapter(self, name: str, adapter: AdapterSource) -> None:
+        """Add a named LoRA adapter (bytes or a directory, as `load_adapter`): a request whose
+        `SamplingConfig.adapter` is `name` carries it. Adding a name again replaces its adapter (requests
+        in flight keep the old one). The version does not change."""
+        if not name:
+            raise UserError(
+                "an adapter needs a non-empty name (SamplingConfig.adapter selects it by that name)"
+            )
+        with self._update_lock:
+            entry = self._register(adapter, name)
+            with self._lora_lock:
+                old, self._named[name] = self._named.get(name), entry
+                stale = self._retire(old)
+            if stale is not None:
+                self._remove(stale, wait=True)
+
+    @property
+    def current_adapter(self) -> LoadedAdapter | None:
+        """The adapter a request without `SamplingConfig.adapter` carries (None: the base model)."""
+        with self._lora_lock:
+            return self._current.info if self._current is not None else None
+
+    @property
+    def named_adapters(self) -> dict[str, LoadedAdapter]:
+        """The adapters `add_adapter` added, by name."""
+        with self._lora_lock:
+            return {name: a.info for name, a in self._named.items()}
+
+    def engine_adapters(self) -> set[int]:
+        """Ids of the LoRA adapters vLLM holds now (its `list_loras`)."""
+        if self.max_lora_rank is None:
+            return set()
+        if self.in_process:
+            return set(self._call_inproc(lambda engine: engine.list_loras()))
+        return set(self._call_async(self._engine.list_loras()))
+
+    def _reload_adapters(self) -> None:
+        """Load every adapter in use into the engine again, from its directory. vLLM keeps loaded adapters
+        beside the weights: a level-2 sleep discards them with the weights, while its adapter cache
+        still lists them as loaded."""
+        with self._lora_lock:
+            live = [self._current, *self._named.values(), *self._retired]
+            requests = [a.request for a in live if a is not None and not a.removed]
+
+        def reload(engine: Any) -> None:
+            for request in requests:
+                engine.remove_lora(request.lora_int_id)
+                engine.add_lora(request)
+
+        async def reload_async() -> None:
+            for request in requests:
+                await self._engine.remove_lora(request.lora_int_id)
+                await self._engine.add_lora(request)
+
+        if self.in_process:
+            self._call_inproc(reload)
+        else:
+            self._call_async(reload_async())
+
+    def _adapter_for(self, name: str | None) -> _Adapter | None:
+        """The adapter a request selecting `name` carries (under `_lora_lock`)."""
+        if name is None:
+            return self._current
+        found = self._named.get(name)
+        if found is None:
+            known = ", ".join(sorted(self._named)) or "none"
+            raise UserError(
+                f"no LoRA adapter named {name!r} in this engine (added: {known}); add it with add_adapter first"
+                + did_you_mean(name, self._named)
+            )
+        return found
+
+    def _register(self, adapter: AdapterSource, label: str) -> _Adapter:
+        """Check the adapter, write pushed bytes to a directory of ours, and load it into the engine."""
+        if self._closed:
+            raise RuntimeError("this VLLMPolicy is closed; create a new one")
+        if self.max_lora_rank is None:
+            raise UserError(
+                "this engine was started without LoRA, so it cannot load an adapter; start it with a LoRA rank "
+                "(make_policy(..., lora_rank=R), or `model.lora` in the run's config)"
+            )
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="agentrl-adapters-"))
+        path, temp_dir = adapter_dir(adapter, self._scratch)
+        where = "the pushed adapter" if temp_dir is not None else f"the LoRA adapter at {path}"
+        try:
+            rank = adapter_rank(path)
+            if rank > self.max_lora_rank:
+                raise UserError(
+                    f"{where} has rank {rank}, above this engine's max_lora_rank {self.max_lora_rank}; start the "
+                    f"engine with lora_rank >= {rank}"
+                )
+            from vllm.lora.request import LoRARequest
+
+            lora_id = next(self._lora_ids)
+            # The name is part of vLLM's prefix-cache key (with the path): unique per adapter, so a
+            # cached prefix computed with an older adapter is never reused.
+            request = LoRARequest(f"{label}-{lora_id}", lora_id, str(path.resolve()))
+            try:
+                if self.in_process:
+                    self._call_inproc(lambda engine: engine.add_lora(request))
+                else:
+                    self._call_async(self._engine.add_lora(request))
+            except Exception as exc:
+                raise UserError(f"vLLM could not load {where}: {exc}") from exc
+        except BaseException:
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        return _Adapter(request, LoadedAdapter(lora_id, path, None), temp_dir)
+
+    def _retire(self, old: _Adapter | None) -> _Adapter | None:
+        """Mark a replaced adapter (under `_lora_lock`); returns it when no request carries it any more."""
+        if old is None:
+            return None
+        old.retired = True
+        if old.in_flight == 0 and not old.removed:
+            old.removed = True
+            return old
+        self._retired.add(old)
+        return None
+
+    def _release(self, adapter: _Adapter) -> None:
+        """A request that carried `adapter` is done; the last one out of a replaced adapter removes it."""
+        with self._lora_lock:
+            adapter.in_flight -= 1
+            stale = adapter.retired and adapter.in_flight == 0 and not adapter.removed
+            if stale:
+                adapter.removed = True
+                self._retired.discard(adapter)
+        if stale:
+            self._remove(adapter, wait=False)  # on the caller's event loop: must not block
+
+    def _remove(self, adapter: _Adapter, *, wait: bool) -> None:
+        """Remove an adapter from the engine, then delete its temporary directory (vLLM reads it only to load)."""
+        if self._closed:
+            return  # close() deletes every temporary directory
+        lora_id, temp_dir = adapter.info.lora_id, adapter.temp_dir
+
+        def cleanup() -> None:
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+
+        fut: concurrent.futures.Future[Any]
+        if self.in_process:
+
+            def remove(engine: Any) -> None:
+                try:
+                    engine.remove_lora(lora_id)
+                finally:
+                    cleanup()
+
+            fut = concurrent.futures.Future()
+            self._commands.put(("call", remove, fut))
+        else:
+
+            async def remove_async() -> None:
+                try:
+                    await self._engine.remove_lora(lora_id)
+                finally:
+                    cleanup()
+
+            fut = asyncio.run_coroutine_threadsafe(remove_async(), self._loop)
+        if wait:
+            fut.result()
+        else:
+            fut.add_done_callback(_log_failure(f"removing LoRA adapter {lora_id} from the engine"))
 
     def update_weights(self, weights: WeightsLike, *, version: int | None = None) -> int:
         """Load new weights (a state dict, or an iterable of (name, tensor)) into the running engine.
@@ -535,6 +845,8 @@ class VLLMPolicy:
             else:
                 awake = self._call_async(self._engine.wake_up(tags))
             self._sleeping = not awake
+            if self.max_lora_rank is not None and (tags is None or "weights" in tags):
+                self._reload_adapters()
             if awake and self.in_process:
                 self._commands.put(("noop",))  # the step loop blocks while asleep: let it look again
 
@@ -588,6 +900,8 @@ class VLLMPolicy:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=60)
             del self._engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> VLLMPolicy:
         return self
@@ -600,6 +914,16 @@ def _deliver(loop: asyncio.AbstractEventLoop, setter: Any, fut: asyncio.Future[A
     """Hand an engine result to the waiter's event loop; a closed loop means the waiter is gone."""
     with contextlib.suppress(RuntimeError):  # 'Event loop is closed': the caller stopped waiting (Ctrl-C)
         loop.call_soon_threadsafe(setter, fut, value)
+
+
+def _log_failure(what: str) -> Any:
+    """A done-callback for a future nobody waits for: its failure goes to the log, not nowhere."""
+
+    def check(fut: concurrent.futures.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("%s failed: %s", what, fut.exception())
+
+    return check
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
@@ -682,12 +1006,21 @@ def _processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) 
 
 
 class HFPolicy:
-    """Token-by-token sampling with a transformers model (KV cache, no batching): the reference policy."""
+    """Token-by-token sampling with a transformers model (KV cache, no batching): the reference policy.
+
+    LoRA adapters load through peft (`load_adapter`, `add_adapter`, `SamplingConfig.adapter`), with the
+    meaning `VLLMPolicy` gives them; requests run one at a time, so a push waits for the request in flight.
+    """
 
     def __init__(self, model: Any, dtype: str = "float32", device: str | None = None, *, version: int = 0):
         self.model = _load_hf(model, dtype, device)
         self._version = version
         self._lock = threading.Lock()
+        # The PeftModel around `self.model` (its layers changed in place) once an adapter has loaded.
+        self._peft: Any = None
+        self._current: str | None = None  # peft's name of the pushed adapter
+        self._named: dict[str, str] = {}  # add_adapter's name -> peft's name
+        self._adapters = itertools.count(1)
 
     @property
     def version(self) -> int:
@@ -703,7 +1036,7 @@ class HFPolicy:
         eos = self.model.config.eos_token_id
         if not sampling.ignore_eos:
             stop |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), self._adapter_selected(sampling.adapter):
             version = self._version
             device = _device_of(self.model)
             ids = torch.tensor([prompt_ids], device=device)  # [1, P]
@@ -731,6 +1064,68 @@ class HFPolicy:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
         return await asyncio.to_thread(self.generate_sync, prompt_ids, sampling)
+
+    def load_adapter(self, adapter: AdapterSource, *, version: int | None = None) -> int:
+        """Push a LoRA adapter (bytes or a directory, as `VLLMPolicy.load_adapter`): later requests carry it.
+        Returns the new version (`version`, else one more than before)."""
+        with self._lock:
+            name = self._load(adapter)
+            old, self._current = self._current, name
+            self._drop(old, name)
+            self._version = self._version + 1 if version is None else version
+            return self._version
+
+    def add_adapter(self, name: str, adapter: AdapterSource) -> None:
+        """A named LoRA adapter, which a request selects with `SamplingConfig.adapter`."""
+        if not name:
+            raise UserError(
+                "an adapter needs a non-empty name (SamplingConfig.adapter selects it by that name)"
+            )
+        with self._lock:
+            peft_name = self._load(adapter)
+            old, self._named[name] = self._named.get(name), peft_name
+            self._drop(old, peft_name)
+
+    def _load(self, adapter: AdapterSource) -> str:
+        """The adapter loaded into the model under a fresh peft name (under `_lock`)."""
+        from peft import PeftModel
+
+        name = f"adapter-{next(self._adapters)}"
+        with tempfile.TemporaryDirectory(prefix="agentrl-adapter-") as scratch:
+            path, _ = adapter_dir(adapter, scratch)
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+            else:
+                self._peft.load_adapter(str(path), adapter_name=name)
+        self.model.eval()
+        return name
+
+    def _drop(self, old: str | None, new: str) -> None:
+        """Delete a replaced adapter from the model (under `_lock`); the new one active, as peft wants."""
+        if old is not None:
+            self._peft.set_adapter(new, inference_mode=True)
+            self._peft.delete_adapter(old)
+
+    @contextlib.contextmanager
+    def _adapter_selected(self, name: str | None) -> Iterator[None]:
+        """The model with the adapter a request selects active: `name`'s, else the pushed one, else none."""
+        if name is not None:
+            if name not in self._named:
+                known = ", ".join(sorted(self._named)) or "none"
+                raise UserError(
+                    f"no LoRA adapter named {name!r} (added: {known}); add it with add_adapter first"
+                    + did_you_mean(name, self._named)
+                )
+            self._peft.set_adapter(self._named[name], inference_mode=True)
+            yield
+        elif self._current is not None:
+            self._peft.set_adapter(self._current, inference_mode=True)
+            yield
+        elif self._peft is not None:
+            with self._peft.disable_adapter():  # named adapters only: the request samples the base model
+                yield
+        else:
+            yield
 
     def update_weights(self, weights: WeightsLike, *, version: int | None = None) -> int:
         """Load new weights; returns the new version (`version`, else one more than before)."""

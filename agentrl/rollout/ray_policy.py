@@ -17,10 +17,13 @@
   the fewest groups in flight.
 - Weights: `update_weights` puts the state dict into Ray's object store once and every engine loads
   it from there; each engine reports the version it holds (`versions()`).
+- LoRA: `load_adapter` and `add_adapter` reach every engine the same way (pushed bytes through the
+  object store, each engine writing its own temporary directory; a directory path must be readable on
+  every node), with `VLLMPolicy`'s meaning.
 - Failure: when an engine actor dies, each request in flight on it (and any sent to it before the
   death is noticed, which takes one failed request) raises `EngineDied`, which ends that episode
   alone with finish_reason `engine_error` (recorded, never trained on). The engine is
-  restarted in the background in its bundle and loaded with the newest weights; until it is back,
+  restarted in the background in its bundle and loaded with the newest weights and adapters; until it is back,
   its groups' next requests go to the other engines. The run goes on.
 """
 
@@ -43,6 +46,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.cluster import connect, current_group
+from agentrl.rollout.adapters import AdapterSource
 from agentrl.rollout.policy import Generation, SamplingConfig
 from agentrl.rollout.weight_sync import WeightsLike, named_tensors
 
@@ -85,8 +89,17 @@ class EngineActor:
         # Blocking inside vLLM: off the actor's event loop, so requests in flight keep streaming.
         return await asyncio.to_thread(self.policy.update_weights, weights, version=version)
 
+    async def load_adapter(self, adapter: Any, version: int) -> int:
+        return await asyncio.to_thread(self.policy.load_adapter, adapter, version=version)
+
+    async def add_adapter(self, name: str, adapter: Any) -> None:
+        await asyncio.to_thread(self.policy.add_adapter, name, adapter)
+
     def version(self) -> int:
         return self.policy.version
+
+    def close(self) -> None:
+        self.policy.close()  # vLLM shut down cleanly; pushed adapters' temporary directories deleted
 
 
 @dataclass
@@ -155,6 +168,11 @@ class RayPolicy:
         self._group_requests: dict[str, int] = {}  # group id -> requests in flight
         self._version = version
         self._weights_ref: Any = None
+        # What a restarted engine must load to serve as the others do: the newest weights, the current
+        # adapter (its source: an object-store ref or a path, and its version) and the named ones.
+        self._adapter: tuple[Any, int] | None = None
+        self._named_adapters: dict[str, Any] = {}
+        self._pushes = 0  # bumped by every push: a restart that raced one loads again
         self.served = [0] * engines  # requests answered, per engine
         self.deaths = [0] * engines
         self.restarts = [0] * engines
@@ -226,17 +244,26 @@ class RayPolicy:
             try:
                 actor = self._spawn(index)
                 info = ray.get(actor.info.remote(), timeout=self.start_timeout_s)
-                with self._lock:
-                    ref, version = self._weights_ref, self._version
-                if ref is not None:
-                    ray.get(actor.update_weights.remote(ref, version), timeout=self.start_timeout_s)
-                    info["version"] = version
-                with self._lock:
-                    if self._version != version and self._weights_ref is not None:
-                        continue  # a push landed meanwhile: load that one too (loop again)
-                    slot.actor, slot.info, slot.alive, slot.restarting = actor, info, True, False
-                    slot.generation += 1
-                    self.restarts[index] += 1
+                while True:
+                    with self._lock:
+                        ref, version, pushes = self._weights_ref, self._version, self._pushes
+                        adapter, named = self._adapter, dict(self._named_adapters)
+                    wait = self.start_timeout_s
+                    if ref is not None:
+                        ray.get(actor.update_weights.remote(ref, version), timeout=wait)
+                        info["version"] = version
+                    for name, source in named.items():
+                        ray.get(actor.add_adapter.remote(name, source), timeout=wait)
+                    if adapter is not None:
+                        ray.get(actor.load_adapter.remote(*adapter), timeout=wait)
+                        info["version"] = adapter[1]
+                    with self._lock:
+                        if self._pushes != pushes:
+                            continue  # a push landed meanwhile: load that one too
+                        slot.actor, slot.info, slot.alive, slot.restarting = actor, info, True, False
+                        slot.generation += 1
+                        self.restarts[index] += 1
+                        break
                 log.warning("rollout engine %d is back (pid %s)", index, info["pid"])
                 return
             except Exception as exc:
@@ -321,6 +348,7 @@ class RayPolicy:
             targets = [(s.index, s.actor, s.generation) for s in self._slots if s.alive]
             # A restart from here on loads this version.
             self._weights_ref, self._version = ref, version
+            self._pushes += 1
         # All engines load at once (each pulls the one copy from the object store), then wait.
         pending = [
             (index, generation, actor.update_weights.remote(ref, version))
@@ -333,15 +361,76 @@ class RayPolicy:
                 self._on_death(index, generation, exc)
         return version
 
+    def load_adapter(self, adapter: AdapterSource, *, version: int | None = None) -> int:
+        """Push a LoRA adapter to every engine (`VLLMPolicy.load_adapter`: bytes, one object-store copy all
+        engines read, or a directory readable on every node); returns the new version, which every engine
+        then reports. Bad input raises the engines' error and changes nothing."""
+        source = ray.put(dict(adapter)) if isinstance(adapter, Mapping) else os.fspath(adapter)
+        with self._lock:
+            version = self._version + 1 if version is None else version
+            targets = [(s.index, s.actor, s.generation) for s in self._slots if s.alive]
+            undo = (self._adapter, self._version)
+            # A restart from here on loads this adapter.
+            self._adapter, self._version = (source, version), version
+            self._pushes += 1
+            pushes = self._pushes
+        try:
+            self._fan_out([(i, g, a.load_adapter.remote(source, version)) for i, a, g in targets])
+        except BaseException:
+            with self._lock:
+                if self._pushes == pushes:  # nothing pushed since: as if this push had not happened
+                    self._adapter, self._version = undo
+                    self._pushes += 1
+            raise
+        return version
+
+    def add_adapter(self, name: str, adapter: AdapterSource) -> None:
+        """Add a named LoRA adapter to every engine (`VLLMPolicy.add_adapter`)."""
+        source = ray.put(dict(adapter)) if isinstance(adapter, Mapping) else os.fspath(adapter)
+        with self._lock:
+            targets = [(s.index, s.actor, s.generation) for s in self._slots if s.alive]
+            had, undo = name in self._named_adapters, self._named_adapters.get(name)
+            self._named_adapters[name] = source
+            self._pushes += 1
+            pushes = self._pushes
+        try:
+            self._fan_out([(i, g, a.add_adapter.remote(name, source)) for i, a, g in targets])
+        except BaseException:
+            with self._lock:
+                if self._pushes == pushes:
+                    if had:
+                        self._named_adapters[name] = undo
+                    else:
+                        del self._named_adapters[name]
+                    self._pushes += 1
+            raise
+
+    def _fan_out(self, pending: list[tuple[int, int, Any]]) -> None:
+        """Wait for a call sent to every engine; a dead engine is restarted (it loads the newest state),
+        and an engine's error (the same bad input fails alike on every engine) is raised as it was raised
+        there, after all engines have answered."""
+        error: BaseException | None = None
+        for index, generation, done in pending:
+            try:
+                ray.get(done, timeout=self.start_timeout_s)
+            except _DEATHS as exc:
+                self._on_death(index, generation, exc)
+            except ray.exceptions.RayTaskError as exc:
+                error = error or (exc.cause if isinstance(exc.cause, Exception) else exc)
+        if error is not None:
+            raise error
+
     def close(self) -> None:
         """Stop every engine and free the cluster's resources. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        for slot in getattr(self, "_slots", []):
-            if slot.actor is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(slot.actor, no_restart=True)
+        actors = [s.actor for s in getattr(self, "_slots", []) if s.actor is not None]
+        with contextlib.suppress(Exception):  # a dead or hung engine is killed all the same
+            ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=30)
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
         with contextlib.suppress(Exception):
             remove_placement_group(self._pg)
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -554,7 +554,13 @@ class WeightSync:
         active: bool = True,
         chunk_bytes: int = DEFAULT_WEIGHT_CHUNK_BYTES,
         sleep_wait_s: float = DEFAULT_SLEEP_WAIT_S,
+        adapter: Callable[[], Mapping[str, bytes] | None] | None = None,
+        merged: Callable[[], dict[str, torch.Tensor]] | None = None,
     ):
+        """`adapter`: a LoRA run that pushes its adapter only: a collective every rank calls, giving rank 0
+        peft's two files (the engine serves them on its resident base weights). `merged`: a LoRA run that
+        pushes full weights instead, base + adapter merged (a collective giving the full state dict under
+        the checkpoint's names). Neither: the trainer's own weights, by `placement.transport`."""
         if info.is_main and active and policy is None:
             raise ValueError("WeightSync on rank 0 needs the policy it pushes to")
         self.placement = placement
@@ -567,13 +573,17 @@ class WeightSync:
         # Whether an engine worker shares this rank's GPU: only such a rank stages IPC chunks and must give
         # its cached memory back before the engine takes it.
         self.beside_engine = placement.shares_engine_gpu(node_rank=info.node_rank, local_rank=info.local_rank)
+        self.adapter = adapter
+        self.merged = merged
         self._sender: Any = None
         self._asleep = False
 
     def before_update(self) -> None:
         """Rank 0: put a colocated engine to sleep so the update has its memory."""
         if self.active and self.placement.sleep and self.policy is not None and not self._asleep:
-            self.policy.sleep(level=2, wait_s=self.sleep_wait_s)
+            # An adapter push leaves the base weights as they are: level 1 keeps them (offloaded to the
+            # host, back on waking) instead of dropping them for a push that will not come.
+            self.policy.sleep(level=1 if self.adapter is not None else 2, wait_s=self.sleep_wait_s)
             self._asleep = True
 
     def after_update(self) -> int | None:
@@ -603,7 +613,18 @@ class WeightSync:
             torch.cuda.empty_cache()
 
     def push(self) -> None:
-        """Every rank: the trainer's weights into the engine (one version)."""
+        """Every rank: the trainer's weights (or its LoRA adapter) into the engine (one version)."""
+        if self.adapter is not None:
+            files = self.adapter()  # collective: every rank gathers its adapter shards
+            if self.policy is not None:
+                assert files is not None
+                self.policy.load_adapter(files)
+            return
+        if self.merged is not None:
+            sd = self.merged()  # collective
+            if self.policy is not None:
+                self.policy.update_weights(sd)
+            return
         if self.placement.transport == "rpc":
             sd = full_state_dict(self.model)  # collective: every rank gathers
             if self.policy is not None:

@@ -12,6 +12,11 @@ Layout of a run directory (`TrainConfig.out`):
                                 counts, the curriculum, the rollout seed counter and every RNG state
     final/                      the trained model (Hugging Face layout)
 
+A LoRA run (`model.lora`) writes the adapter directory instead of the full weights, in `checkpoint-N/`
+and `final/` alike: adapter_config.json, adapter_model.safetensors and the tokenizer files, as
+`PeftModel.save_pretrained` writes them (`agentrl.train.lora`); `trainer_state/` then holds the
+optimizer state of the adapters only.
+
 The last `keep_last` checkpoints are kept; only the newest carries `trainer_state/` (what resuming
 needs; the optimizer state is the large part). A checkpoint is written to a temporary directory
 and renamed into place, so a crash mid-save leaves the previous one intact.
@@ -72,9 +77,12 @@ def checkpoints(out: str | Path) -> list[tuple[int, Path]]:
 
 
 def latest_resumable(out: str | Path) -> Path | None:
-    """The newest checkpoint that carries a complete trainer state, or None."""
+    """The newest checkpoint that carries a complete trainer state (and the weights or the adapter), or None."""
+    from agentrl.rollout.adapters import is_adapter_dir
+
     for _, path in reversed(checkpoints(out)):
-        if (path / STATE_DIR / "state.json").is_file() and (path / "model.safetensors").is_file():
+        weights = (path / "model.safetensors").is_file() or is_adapter_dir(path)
+        if (path / STATE_DIR / "state.json").is_file() and weights:
             return path
     return None
 
@@ -198,17 +206,29 @@ def save(
     base_model: str | Path,
     keep_last: int,
 ) -> Path:
-    """Write `checkpoint-<step>` (weights in Hugging Face layout + trainer state) and prune older ones.
+    """Write `checkpoint-<step>` (weights in Hugging Face layout, or a LoRA model's adapter directory,
+    + trainer state) and prune older ones.
 
-    Collective: every rank calls it (the full state dict is gathered); rank 0 writes. `state` is
-    JSON-able (step, update count, curriculum, ...); the RNG states of every rank are added here.
+    Collective: every rank calls it (the full state dict, or the adapter's, is gathered); rank 0 writes.
+    `state` is JSON-able (step, update count, curriculum, ...); the RNG states of every rank are added here.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        get_state_dict,
+    )
 
-    from agentrl.train.distributed import export_hf
+    from agentrl.train.lora import adapter_files, copy_tokenizer, is_lora
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
+    lora = is_lora(model)
+    files: dict[str, bytes] | None = None
+    if lora:
+        # The adapters only: gathering the frozen base would cost as much as a full checkpoint.
+        files = adapter_files(model)
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
     rngs: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, rng_state())
     out = Path(out)
@@ -217,7 +237,15 @@ def save(
         tmp = out / f".checkpoint-{step}.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
-        export_hf(model_sd, base_model, tmp)
+        if files is not None:
+            from agentrl.rollout.adapters import write_adapter_files
+
+            write_adapter_files(files, tmp)
+            copy_tokenizer(base_model, tmp)
+        else:
+            from agentrl.train.distributed import export_hf
+
+            export_hf(model_sd, base_model, tmp)
         (tmp / STATE_DIR).mkdir()
         torch.save({"optimizer": optim_sd, "rng": rngs}, tmp / STATE_DIR / "optimizer.pt")
         (tmp / STATE_DIR / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
@@ -227,6 +255,21 @@ def save(
         _prune(out, keep=final, keep_last=keep_last)
     dist.barrier()
     return final
+
+
+def export_model(model: torch.nn.Module, base_model: str | Path, out_dir: str | Path) -> Path:
+    """The trained model in `out_dir` (a run's final/, SFT's output): a Hugging Face checkpoint, or a LoRA
+    model's adapter directory, with the tokenizer of `base_model`. Collective: every rank calls it; rank 0 writes."""
+    from agentrl.train.distributed import export_hf, full_state_dict
+    from agentrl.train.lora import is_lora, save_adapter
+
+    if is_lora(model):
+        save_adapter(model, out_dir, tokenizer_from=base_model)
+    else:
+        sd = full_state_dict(model)  # rank 0 holds it (cpu_offload); the others gathered their part
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            export_hf(sd, base_model, out_dir)
+    return Path(out_dir)
 
 
 def _prune(out: Path, keep: Path, keep_last: int) -> None:
@@ -250,9 +293,33 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
     """Load a checkpoint written by `save` into a (sharded) model and its optimizer; returns its state,
     with this rank's RNG state under "rng" (restore it with `set_rng_state` when the loop starts)."""
     from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
+
+    from agentrl.rollout.adapters import is_adapter_dir
+    from agentrl.train.lora import is_lora, load_adapter_weights
 
     path = Path(path)
+    lora = is_lora(model)
+    if lora != is_adapter_dir(path):
+        held, wanted = ("a LoRA adapter", "full fine-tuning") if not lora else ("full weights", "model.lora")
+        raise UserError(
+            f"{path} holds {held}, but this run trains with {wanted}; resume with the model settings the run "
+            "was trained with, or train into another out="
+        )
+    blob = load_plain(path / STATE_DIR / "optimizer.pt", fix=_resume_fix(path))
+    if lora:
+        load_adapter_weights(model, path)
+        set_optimizer_state_dict(
+            model,
+            optimizer,
+            optim_state_dict=blob["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
+        return _state(path, blob)
     model_sd = load_file(path / "model.safetensors")
     # A tied output head is saved once (as the embedding), as save_pretrained does.
     expected = {k for k, _ in model.named_parameters()} | set(model.state_dict())
@@ -261,7 +328,6 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
             embed = [k for k in model_sd if k.endswith("embed_tokens.weight")]
             if embed:
                 model_sd[key] = model_sd[embed[0]]
-    blob = load_plain(path / STATE_DIR / "optimizer.pt", fix=_resume_fix(path))
     set_state_dict(
         model,
         optimizer,
@@ -269,6 +335,11 @@ def load(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
         optim_state_dict=blob["optimizer"],
         options=StateDictOptions(full_state_dict=True),
     )
+    return _state(path, blob)
+
+
+def _state(path: Path, blob: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's state.json, with this rank's RNG state under "rng"."""
     state = json.loads((path / STATE_DIR / "state.json").read_text())
     rngs = blob.get("rng") or []
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -288,18 +359,45 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
+def _switched(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Optional sections set on one side and None on the other (`model.lora`), by dotted key: flattened,
+    a section's keys would only look added (or removed), not changed."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for k in a.keys() & b.keys():
+        va, vb = a[k], b[k]
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.update(_switched(va, vb, f"{prefix}{k}."))
+        elif (va is None) != (vb is None) and (isinstance(va, dict) or isinstance(vb, dict)):
+            out[f"{prefix}{k}"] = (va, vb)
+    return out
+
+
 def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """`key: old -> new` for every config value that differs and may not change on a resume.
 
     A setting the recorded config does not have at all is one added since that run started: the run
-    goes on with the value wanted, and that is not a change."""
+    goes on with the value wanted, and that is not a change. A section switched on or off (`model.lora`
+    from None to a mapping) is one change."""
+    recorded = _current_form(recorded)
+    switched = _switched(recorded, wanted)
     a, b = _flat(recorded), _flat(wanted)
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        if key.split(".")[0] in RESUMABLE_CHANGES or a.get(key) == b.get(key) or key not in a:
-            continue
-        diffs.append(f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}")
-    return diffs
+    changes = {key: (a.get(key, "(unset)"), b.get(key, "(unset)")) for key in set(a) | set(b)}
+    changes = {key: ab for key, ab in changes.items() if key in a and a[key] != b.get(key)}
+    changes = {k: ab for k, ab in changes.items() if not any(k.startswith(f"{s}.") for s in switched)}
+    changes.update(switched)
+    return [
+        f"{key}: {old!r} -> {new!r}"
+        for key, (old, new) in sorted(changes.items())
+        if key.split(".")[0] not in RESUMABLE_CHANGES
+    ]
+
+
+def _current_form(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config in today's form: `model` was a plain path before it became a section, and a
+    run recorded then resumes under a config that says the same (`model.path`, no `model.lora`)."""
+    if isinstance(recorded.get("model"), str):
+        return {**recorded, "model": {"path": recorded["model"], "lora": None}}
+    return recorded
 
 
 def prepare_run_dir(cfg: Any, force: bool = False) -> str:
@@ -318,6 +416,7 @@ def prepare_run_dir(cfg: Any, force: bool = False) -> str:
     legacy = out / "checkpoints" / "latest" / "weights.pt"
     ckpt = latest_resumable(out)
     recorded = json.loads(config_path.read_text()) if config_path.is_file() else None
+    recorded = _current_form(recorded) if recorded is not None else None
     has_run = ckpt is not None or legacy.exists() or (out / "metrics.jsonl").exists()
     if legacy.exists() and ckpt is None and cfg.resume and not force:
         raise UserError(

@@ -4,19 +4,26 @@
     agentrl train examples/calc_grpo.yaml --steps 30 --optim.lr 3e-5 --curriculum.batch-groups 4
 
 An override is `dotted.path=value`; the value is parsed as YAML (so `true`, `3e-5`, `[1, 2]`
-work). Every field is also an option of `agentrl train` (`agentrl train --help` lists them by
+work). `model:` is a checkpoint directory, or a section that can add LoRA (`agentrl.train.lora`):
+
+    model: runs/sft                                  # every weight trains
+    model: {path: runs/sft, lora: {rank: 16}}        # LoRA adapters train on the frozen checkpoint
+    agentrl train c.yaml model.lora.rank=8           # adds LoRA to either form; model.path=DIR: another start
+
+Every field is also an option of `agentrl train` (`agentrl train --help` lists them by
 section, with these descriptions; `agentrl.cli_options` makes them). The file is never rewritten;
 the resolved config is saved next to the run's metrics.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl.errors import UserError, did_you_mean_path, format_validation_error, one_line
 from agentrl.rollout.config import RolloutConfig
@@ -38,6 +45,75 @@ PackingMode = Literal["auto", "on", "off"]
 class _Strict(BaseModel):
     # A field documents itself with `description=` or with the docstring under it.
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class LoraSettings(_Strict):
+    """LoRA adapters (peft) on the model's linear layers: only they train, the base weights stay frozen."""
+
+    rank: int = Field(
+        16,
+        gt=0,
+        description="LoRA rank r: the inner size of each adapter (A is [r, in], B is [out, r]). "
+        "vLLM serves ranks up to 512.",
+    )
+    alpha: float = Field(32, gt=0, description="LoRA alpha: an adapter's output is scaled by alpha / rank.")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the adapters' input while training (0: none)."
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Layers that get an adapter: all-linear (every linear layer of the decoder blocks, not the "
+        "output head), or a list of module names such as [q_proj, v_proj] (peft's target_modules).",
+    )
+
+    push: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description="What reaches the engine after each step: the adapter alone (vLLM serves it on its resident "
+        "base weights; a push of megabytes), or merged full weights (base + adapter, as full fine-tuning "
+        "pushes them; for comparison).",
+    )
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _known_form(cls, value: Any) -> Any:
+        # One message for both forms, where the union alone would report one error per form.
+        if value == "all-linear":
+            return value
+        if isinstance(value, list | tuple) and value and all(isinstance(v, str) and v for v in value):
+            return list(value)
+        raise ValueError(
+            "target_modules must be all-linear or a non-empty list of module names such as [q_proj, v_proj]"
+        )
+
+
+class ModelSettings(_Strict):
+    """The starting checkpoint, and whether LoRA adapters train on it instead of its weights.
+
+    `model: DIR` is short for `model: {path: DIR}` (every weight trains)."""
+
+    path: str = Field(
+        description="Starting checkpoint (transformers directory or Hub id), e.g. the SFT warm start."
+    )
+    lora: LoraSettings | None = Field(
+        None,
+        description="Train LoRA adapters on the frozen checkpoint instead of every weight: {rank, alpha, "
+        "dropout, target_modules}, {} for the defaults. Checkpoints and the final model are then adapter "
+        "directories (`agentrl model merge` makes a full model). None: full fine-tuning.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_path(cls, data: Any) -> Any:
+        if isinstance(data, os.PathLike):
+            data = os.fspath(data)
+        if isinstance(data, str):
+            return {"path": data}
+        if isinstance(data, dict | ModelSettings):
+            return data
+        raise ValueError(
+            "model must be a checkpoint directory (model: DIR) or a mapping "
+            "(model: {path: DIR, lora: {rank: 16}})"
+        )
 
 
 class EngineSettings(_Strict):
@@ -223,7 +299,10 @@ class TrainConfig(_Strict):
         description="The environment's settings (e.g. backend), passed to agentrl.make and checked against "
         "its settings model when the config loads; `agentrl env show ENV` lists them.",
     )
-    model: str = Field(description="Starting checkpoint (transformers directory), e.g. the SFT warm start.")
+    model: ModelSettings = Field(
+        description="The starting checkpoint: a directory (model: DIR), or {path: DIR, lora: {...}} to train "
+        "LoRA adapters on it."
+    )
     out: str = Field(
         "runs/train", description="Run directory: metrics.jsonl, checkpoints/, final/, config.json."
     )
@@ -261,7 +340,7 @@ class TrainConfig(_Strict):
         default_factory=EvalSettings, description="Held-out evaluation during training."
     )
     checkpoint_every: int = Field(10, ge=0)
-    """Save out/checkpoint-N (Hugging Face layout, plus what resuming needs) every N steps; 0: only at the end and on Ctrl-C."""
+    """Save out/checkpoint-N (Hugging Face layout, or the adapter directory with model.lora, plus what resuming needs) every N steps; 0: only at the end and on Ctrl-C."""
     keep_last: int = Field(3, ge=1)
     """Keep the newest N checkpoint-N directories (only the newest keeps the optimizer state)."""
     resume: bool = Field(
@@ -319,10 +398,14 @@ class TrainConfig(_Strict):
 class SFTConfig(StepSettings):
     """Everything `agentrl sft` needs; the step settings (`StepSettings`) are GRPO's `optim:` ones."""
 
-    model: str = Field(description="Checkpoint directory to start from (transformers format).")
+    model: ModelSettings = Field(
+        description="Checkpoint directory to start from (transformers format), or {path: DIR, lora: {...}} to "
+        "train LoRA adapters on it (the output is then an adapter directory)."
+    )
     data: str = Field(description="Trajectory JSONL to train on.")
     out: str = Field(
-        description="Output directory: the fine-tuned checkpoint (transformers format) and metrics.jsonl."
+        description="Output directory: the fine-tuned checkpoint (transformers format; with model.lora, the "
+        "adapter directory) and metrics.jsonl."
     )
     epochs: int = Field(3, ge=1, description="Passes over the data.")
     lr: float = Field(1e-3, gt=0, description="Peak AdamW learning rate.")
@@ -359,6 +442,20 @@ def _read(p: Path) -> Any:
         ) from None
 
 
+# Sections a config may give as one value, and the field that value sets: `model: DIR` is
+# `model: {path: DIR}`, so that `model.lora.rank=8` (or --model.lora) can add to a file that says `model: DIR`.
+_SHORTHANDS = {"model": "path"}
+
+
+def _expanded(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each shorthand section spelled out as a mapping."""
+    out = dict(data)
+    for key, field in _SHORTHANDS.items():
+        if isinstance(out.get(key), str | os.PathLike):
+            out[key] = {field: os.fspath(out[key])}
+    return out
+
+
 def _merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in more.items():
@@ -392,12 +489,16 @@ def load_config(
             raise ConfigError(f"{p}: the top level must be a mapping of config fields")
         where = f"config {p}"
     data.update({k: v for k, v in fields.items() if v is not None})
-    data = _merged(data, settings or {})
+    data = _merged(_expanded(data), _expanded(settings or {}))
     for item in overrides or []:
         keys, value = _parse_override(item)
+        # `model=DIR` replaces the whole model section (no LoRA unless said); `model.path=DIR` only the path.
+        data = _expanded(data) if len(keys) > 1 else data
         node = data
         for k in keys[:-1]:
-            node = node.setdefault(k, {})
+            if node.get(k) is None:  # a sub-key of an absent or null section (model.lora.rank=8) creates it
+                node[k] = {}
+            node = node[k]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {k} is not a section")
         node[keys[-1]] = value

@@ -6,6 +6,9 @@ trains on exactly the token ids and mask the RL trainer would see; nothing is re
 
     agentrl sft --model runs/tiny --data demos.jsonl --out runs/sft [--nproc 2]
 
+With `model.lora` (`--lora '{rank: 16}'`) only LoRA adapters train (`agentrl.train.lora`) and the output
+is the adapter directory (peft's format, with the tokenizer).
+
 Runs under FSDP2 (`agentrl.train.distributed`): one process, or `--nproc N` launches `torchrun`.
 The loss is the mean negative log-likelihood over all assistant tokens of the global batch,
 so 1 and N processes take the same steps.
@@ -60,27 +63,33 @@ def train_sft(cfg: SFTConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.runlog import quiet_libraries
+    from agentrl.train.checkpoint import export_model
     from agentrl.train.distributed import (
         all_reduce_mean,
-        export_hf,
-        full_state_dict,
         global_token_scale,
         init_distributed,
         shard_model,
     )
+    from agentrl.train.lora import apply_lora, trainable_parameters
 
     info = init_distributed()
     quiet_libraries(None)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     data = training_data(cfg)
-    tok = AutoTokenizer.from_pretrained(cfg.model)
+    base = cfg.model.path
+    tok = AutoTokenizer.from_pretrained(base)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(info.device)
+    if cfg.model.lora is not None:
+        apply_lora(
+            model, cfg.model.lora, base
+        )  # before sharding; the seed above makes every rank's A the same
     model.train()
     shard_model(model, activation_checkpointing=cfg.activation_checkpointing)
     packed = resolve_packing(cfg.packing, info.device, info.device.type == "cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    params = trainable_parameters(model)  # with LoRA, the adapters only
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     rng = random.Random(cfg.seed)
     steps_per_epoch = max(1, len(data) // cfg.batch_size)
@@ -121,7 +130,7 @@ def train_sft(cfg: SFTConfig) -> Path:
             nll, _ = masked_nll_sum(model, mb, pad_id, info.device, packed=packed)
             (nll * scale).backward()
             loss_sum += float(nll.item())
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -143,11 +152,10 @@ def train_sft(cfg: SFTConfig) -> Path:
             bar.update(1)
             if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
                 _log(f"step {row['step']}/{total_steps} loss {row['loss']:.4f} grad {grad_norm:.3f}")
-    sd = full_state_dict(model)
-    if info.is_main:
-        assert bar is not None
+    if bar is not None:
         bar.close()
-        export_hf(sd, cfg.model, out)
+    export_model(model, base, out)  # collective; a LoRA run's out is the adapter directory
+    if info.is_main:
         (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
         _log(f"done in {time.time() - t0:.0f}s: {out}")
     import torch.distributed as dist
@@ -188,7 +196,7 @@ def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
     from agentrl.train.distributed import run_here_or_as_ranks
 
     check_nproc(nproc)
-    check_model_dir(cfg.model)
+    check_model_dir(cfg.model.path)
     training_data(cfg)
     out = run_here_or_as_ranks(lambda: train_sft(cfg), "agentrl.train.sft", cfg.model_dump_json(), nproc)
     return out if out is not None else Path(cfg.out)

@@ -123,6 +123,34 @@ INTERRUPTED = "__agentrl_interrupted__"
 """What rank 0 broadcasts instead of a batch when Ctrl-C stopped its rollout: every rank stops."""
 
 
+ENGINE_OUT_OF_DATE = "__agentrl_engine_out_of_date__"
+"""What rank 0 broadcasts, with the reason, instead of a batch the engine sampled from an older policy."""
+
+
+def check_engine_versions(trajectories: list[Trajectory], pushed: int, mode: str) -> str | None:
+    """Why this batch was not sampled from the policy the trainer last pushed (version `pushed`), or None.
+
+    Each trajectory records the weight (or adapter) versions its tokens were sampled with, as the engine
+    reported them per request. Synchronous training samples every batch after the push: each token must carry
+    `pushed`. Asynchronous training may sample with older versions (its staleness bound drops or corrects
+    them), never a newer one. A LoRA engine that kept an old adapter, or a push that reached one engine of
+    several, is caught here instead of training on another policy's samples for the rest of the run.
+    """
+    if pushed < 0 or not trajectories:
+        return None
+    lo = min(t.policy_version for t in trajectories)
+    hi = max(
+        t.policy_version_max if t.policy_version_max is not None else t.policy_version for t in trajectories
+    )
+    if hi > pushed or (mode == "sync" and lo != pushed):
+        return (
+            f"the engine sampled this batch with policy version(s) {lo}..{hi}, but the trainer's newest push is "
+            f"version {pushed}: the engine is not running the newest weights or adapter. Check the engine log "
+            "for a failed weight or adapter load; a resume starts from the last checkpoint"
+        )
+    return None
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped training after a checkpoint was saved; the message says how to continue."""
 

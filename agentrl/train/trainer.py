@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -53,13 +54,20 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from agentrl.errors import UserError, check_model_dir, check_nonempty_file, visible_gpus
+from agentrl.rollout.adapters import is_adapter_dir
 from agentrl.rollout.engine import make_policy
 from agentrl.rollout.placement import Placement, plan_placement
 from agentrl.rollout.trajectory import Trajectory, load_trajectories
 from agentrl.rollout.weight_sync import WeightSync
 from agentrl.runlog import quiet_libraries
 from agentrl.train.batch import collate
-from agentrl.train.checkpoint import latest_resumable, prepare_run_dir, set_rng_state, truncate_jsonl
+from agentrl.train.checkpoint import (
+    export_model,
+    latest_resumable,
+    prepare_run_dir,
+    set_rng_state,
+    truncate_jsonl,
+)
 from agentrl.train.checkpoint import load as load_checkpoint
 from agentrl.train.checkpoint import save as save_checkpoint
 from agentrl.train.config import TrainConfig
@@ -67,8 +75,6 @@ from agentrl.train.curriculum import Curriculum, build_curriculum
 from agentrl.train.distributed import (
     DistInfo,
     all_reduce_mean,
-    export_hf,
-    full_state_dict,
     global_token_scale,
     init_distributed,
     run_here_or_as_ranks,
@@ -77,17 +83,26 @@ from agentrl.train.distributed import (
     shard_model,
     wait_for_main,
 )
-from agentrl.train.grpo import group_advantages, policy_loss, weight_negatives
+from agentrl.train.grpo import group_advantages, logprob_mismatch, policy_loss, weight_negatives
 from agentrl.train.logprobs import action_logprobs
+from agentrl.train.lora import (
+    adapter_files,
+    apply_lora,
+    merge_adapter,
+    merged_state_dict,
+    trainable_parameters,
+)
 from agentrl.train.packing import plan_micro_batches, resolve_packing
 from agentrl.train.plot import plot_training
 from agentrl.train.producer import RolloutProducer
 from agentrl.train.stopping import (
+    ENGINE_OUT_OF_DATE,
     INTERRUPTED,
     Sigint,
     StopUninformative,
     TrainingInterrupted,
     TrainingStopped,
+    check_engine_versions,
     no_update_reason,
     stop_advice,
 )
@@ -159,6 +174,11 @@ class Run:
     """The step of the newest checkpoint written (or resumed from); -1: none yet."""
     step_times: list[float] = field(default_factory=list)
     t_start: float = field(default_factory=time.perf_counter)
+    pushed_version: int = -1
+    """Rank 0: the weight (or adapter) version the trainer last pushed, counted here and not read from the
+    engine, so an engine that missed a push is caught (`check_engine_versions`); -1: not counted yet."""
+    engine_error: str | None = None
+    """Rank 0: why the engine is not running the newest push, found after it; the next batch stops the run."""
 
     def policy_version(self) -> int:
         return self.producer.policy.version if self.producer is not None else self.progress.policy_version
@@ -174,7 +194,7 @@ class Run:
             "policy_version": self.policy_version(),
         }
         path = save_checkpoint(
-            self.out, step, self.model, self.opt, state, self.cfg.model, self.cfg.keep_last
+            self.out, step, self.model, self.opt, state, self.cfg.model.path, self.cfg.keep_last
         )
         self.saved_at = step
         return path
@@ -251,6 +271,7 @@ def setup(cfg: TrainConfig) -> Run:
         active=cfg.replay is None,
         chunk_bytes=weight_chunk_bytes(cfg),
         sleep_wait_s=cfg.engine.sleep_wait_s,
+        **_lora_push(cfg, model),
     )
     if rng is not None:  # after the engine's start-up, which seeds the global RNGs
         set_rng_state(rng)
@@ -258,7 +279,7 @@ def setup(cfg: TrainConfig) -> Run:
         cfg=cfg, info=info, out=out, model=model, opt=opt, ref_model=ref_model, pad_id=pad_id, sync=sync,
         progress=progress, start=start, resumed_from=resumed_from, replay=replay, curriculum=curriculum,
         producer=producer, tracker=tracker, bar=bar, sigint=Sigint(listen=info.is_main), step=start,
-        saved_at=start if resumed_from is not None else -1,
+        saved_at=start if resumed_from is not None else -1, pushed_version=progress.policy_version,
     )  # fmt: skip
     if info.is_main:
         _say_start(run)
@@ -269,12 +290,18 @@ def next_batch(run: Run, step: int, metrics: dict[str, float]) -> tuple[list[Tra
     """Rank 0 generates the step's batch (or takes the replayed one) and every rank receives it. Returns
     the trajectories to train on and, on rank 0, every episode generated for them (a stop's reasons)."""
     payload: list[Any] = [None]
+    trajs: list[Trajectory] = []
     generated: list[Trajectory] = []
     if run.info.is_main:
         try:
-            with run.sigint.rollout_phase():
-                trajs, generated = _generate(run, metrics)
-            payload = [trajs]
+            if run.engine_error is None:  # an engine that missed the last push is not asked for samples
+                with run.sigint.rollout_phase():
+                    trajs, generated = _generate(run, metrics)
+                if run.producer is not None:  # not for replayed trajectories: no engine sampled them here
+                    run.engine_error = check_engine_versions(
+                        trajs, run.pushed_version, run.cfg.asynchronous.mode
+                    )
+            payload = [trajs if run.engine_error is None else (ENGINE_OUT_OF_DATE, run.engine_error)]
         except KeyboardInterrupt:
             payload = [INTERRUPTED]
     # The other ranks waited through the rollout (or the engine's start-up) on the store, not
@@ -283,6 +310,8 @@ def next_batch(run: Run, step: int, metrics: dict[str, float]) -> tuple[list[Tra
     dist.broadcast_object_list(payload, src=0)
     if isinstance(payload[0], str) and payload[0] == INTERRUPTED:
         raise KeyboardInterrupt
+    if isinstance(payload[0], tuple) and payload[0][0] == ENGINE_OUT_OF_DATE:
+        raise TrainingStopped(payload[0][1])
     if run.bar is not None:
         run.bar.set_postfix_str("updating")
     return payload[0], generated
@@ -333,9 +362,17 @@ def push_weights(run: Run, metrics: dict[str, float]) -> None:
     t0 = time.perf_counter()
     version = run.sync.after_update()
     if version is not None:
+        run.pushed_version += 1
         metrics["policy/version"] = float(version)
+        reported = [version]
         if run.producer is not None and hasattr(run.producer.policy, "versions"):  # each engine's own report
-            metrics["policy/engine_version_min"] = float(min(run.producer.policy.versions()))
+            reported = list(run.producer.policy.versions())
+            metrics["policy/engine_version_min"] = float(min(reported))
+        if any(v != run.pushed_version for v in reported) and run.engine_error is None:
+            run.engine_error = (
+                f"the engine reports weight version(s) {sorted(set(reported))} after push {run.pushed_version}: "
+                "the push did not reach every engine, so it would keep sampling from an older policy"
+            )
     metrics["time/weight_sync_s"] = time.perf_counter() - t0
 
 
@@ -417,7 +454,8 @@ def _interrupted(run: Run) -> NoReturn:
 
 
 def finish(run: Run) -> Path:
-    """After the last step: a checkpoint, the model in Hugging Face layout (out/final), the run closed."""
+    """After the last step: a checkpoint, the model in Hugging Face layout (out/final; a LoRA run's adapter
+    directory), the run closed."""
     cfg, info, out = run.cfg, run.info, run.out
     if run.producer is not None:
         # The batch in flight finishes; its groups were generated but are not trained on.
@@ -425,9 +463,7 @@ def finish(run: Run) -> Path:
     wait_for_main("final")
     if run.saved_at != run.step:
         run.checkpoint(run.step)
-    sd = full_state_dict(run.model)
-    if info.is_main:
-        export_hf(sd, cfg.model, out / "final")
+    export_model(run.model, cfg.model.path, out / "final")  # every rank gathers; rank 0 writes
     wait_for_main("exported")  # writing a large model can outlast a collective's timeout
     close(run)
     if info.is_main:
@@ -464,19 +500,25 @@ def close(run: Run, ok: bool = True) -> None:
 def _load_models(
     cfg: TrainConfig, info: DistInfo
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.nn.Module | None, int]:
-    """The policy (sharded, training), its optimizer, the frozen reference when `loss.kl_coef` > 0, the pad id."""
+    """The policy (sharded, training; with `model.lora`, LoRA adapters on the frozen checkpoint), its optimizer
+    (over what trains), the frozen reference when `loss.kl_coef` > 0, the pad id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.model)
+    base = cfg.model.path
+    tok = AutoTokenizer.from_pretrained(base)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(info.device)
+    if cfg.model.lora is not None:
+        # Before sharding, after setup's torch.manual_seed: every rank starts from the same A matrices.
+        apply_lora(model, cfg.model.lora, base)
     model.train()
     shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     ref_model: torch.nn.Module | None = None
     if cfg.loss.kl_coef > 0:
-        # The starting checkpoint, frozen: the KL penalty keeps the policy near it.
-        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).to(info.device)
+        # The starting checkpoint, frozen: the KL penalty keeps the policy near it (with LoRA that is the base,
+        # which is the policy at its start: the adapters' B matrices start at zero).
+        ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(info.device)
         ref_model.eval().requires_grad_(False)
         shard_model(ref_model, activation_checkpointing=False, bf16=cfg.optim.bf16)
     return model, opt, ref_model, pad_id
@@ -514,9 +556,19 @@ def _start_rollouts(
     from agentrl.sandbox.settings import configure
 
     configure(cfg.sandbox)  # the rollout's sandboxes: their engines, warm pool and Docker limits
+    lora = cfg.model.lora if cfg.model.lora is not None and cfg.model.lora.push == "adapter" else None
+    start = str(resumed_from) if resumed_from is not None else cfg.model.path
+    if resumed_from is not None and cfg.model.lora is not None and lora is None:
+        # A LoRA run that pushes merged weights: its engine starts from the checkpoint's adapter merged in.
+        merged_dir = Path(cfg.out) / "engine-start"
+        shutil.rmtree(
+            merged_dir, ignore_errors=True
+        )  # an earlier resume's: this checkpoint's merge replaces it
+        start = str(merge_adapter(resumed_from, merged_dir))
     policy = make_policy(
-        # vLLM loads from a directory: after a resume, the checkpoint itself (Hugging Face layout).
-        str(resumed_from) if resumed_from is not None else cfg.model,
+        # vLLM loads from a directory: after a resume, the checkpoint itself (Hugging Face layout); with LoRA
+        # adapters pushed, the base and the checkpoint's adapter on it.
+        start if lora is None else cfg.model.path,
         cfg.rollout,
         seed=cfg.seed,
         # fp32 on CPU, as the trainer computes: behaviour log-probs then match to ~1e-6;
@@ -534,9 +586,20 @@ def _start_rollouts(
         ray_address=cfg.cluster.ray_address,
         engines=cfg.engine.count,
         resources=cfg.engine.resources,
+        lora_rank=lora.rank if lora is not None else None,
+        adapter=str(resumed_from) if resumed_from is not None and lora is not None else None,
     )
     producer = RolloutProducer(cfg, policy, calls=progress.rollout_calls, on_trajectory=_episode_counter(bar))
     return curriculum, producer
+
+
+def _lora_push(cfg: TrainConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """What a LoRA run pushes after each step (`model.lora.push`): its adapter, or merged full weights."""
+    if cfg.model.lora is None:
+        return {}
+    if cfg.model.lora.push == "merged":
+        return {"merged": lambda: merged_state_dict(model)}
+    return {"adapter": lambda: adapter_files(model)}
 
 
 def _say_start(run: Run) -> None:
@@ -717,6 +780,10 @@ def _micro_batch_backward(
         )  # [B, T]
     if batch.ref_model is not None:
         ref = _rows([batch.before.get(id(t), (None, None))[1] for t in mb], width, logp)  # [B, T]
+    # The trainer's log-probs with the weights the batch was sampled with, against the engine's: the
+    # engine must be sampling from this policy (the newest weights or adapter); staleness adds to it in async.
+    before = logp.detach() if batch.n_updates == 1 else old  # [B, T]
+    mismatch = logprob_mismatch(before, rows.behavior_logprobs, rows.loss_mask) if before is not None else {}
     loss, metrics = policy_loss(
         logp,
         rows.behavior_logprobs,
@@ -739,6 +806,9 @@ def _micro_batch_backward(
     for k, v in metrics.as_dict().items():
         if isinstance(v, int | float) and v is not None:
             totals.weighted[k] = totals.weighted.get(k, 0.0) + float(v) * w
+    for k in ("logprob_abs_diff", "kl"):
+        if k in mismatch:
+            totals.weighted[f"mismatch/{k}"] = totals.weighted.get(f"mismatch/{k}", 0.0) + mismatch[k] * w
     totals.weighted["_w"] = totals.weighted.get("_w", 0.0) + w
 
 
@@ -937,7 +1007,7 @@ def preflight(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> str:
     count, the starting model, the tracking packages, the replay file or the environment and its
     tasks; then the run directory (resume or not, config unchanged or `force`). Returns a note."""
     train_placement(cfg, nproc)  # the process count and the engine's GPUs fit this machine
-    check_model_dir(cfg.model, what="model")
+    check_model_dir(cfg.model.path, what="model")
     check_available(cfg.report_to)
     if cfg.replay is not None:
         check_nonempty_file(cfg.replay, "replay file")
@@ -994,7 +1064,8 @@ def launch(
         log(note)
     newest = latest_resumable(cfg.out) if cfg.resume else None
     finished = json.loads((newest / "trainer_state" / "state.json").read_text())["step"] if newest else 0
-    if finished >= cfg.steps and (Path(cfg.out) / "final" / "config.json").exists():
+    final = Path(cfg.out) / "final"
+    if finished >= cfg.steps and ((final / "config.json").exists() or is_adapter_dir(final)):
         log(f"{cfg.out} already finished its {cfg.steps} steps ({newest}); raise steps= to train it further")
         return Path(cfg.out) / "final"
     if nnodes > 1:

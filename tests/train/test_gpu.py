@@ -202,9 +202,7 @@ def test_colocated_engine_sleeps_and_takes_weights_by_cuda_ipc(
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
     assert placement.colocated and placement.sleep and placement.transport == "ipc"
     with without_torchrun_env():  # the engine's processes must not join this test's process group
-        policy = VLLMPolicy(
-            tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs()
-        )
+        policy = VLLMPolicy(tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs())
     try:
         trainer = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32).to(CUDA)
         shard_model(trainer, bf16=True)
@@ -242,9 +240,7 @@ def test_dedicated_engine_takes_weights_over_nccl(tiny_model_dir, one_rank_group
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, devices=[1])
     assert not placement.colocated and placement.transport == "nccl"
     with without_torchrun_env():  # the engine's processes must not join this test's process group
-        policy = VLLMPolicy(
-            tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs()
-        )
+        policy = VLLMPolicy(tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs())
     try:
         trainer = AutoModelForCausalLM.from_pretrained(other, dtype=torch.float32).to(CUDA)
         shard_model(trainer, bf16=True)
@@ -322,9 +318,7 @@ def test_colocated_push_in_chunks_over_repeated_sleep_wake_cycles(
     other = init_tiny(tmp_path / "seed1", seed=1)
     placement = plan_placement(gpus=torch.cuda.device_count(), nproc=1, gpu_memory_utilization=0.3)
     with without_torchrun_env():
-        policy = VLLMPolicy(
-            tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs()
-        )
+        policy = VLLMPolicy(tiny_model_dir, dtype="float32", max_model_len=512, **placement.engine_kwargs())
     greedy = SamplingConfig(temperature=0.0, max_tokens=8)
     prompt = [5, 6, 7, 8]
     try:
@@ -466,3 +460,53 @@ def test_sleep_on_the_gpu_waits_a_bounded_time_for_running_requests(tiny_model_d
         assert asyncio.run(policy.generate([5, 6], SamplingConfig(temperature=0.0, max_tokens=4))).token_ids
     finally:
         policy.close()
+
+
+def test_lora_trains_only_the_adapters_on_the_gpu_packed_bf16(tiny_model_dir, one_rank_group) -> None:  # noqa: F811
+    """LoRA under FSDP2 on NCCL with bf16 compute and packed varlen attention: the rewarded trajectories'
+    actions become likelier over steps on one batch, the base weights do not move, and the pushed adapter
+    holds the trained values."""
+    from safetensors.torch import load as load_safetensors
+
+    from agentrl.rollout.weight_sync import checkpoint_name, full_state_dict
+    from agentrl.train.batch import collate
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.logprobs import action_logprobs
+    from agentrl.train.lora import adapter_files, apply_lora, trainable_parameters
+    from agentrl.train.trainer import grpo_step
+
+    trajs = batch_of(2543)
+    cfg = TrainConfig(
+        model={"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16}},
+        optim={"lr": 1e-2, "bf16": True, "packing": "on", "max_tokens_per_micro_batch": 1024},
+    )
+    torch.manual_seed(0)
+    model = load(tiny_model_dir)
+    apply_lora(model, cfg.model.lora, tiny_model_dir)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    shard_model(model, bf16=True)
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.optim.lr)
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == {
+        id(p) for n, p in model.named_parameters() if "lora_" in n
+    }
+    rewarded = collate([t for t in trajs if t.reward > 0], pad_id=0).to(CUDA)
+
+    def rewarded_logprob() -> float:
+        with torch.no_grad():
+            lp = action_logprobs(model, rewarded, temperature=1.0, packed=True).logprobs  # [B, T]
+        return float(lp.sum() / rewarded.loss_mask.sum())
+
+    before = rewarded_logprob()
+    for _ in range(4):
+        metrics = grpo_step(model, opt, trajs, cfg, one_rank_group, pad_id=0)
+        assert torch.isfinite(torch.tensor(metrics["losses/policy_loss"])) and metrics["losses/grad_norm"] > 0
+    assert rewarded_logprob() > before + 0.01
+    # The fp32 master weights (the sharded parameters, gathered): named_parameters() may show the bf16
+    # unsharded copies the last forward left.
+    master = {checkpoint_name(k): v for k, v in full_state_dict(model).items()}
+    for n, before_value in base_before.items():
+        assert torch.equal(master[n].to(before_value.device), before_value), n
+    files = adapter_files(model)
+    assert files is not None
+    tensors = load_safetensors(files["adapter_model.safetensors"])
+    assert any(float(t.abs().max()) > 0 for k, t in tensors.items() if "lora_B" in k)  # B left its zero start

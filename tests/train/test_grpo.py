@@ -446,3 +446,20 @@ def test_collate_logprobs_advantages_and_loss_compose_into_a_learning_step() -> 
         loss.backward()
         optimizer.step()
     assert winner_loglik() > before
+
+
+def test_logprob_mismatch_is_zero_for_the_same_policy_and_k3_otherwise() -> None:
+    from agentrl.train.grpo import logprob_mismatch
+
+    behaviour = torch.tensor([[-0.5, -1.0, 0.0], [-2.0, 0.0, 0.0]])  # [B, T]
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # [B, T]: 3 action tokens
+    same = logprob_mismatch(behaviour.clone(), behaviour, mask)
+    assert same == {"logprob_abs_diff": 0.0, "logprob_abs_diff_max": 0.0, "kl": 0.0, "tokens": 3.0}
+    trainer = behaviour + torch.tensor([[0.1, -0.3, 5.0], [0.2, 9.0, 9.0]])  # off-mask changes ignored
+    out = logprob_mismatch(trainer, behaviour, mask)
+    assert out["logprob_abs_diff"] == pytest.approx((0.1 + 0.3 + 0.2) / 3)
+    assert out["logprob_abs_diff_max"] == pytest.approx(0.3)
+    # k3 of KL(behaviour || trainer) per token: exp(d) - d - 1 with d = trainer - behaviour.
+    expected = sum(math.exp(d) - d - 1 for d in (0.1, -0.3, 0.2)) / 3
+    assert out["kl"] == pytest.approx(expected)
+    assert logprob_mismatch(trainer, behaviour, torch.zeros_like(mask))["tokens"] == 0.0

@@ -254,11 +254,60 @@ def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_pa
         assert r["batch/action_tokens"] > 0 and r["losses/grad_norm"] > 0
     for r in rows:
         assert 0.0 <= r["curriculum/band_occupancy"] <= 1.0 and r["curriculum/refill_cost"] >= 1.0
+    if mode == "sync" and gpus == 0:
+        # An fp32 engine on the trainer's own weights, pushed after every step: the engine samples from the
+        # policy the trainer holds, to float rounding (a missed push would show as ~1e-2 and grow).
+        for r in trained:
+            assert r["mismatch/logprob_abs_diff"] < 1e-4 and r["mismatch/kl"] < 1e-6, r
     if mode == "async":
         # One batch ahead at most: never more than one version behind, so nothing is dropped.
         assert all(r["async/staleness_mean"] <= 1.0 for r in rows)
         assert all(r.get("async/dropped_stale", 0.0) == 0.0 for r in rows)
     assert (tmp_path / mode / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_engine_that_misses_a_push_stops_the_run_before_training_on_its_samples(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+):
+    """The engine takes no new weights (its push is a no-op that keeps the old version): the trainer counts
+    its own pushes, sees the engine still at version 0 after push 1, and stops with the reason before the
+    next batch trains; nothing sampled from the stale policy is trained on."""
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model=str(tiny_model_dir),
+        out=str(tmp_path / "stale"),
+        steps=3,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-4, "micro_batch_size": 4},
+    )
+    code = (
+        "import sys\n"
+        "from agentrl.rollout.policy import VLLMPolicy\n"
+        "VLLMPolicy.update_weights = lambda self, weights, *, version=None: self._version  # never lands\n"
+        "from agentrl.train.config import TrainConfig\n"
+        "from agentrl.train.distributed import run_rank\n"
+        "from agentrl.train.trainer import train\n"
+        "sys.exit(run_rank(lambda: train(TrainConfig.model_validate_json(sys.argv[1]))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, cfg.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert errors == [
+        "error: the engine reports weight version(s) [0] after push 1: the push did not reach every engine, "
+        "so it would keep sampling from an older policy"
+    ], proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]  # step 2's batch came from the stale engine: not trained on
 
 
 @pytest.mark.vllm
@@ -392,3 +441,104 @@ def test_tracking_to_jsonl_tensorboard_and_wandb_offline_without_an_account(tiny
     assert (offline / f"run-{run_id}.wandb").stat().st_size > 0
     # The training plot is written by `train` itself.
     assert (out / "training.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_lora_grpo_pushes_adapters_the_engine_samples_from_and_evaluates_like_its_merge(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+):
+    """A LoRA run: each step's adapter reaches vLLM (versions 1..3, the engine's log-probs equal to the
+    trainer's), the checkpoints are peft adapters, and the adapter evaluated in a multi-LoRA engine gives
+    the same pass@1 as its merged full model on the same episodes."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model={"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16}},
+        out=str(out),
+        steps=3,
+        checkpoint_every=2,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-3, "micro_batch_size": 4},
+    )
+    rows = run(cfg, 1)
+    assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]
+    trained = [r for r in rows if "losses/policy_loss" in r]
+    assert trained
+    for r in trained:  # fp32 engine with the pushed fp32 adapter against the trainer's fp32 LoRA model
+        assert r["mismatch/logprob_abs_diff"] < 1e-3 and r["mismatch/kl"] < 1e-5, r
+    for d in (out / "checkpoint-2", out / "final"):
+        assert (d / "adapter_model.safetensors").is_file() and not (d / "model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    PeftModel.from_pretrained(base, out / "final")  # peft's own loader takes it
+    agentrl = str(ROOT / ".venv/bin/agentrl")
+    # The test env (tests.coin_env) imports from the checkout.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    merged = tmp_path / "merged"
+    subprocess.run([agentrl, "model", "merge", str(out / "final"), "--out", str(merged)], check=True, env=env)
+    res = subprocess.run(
+        [agentrl, "eval", "--env", "tests.coin_env:test/Coin-v0", "--model", str(tiny_model_dir),
+         "--model", str(out / "checkpoint-2"), "--model", str(out / "final"), "--model", str(merged),
+         "--name", "base", "--name", "ckpt2", "--name", "adapter", "--name", "merged",
+         "--tasks", "6", "--samples", "2", "--k", "1", "--max-tokens-per-turn", "12",
+         "--max-total-tokens", "512", "--out", str(tmp_path / "eval")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    pass1 = {m["model"]: next(p["pass_at_k"] for p in m["pass_at"] if p["k"] == 1) for m in summary["models"]}
+    episodes = {
+        name: [json.loads(x) for x in (tmp_path / "eval" / name / "episodes.jsonl").read_text().splitlines()]
+        for name in ("adapter", "merged")
+    }
+    same = sum(
+        a["trajectory"]["token_ids"] == b["trajectory"]["token_ids"]
+        for a, b in zip(
+            sorted(episodes["adapter"], key=lambda e: (e["task_index"], e["sample"])),
+            sorted(episodes["merged"], key=lambda e: (e["task_index"], e["sample"])),
+            strict=True,
+        )
+    )
+    assert same >= len(episodes["merged"]) - 1, (same, pass1)  # float rounding may flip one sample at most
+    assert pass1["adapter"] == pass1["merged"], pass1
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_engine_that_keeps_an_old_adapter_stops_the_lora_run(tiny_model_dir, tmp_path):  # noqa: F811
+    """The adapter push is dropped on the engine's side (it keeps serving the adapter of version 0): the
+    run stops with the reason before a batch from the stale adapter is trained on."""
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model={"path": str(tiny_model_dir), "lora": {"rank": 8}},
+        out=str(tmp_path / "stale"),
+        steps=3,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-3, "micro_batch_size": 4},
+    )
+    code = (
+        "import sys\n"
+        "from agentrl.rollout.policy import VLLMPolicy\n"
+        "VLLMPolicy.load_adapter = lambda self, files, *, version=None: self.version  # never lands\n"
+        "from agentrl.train.config import TrainConfig\n"
+        "from agentrl.train.distributed import run_rank\n"
+        "from agentrl.train.trainer import train\n"
+        "sys.exit(run_rank(lambda: train(TrainConfig.model_validate_json(sys.argv[1]))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, cfg.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: the engine reports weight version(s) [0] after push 1" in proc.stderr, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]
