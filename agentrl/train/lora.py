@@ -40,6 +40,7 @@ from agentrl.rollout.adapters import (
     write_adapter_files,
 )
 from agentrl.rollout.weight_sync import checkpoint_name
+from agentrl.train.distributed import HF_CHECKPOINT_FILES
 
 if TYPE_CHECKING:
     from agentrl.train.config import LoraSettings
@@ -48,16 +49,7 @@ ADAPTER_NAME = "default"
 """peft's name of the one adapter; it never reaches the files (peft drops it from the keys)."""
 _FILE_PREFIX = "base_model.model."
 """What `PeftModel.save_pretrained` puts before a module's name in adapter_model.safetensors."""
-_TOKENIZER_FILES = frozenset(
-    {
-        "special_tokens_map.json",
-        "added_tokens.json",
-        "vocab.json",
-        "merges.txt",
-        "chat_template.jinja",
-        "chat_template.json",
-    }
-)
+_TOKENIZER_FILES = HF_CHECKPOINT_FILES - {"config.json", "generation_config.json", "preprocessor_config.json"}
 """Tokenizer files besides tokenizer*, copied beside an adapter (never config.json: an adapter directory
 is not a full model, and transformers and vLLM tell the two apart by it)."""
 

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -266,6 +267,35 @@ def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_pa
     assert (tmp_path / mode / "final" / "model.safetensors").exists()
 
 
+def train_with_a_push_that_never_lands(model: Any, out: Path, patch: str) -> subprocess.CompletedProcess:
+    """3 steps on the coin env in a process where `patch` (a line of Python) makes the engine drop pushes."""
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model=model,
+        out=str(out),
+        steps=3,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-3, "micro_batch_size": 4},
+    )
+    code = (
+        "import sys\n"
+        "from agentrl.rollout.policy import VLLMPolicy\n"
+        f"{patch}\n"
+        "from agentrl.train.config import TrainConfig\n"
+        "from agentrl.train.distributed import run_rank\n"
+        "from agentrl.train.trainer import train\n"
+        "sys.exit(run_rank(lambda: train(TrainConfig.model_validate_json(sys.argv[1]))))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, cfg.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_an_engine_that_misses_a_push_stops_the_run_before_training_on_its_samples(
@@ -275,30 +305,10 @@ def test_an_engine_that_misses_a_push_stops_the_run_before_training_on_its_sampl
     """The engine takes no new weights (its push is a no-op that keeps the old version): the trainer counts
     its own pushes, sees the engine still at version 0 after push 1, and stops with the reason before the
     next batch trains; nothing sampled from the stale policy is trained on."""
-    cfg = TrainConfig(
-        env="tests.coin_env:test/Coin-v0",
-        model=str(tiny_model_dir),
-        out=str(tmp_path / "stale"),
-        steps=3,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-4, "micro_batch_size": 4},
-    )
-    code = (
-        "import sys\n"
-        "from agentrl.rollout.policy import VLLMPolicy\n"
-        "VLLMPolicy.update_weights = lambda self, weights, *, version=None: self._version  # never lands\n"
-        "from agentrl.train.config import TrainConfig\n"
-        "from agentrl.train.distributed import run_rank\n"
-        "from agentrl.train.trainer import train\n"
-        "sys.exit(run_rank(lambda: train(TrainConfig.model_validate_json(sys.argv[1]))))\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, cfg.model_dump_json()],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    proc = train_with_a_push_that_never_lands(
+        str(tiny_model_dir),
+        tmp_path / "stale",
+        "VLLMPolicy.update_weights = lambda self, weights, *, version=None: self._version",
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
@@ -513,30 +523,10 @@ def test_lora_grpo_pushes_adapters_the_engine_samples_from_and_evaluates_like_it
 def test_an_engine_that_keeps_an_old_adapter_stops_the_lora_run(tiny_model_dir, tmp_path):  # noqa: F811
     """The adapter push is dropped on the engine's side (it keeps serving the adapter of version 0): the
     run stops with the reason before a batch from the stale adapter is trained on."""
-    cfg = TrainConfig(
-        env="tests.coin_env:test/Coin-v0",
-        model={"path": str(tiny_model_dir), "lora": {"rank": 8}},
-        out=str(tmp_path / "stale"),
-        steps=3,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-3, "micro_batch_size": 4},
-    )
-    code = (
-        "import sys\n"
-        "from agentrl.rollout.policy import VLLMPolicy\n"
-        "VLLMPolicy.load_adapter = lambda self, files, *, version=None: self.version  # never lands\n"
-        "from agentrl.train.config import TrainConfig\n"
-        "from agentrl.train.distributed import run_rank\n"
-        "from agentrl.train.trainer import train\n"
-        "sys.exit(run_rank(lambda: train(TrainConfig.model_validate_json(sys.argv[1]))))\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, cfg.model_dump_json()],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+    proc = train_with_a_push_that_never_lands(
+        {"path": str(tiny_model_dir), "lora": {"rank": 8}},
+        tmp_path / "stale",
+        "VLLMPolicy.load_adapter = lambda self, files, *, version=None: self.version",
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: the engine reports weight version(s) [0] after push 1" in proc.stderr, proc.stderr[-3000:]
