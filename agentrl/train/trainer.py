@@ -561,9 +561,8 @@ def _start_rollouts(
     if resumed_from is not None and cfg.model.lora is not None and lora is None:
         # A LoRA run that pushes merged weights: its engine starts from the checkpoint's adapter merged in.
         merged_dir = Path(cfg.out) / "engine-start"
-        shutil.rmtree(
-            merged_dir, ignore_errors=True
-        )  # an earlier resume's: this checkpoint's merge replaces it
+        # An earlier resume's merge: this checkpoint's replaces it.
+        shutil.rmtree(merged_dir, ignore_errors=True)
         start = str(merge_adapter(resumed_from, merged_dir))
     policy = make_policy(
         # vLLM loads from a directory: after a resume, the checkpoint itself (Hugging Face layout); with LoRA

@@ -532,3 +532,24 @@ def test_an_engine_that_keeps_an_old_adapter_stops_the_lora_run(tiny_model_dir, 
     assert "error: the engine reports weight version(s) [0] after push 1" in proc.stderr, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_lora_with_merged_pushes_keeps_the_engine_on_the_trainer_s_policy(tiny_model_dir, tmp_path):  # noqa: F811
+    """`model.lora.push: merged`: the engine takes base + adapter as full weights each step, and samples from
+    exactly the trainer's LoRA policy (the mismatch stays at float rounding, the versions count the pushes)."""
+    cfg = TrainConfig(
+        env="tests.coin_env:test/Coin-v0",
+        model={"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16, "push": "merged"}},
+        out=str(tmp_path / "merged"),
+        steps=2,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-2, "micro_batch_size": 4},
+    )
+    rows = run(cfg, 1)
+    assert [r["policy/version"] for r in rows] == [1.0, 2.0]
+    trained = [r for r in rows if "losses/policy_loss" in r]
+    assert trained and all(r["mismatch/logprob_abs_diff"] < 1e-3 for r in trained), rows
+    assert (tmp_path / "merged" / "final" / "adapter_model.safetensors").is_file()
