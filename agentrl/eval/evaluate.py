@@ -482,6 +482,7 @@ class _Engines:
                 self.base_of[m] = str(Path(m).resolve())
         self.users = {b: sum(1 for m in models if self.base_of.get(m) == b) for b in self.rank}
         self.open: dict[str, Any] = {}
+        self.added = 0  # adapters added to the shared engines so far: each gets its own name
 
     def __call__(self, model_dir: str) -> Any:
         from agentrl.rollout.engine import make_policy
@@ -495,10 +496,10 @@ class _Engines:
             )
         engine = self.open[base]
         name = None
-        if model_dir != base and str(Path(model_dir).resolve()) != base:
-            name = f"adapter-{len(getattr(engine, '_agentrl_adapters', ())) + 1}"
+        if str(Path(model_dir).resolve()) != base:
+            self.added += 1
+            name = f"adapter-{self.added}"
             engine.add_adapter(name, model_dir)
-            engine._agentrl_adapters = (*getattr(engine, "_agentrl_adapters", ()), name)
         return _AdapterView(engine, name, lambda: self._release(base))
 
     def _release(self, base: str) -> None:
