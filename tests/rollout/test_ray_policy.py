@@ -166,7 +166,9 @@ def test_a_killed_engine_ends_only_its_episodes_and_comes_back_with_the_newest_w
     while True:
         with policy._lock:
             busy = any(n > 0 and policy._groups.get(g) == 1 for g, n in policy._group_requests.items())
-            if busy:
+            # Also wait for a group on engine 0: the check below needs groups the kill must spare.
+            spared = any(e == 0 and "kill" in g for g, e in policy._groups.items())
+            if busy and spared:
                 on_one = {g for g, e in policy._groups.items() if e == 1 and "kill" in g}
                 on_zero = {g for g, e in policy._groups.items() if e == 0 and "kill" in g}
                 victim = policy._slots[1].info["pid"]
