@@ -30,6 +30,7 @@ import difflib
 import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -193,6 +194,9 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.observation_space = Messages()
         self.action_space = UnicodeText(max_length=s.max_action_chars)
         self.sandbox: Sandbox | None = None
+        # The pool `sandbox` came from (None: started here): it gets the sandbox back after the episode.
+        self._lender: Any = None
+        self._step_thread: int | None = None  # the thread inside step() now, if any
         self.task: Task | None = None
         self.episode: Episode | None = None
         self._ctx: ToolContext | None = None
@@ -303,9 +307,16 @@ class ToolEnv(gymnasium.Env[list, str]):
     # --- sandbox ---------------------------------------------------------------------------
     def _release_sandbox(self) -> None:
         sb, self.sandbox = self.sandbox, None
+        lender, self._lender = self._lender, None
+        # A step still running on another thread (the rollout gave up on a hung tool and ended the
+        # episode) may send its next command to this sandbox: it must never be another episode's.
+        stepping = self._step_thread not in (None, threading.get_ident())
         if sb is not None:
             try:
-                sb.close()
+                if lender is not None and not stepping:
+                    lender.release(sb)  # reset and handed out again, or closed (the pool decides)
+                else:
+                    sb.close()
             except Exception as exc:  # a sandbox that will not close must not stop the next episode
                 log.warning("closing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
 
@@ -319,11 +330,16 @@ class ToolEnv(gymnasium.Env[list, str]):
 
             # sandbox.docker_hosts / AGENTRL_DOCKER_HOSTS: placed on the least-loaded engine.
             if (hosts := default_host_pool()) is not None:
-                return hosts.acquire(**kwargs)
+                sb = hosts.acquire(**kwargs)
+                self._lender = hosts
+                return sb
         if self.use_pool:
             from agentrl.sandbox.pool import get_default_pool
 
-            return get_default_pool().acquire(backend=self.backend, **kwargs)
+            pool = get_default_pool()
+            sb = pool.acquire(backend=self.backend, **kwargs)
+            self._lender = pool
+            return sb
         return open_sandbox(self.backend, **kwargs)
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
@@ -339,9 +355,14 @@ class ToolEnv(gymnasium.Env[list, str]):
                         f"(exit {res.exit_code}, timed_out={res.timed_out}): {res.stderr.strip()[-500:]}"
                     )
         except BaseException:
-            sb.close()
+            self._drop_unprepared(sb)
             raise
         return sb
+
+    def _drop_unprepared(self, sb: Sandbox) -> None:
+        """Close a sandbox whose task set-up failed (half set up: never handed out again)."""
+        self._lender = None
+        sb.close()
 
     # --- Gymnasium API ---------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[Message], dict]:
@@ -375,6 +396,13 @@ class ToolEnv(gymnasium.Env[list, str]):
         return obs, info
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        self._step_thread = threading.get_ident()
+        try:
+            return self._step(action)
+        finally:
+            self._step_thread = None
+
+    def _step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         action = self._begin_turn(action)
         limits = StepLimits(tuple(self.step_limits()))
         st = _Step()

@@ -102,7 +102,8 @@ from agentrl.sandbox.executor import (
     ResidentExecutor,
     launch_argv,
 )
-from agentrl.sandbox.hostkill import CLK_TCK, CgroupView, Proc, host_uid, uptime_ticks
+from agentrl.sandbox.hostkill import CLK_TCK, CgroupView, Proc, host_gid, host_uid, uptime_ticks
+from agentrl.sandbox.recycle import MountState, drop_sysv_ipc, reset_mounts
 
 log = logging.getLogger(__name__)
 
@@ -815,6 +816,68 @@ class DockerSandbox(SandboxBase):
         with contextlib.suppress(Exception):
             self._api.kill(self._cid)
         self._dead(self._dead_why)
+
+    # --- reuse -----------------------------------------------------------------------------
+
+    def recycle(self) -> bool:
+        """Make this container what a fresh one is, for another episode; False when it cannot be
+        (the caller then closes it and starts a new one).
+
+        From the host, with nothing of the episode left to take part: every process but PID 1 and
+        the keep-alive is killed (the agent's, the resident executor, the verifier's, anything a
+        privileged command left), the writable mounts are emptied and get their fresh mode and
+        owner back, System V IPC objects are removed, and a new resident executor (a new secret)
+        starts. Refused when the engine is not on this host (nothing inside may do the cleaning),
+        the container is dead, or its executor was tampered with."""
+        if self._closed or self._dead_why is not None or not self._container_running():
+            return False
+        host = self._host_cgroup()
+        if host is None or self._executor.problem() is not None:
+            return False
+        init = host.init_pid
+        root = host_uid(init, 0)
+
+        def everything_but_init(procs: list[Proc]) -> list[int]:
+            # Only we start root processes, and the keep-alive is the one of them PID 1 started.
+            return [
+                p.pid
+                for p in procs
+                if not (p.uid == root and p.ppid == init and KEEPALIVE_ENTRY in p.environ())
+            ]
+
+        retired = self._executor.retire()
+        try:
+            if not host.kill(everything_but_init, timeout_s=_HOST_KILL_S):
+                return False
+        finally:
+            if retired is not None:
+                retired.close()
+        uids = {i: u for i in (0, AGENT_UID) if (u := host_uid(init, i)) is not None}
+        gids = {i: g for i in (0, AGENT_UID) if (g := host_gid(init, i)) is not None}
+        if len(uids) < 2 or len(gids) < 2:
+            return False
+        try:
+            reset_mounts(init, self._writable_mounts(), uids, gids)
+            drop_sysv_ipc(init)
+        except OSError as exc:
+            log.warning("sandbox %s cannot be reused (%s); it is replaced", self.id, exc)
+            return False
+        try:
+            self._executor.get()
+        except ExecutorLost:
+            return False
+        return self.alive()
+
+    def _writable_mounts(self) -> list[MountState]:
+        """Every place an episode can write, as a fresh container has it (the root file system is
+        read-only; /etc/hosts, /etc/hostname and /etc/resolv.conf are read-only binds)."""
+        return [
+            MountState("/tmp", 0o1777, 0, 0),
+            MountState(PROTECTED_DIR, 0o755, 0, 0),
+            MountState(self.workdir, 0o755, AGENT_UID, AGENT_UID),
+            MountState("/dev/shm", 0o1777, 0, 0),
+            MountState("/dev/mqueue", 0o1777, 0, 0),
+        ]
 
     # --- life cycle ------------------------------------------------------------------------
 

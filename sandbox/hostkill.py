@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CLK_TCK", "CgroupView", "Proc", "host_uid", "uptime_ticks"]
+__all__ = ["CLK_TCK", "CgroupView", "Proc", "host_gid", "host_uid", "uptime_ticks"]
 
 # How long one freeze may take to settle before the round goes on without it (a task in an
 # uninterruptible sleep, e.g. on a slow disk, freezes late; its SIGKILL still lands).
@@ -120,8 +120,17 @@ def uptime_ticks() -> float:
 def host_uid(pid: int, uid: int) -> int | None:
     """The host's uid of `uid` inside the user namespace of process `pid` (docker's userns-remap
     shifts them), or None when that namespace does not map it."""
+    return _host_id(pid, uid, "uid_map")
+
+
+def host_gid(pid: int, gid: int) -> int | None:
+    """`host_uid` for a group id."""
+    return _host_id(pid, gid, "gid_map")
+
+
+def _host_id(pid: int, value: int, table: str) -> int | None:
     try:
-        lines = Path(f"/proc/{pid}/uid_map").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/{table}").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -129,8 +138,8 @@ def host_uid(pid: int, uid: int) -> int | None:
             inside, outside, count = (int(x) for x in line.split())
         except ValueError:
             continue
-        if inside <= uid < inside + count:
-            return outside + uid - inside
+        if inside <= value < inside + count:
+            return outside + value - inside
     return None
 
 

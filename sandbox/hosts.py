@@ -64,12 +64,13 @@ class HostPool:
         *,
         size: int = 4,
         workers: int = 2,
+        recycle: bool = True,
         reap_on_start: bool = True,
     ) -> None:
         """
         hosts: the engines (at least one; duplicates are an error).
-        size, workers: each host's `SandboxPool` settings (warm sandboxes per configuration,
-            background starts at once).
+        size, workers, recycle: each host's `SandboxPool` settings (warm sandboxes per
+            configuration, background starts at once, reuse of released sandboxes).
         reap_on_start: reap every host in the background now, for runs of this machine that
             died by SIGKILL (the start-up reap of one engine, done for each).
         """
@@ -86,7 +87,7 @@ class HostPool:
         for h in self.hosts:
             if h.cert_path is not None:
                 register_tls(h.url, h.cert_path, h.tls_verify)
-        self._pools = {h.url: SandboxPool(size=size, workers=workers) for h in self.hosts}
+        self._pools = {h.url: SandboxPool(size=size, workers=workers, recycle=recycle) for h in self.hosts}
         self._lock = threading.Lock()
         self._out: dict[str, weakref.WeakSet[Sandbox]] = {h.url: weakref.WeakSet() for h in self.hosts}
         self._pending = dict.fromkeys(urls, 0)
@@ -123,7 +124,7 @@ class HostPool:
         return sorted(self._pools, key=lambda u: (self._load_locked(u), self._placed[u], index[u]))
 
     def acquire(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> Sandbox:
-        """A started docker sandbox on the least-loaded host; the caller closes it.
+        """A started docker sandbox on the least-loaded host; the caller releases (or closes) it.
 
         A host whose acquire raises is skipped and the next is tried; when all fail, the last
         error is raised with every host's reason in its message.
@@ -156,6 +157,17 @@ class HostPool:
             f"no docker host could start a sandbox ({'; '.join(errors)}); check each with "
             "`DOCKER_HOST=URL docker info`"
         ) from last
+
+    def release(self, sandbox: Sandbox) -> None:
+        """`SandboxPool.release` on the host the sandbox came from (reset and kept warm there, or closed)."""
+        with self._lock:
+            url = next((u for u, out in self._out.items() if sandbox in out), None)
+            if url is not None:
+                self._out[url].discard(sandbox)
+        if url is None:
+            sandbox.close()
+        else:
+            self._pools[url].release(sandbox)
 
     def prewarm(
         self,
@@ -224,5 +236,7 @@ def default_host_pool() -> HostPool | None:
         if not hosts:
             return None
         if _default is None or _default.closed:
-            _default = HostPool(hosts, size=settings.pool_size, workers=settings.pool_workers)
+            _default = HostPool(
+                hosts, size=settings.pool_size, workers=settings.pool_workers, recycle=settings.pool_recycle
+            )
         return _default

@@ -9,6 +9,7 @@ recorded config holds what its file said:
 | `AGENTRL_DOCKER_HOSTS`               | `docker_hosts` (addresses, comma-separated) |
 | `AGENTRL_POOL_SIZE`                  | `pool_size`                                 |
 | `AGENTRL_POOL_WORKERS`               | `pool_workers`                              |
+| `AGENTRL_POOL_RECYCLE`               | `pool_recycle`                              |
 | `AGENTRL_DOCKER_TIMEOUT_S`           | `docker_timeout_s`                          |
 | `AGENTRL_DOCKER_MAX_LIFECYCLE_CALLS` | `docker_max_lifecycle_calls`                |
 
@@ -34,6 +35,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "docker_hosts": "AGENTRL_DOCKER_HOSTS",
     "pool_size": "AGENTRL_POOL_SIZE",
     "pool_workers": "AGENTRL_POOL_WORKERS",
+    "pool_recycle": "AGENTRL_POOL_RECYCLE",
     "docker_timeout_s": "AGENTRL_DOCKER_TIMEOUT_S",
     "docker_max_lifecycle_calls": "AGENTRL_DOCKER_MAX_LIFECYCLE_CALLS",
 }
@@ -113,6 +115,12 @@ class SandboxSettings(BaseModel):
         description="Sandboxes the warm pool starts at once in the background, per engine (each start costs "
         "the engine CPU). Override: AGENTRL_POOL_WORKERS.",
     )
+    pool_recycle: bool = Field(
+        True,
+        description="Reset a docker sandbox after its episode (every process killed, its writable mounts and IPC "
+        "objects emptied, from the host) and hand it out again, instead of removing it and starting a new "
+        "container. Off: one container per episode. Override: AGENTRL_POOL_RECYCLE (1/0).",
+    )
     docker_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -167,6 +175,8 @@ def _parse_override(name: str, var: str, raw: str) -> Any:
 def _adapter(name: str) -> TypeAdapter[Any]:
     """The validator of one field alone, its constraints included (built once: building is slow)."""
     field = SandboxSettings.model_fields[name]
+    if not field.metadata:  # no constraints: Annotated needs at least one
+        return TypeAdapter(field.annotation)
     return TypeAdapter(Annotated[(field.annotation, *field.metadata)])
 
 

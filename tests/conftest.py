@@ -5,7 +5,8 @@ command that fixes it, because a skipped sandbox test proves nothing.
 
 `pytest --quick` (`make check`) is the quick lane: the tests marked docker, vllm, ray, gpu or slow are
 deselected, and Docker and vLLM are put out of reach, so a test that needs them without its marker
-fails there, naming the marker, instead of quietly slowing the lane down.
+fails there, naming the marker, instead of quietly slowing the lane down. `pytest --heavy` runs
+exactly the tests `--quick` leaves out: `make test` is the two halves, the first on two workers.
 """
 
 from __future__ import annotations
@@ -89,6 +90,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         + ", ".join(QUICK_LANE_LEAVES_OUT)
         + "; hide Docker and vLLM from the rest.",
     )
+    parser.addoption(
+        "--heavy",
+        action="store_true",
+        default=False,
+        help="The rest of the suite (make test runs it after the quick lane): only the tests marked "
+        + ", ".join(QUICK_LANE_LEAVES_OUT)
+        + ".",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,8 +120,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for fixture, marker in FIXTURE_MARKERS.items():
             if fixture in item.fixturenames:
                 item.add_marker(marker)
-    if config.getoption("--quick"):
-        left_out = [i for i in items if any(i.get_closest_marker(m) for m in QUICK_LANE_LEAVES_OUT)]
+    quick, heavy = config.getoption("--quick"), config.getoption("--heavy")
+    if quick and heavy:
+        raise pytest.UsageError("--quick and --heavy are the two halves of the suite: give one of them")
+    if quick or heavy:
+        heavy_ids = {id(i) for i in items if any(i.get_closest_marker(m) for m in QUICK_LANE_LEAVES_OUT)}
+        left_out = [i for i in items if (id(i) in heavy_ids) == quick]
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             dropped = {id(i) for i in left_out}

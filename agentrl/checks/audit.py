@@ -193,7 +193,8 @@ def _load() -> None:
     # The built-ins register themselves on import.
     import agentrl.checks.attacks
     import agentrl.checks.attacks_executor
-    import agentrl.checks.attacks_harness  # noqa: F401
+    import agentrl.checks.attacks_harness
+    import agentrl.checks.attacks_reuse  # noqa: F401
 
     with _lock:
         if _entry_points_loaded:

@@ -188,7 +188,7 @@ class PythonRepairEnv(ToolEnv):
                 if not res.ok:
                     raise RuntimeError(f"task {task.id}: set-up command {cmd!r} failed: {res.stderr[-500:]}")
         except BaseException:
-            sb.close()
+            self._drop_unprepared(sb)
             raise
         return sb
 
