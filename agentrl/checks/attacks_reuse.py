@@ -96,7 +96,9 @@ class EpisodeLeftovers:
             seen = _sh(nxt, LOOK)
             hits = re.findall(GOT + r": [^\n]+", seen)
             evidence = f"episode {n} after the planting ran in the same sandbox and " + (
-                f"found: {'; '.join(dict.fromkeys(h.strip().removeprefix(GOT + ': ') for h in hits))[:600]}" if hits else "found none of it"
+                f"found: {'; '.join(dict.fromkeys(h.strip().removeprefix(GOT + ': ') for h in hits))[:600]}"
+                if hits
+                else "found none of it"
             )
             return nxt.outcome(evidence, exploited=bool(hits))
         return Outcome(
