@@ -6,9 +6,12 @@
 demo: setup
 	.venv/bin/agentrl demo
 
+# The whole suite in two halves: the quick lane (below) on two workers, then the tests it leaves
+# out (`--heavy`: Docker, vLLM, Ray, GPU, slow), one at a time, since each starts engines of its own.
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest $(PYTEST_ARGS)
+	$(QUICK_LANE)
+	.venv/bin/python -m pytest --heavy $(PYTEST_ARGS)
 
 # The quick lane, a subset of `make test`: lint and the tests that need no Docker engine, no vLLM and
 # no Ray (nor a GPU, nor minutes each), in 2-3 minutes. `--quick` (tests/conftest.py) deselects
@@ -17,10 +20,11 @@ test: setup
 # (pytest-xdist) with one OpenMP thread each: the lane's torch tests use tiny models, and on a loaded
 # box two threads each ran them 2-5x slower (docs/DEVELOPING.md).
 CHECK_WORKERS ?= 2
+QUICK_LANE = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest --quick -q -n $(CHECK_WORKERS) $(PYTEST_ARGS)
 check:
 	AGENTRL_SKIP_DOCKER=1 scripts/setup.sh
 	.venv/bin/ruff check .
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest --quick -q -n $(CHECK_WORKERS) $(PYTEST_ARGS)
+	$(QUICK_LANE)
 
 setup:
 	scripts/setup.sh

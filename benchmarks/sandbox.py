@@ -41,6 +41,11 @@ Docker only:
   many and the memory they use (their cgroups, their containerd-shims' PSS and the engine's
   growth), then close all. `bwrap_concurrency` does the same with bwrap sandboxes.
 
+`turnover` (docker): episodes through a warm pool, back to back and several at once (acquire,
+a file, three tool calls, release), with released containers removed and replaced against reset
+and reused (`SandboxPool(recycle=...)`): episodes/s and CPU per episode (this process, the engine,
+the whole machine), until the pool's background work is done.
+
 Every sandbox carries a label unique to this run; on exit (normal, exception, Ctrl-C or
 SIGTERM) every container with that label is removed, so nothing is left behind.
 """
@@ -79,7 +84,7 @@ TARGETS = {
     "executor_speedup_p50": 10.0,
     "env_steps_speedup": 5.0,
 }
-SECTIONS = ("backends", "tool_calls", "env_steps", "concurrency")
+SECTIONS = ("backends", "tool_calls", "env_steps", "concurrency", "turnover")
 # The four ways an agent's command runs: (backend, through the resident executor?).
 MODES = {
     "docker_exec": ("docker", False),
@@ -555,6 +560,76 @@ class CpuMeter:
         return {k: round(v, 3) for k, v in parts.items()}
 
 
+def bench_turnover(limits: Limits, episodes: int, concurrency: int, calls: int) -> dict:
+    """Docker episodes back to back through a warm pool, `concurrency` at a time: acquire, write a
+    file, `calls` python tool calls through the executor, release. `replace` closes each released
+    container and starts new ones (one container per episode); `recycle` resets it from the host
+    and hands it out again. Wall time and CPU run until the pool's background work is done."""
+    out: dict = {"episodes": episodes, "concurrency": concurrency, "calls_per_episode": calls}
+    for mode, recycle in (("replace", False), ("recycle", True)):
+        with SandboxPool(size=4, workers=2, recycle=recycle) as pool:
+            pool.prewarm(4, backend="docker", limits=limits, labels=LABELS, timeout_s=300)
+            engine = _engine_pids()
+
+            def episode() -> None:
+                sandbox = pool.acquire("docker", limits=limits, labels=LABELS)
+                sandbox.write_file("task.txt", "1 + 1")
+                for _ in range(calls):
+                    check_ok(sandbox.exec(PY_CMD), "python3")
+                pool.release(sandbox)
+
+            def run(n: int) -> None:
+                todo = list(range(n))
+                lock = threading.Lock()
+
+                def worker() -> None:
+                    while True:
+                        with lock:
+                            if not todo:
+                                return
+                            todo.pop()
+                        episode()
+
+                threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                while (st := pool.stats()).resetting or st.closing or st.starting:
+                    time.sleep(0.01)
+
+            run(concurrency)  # warm-up: the pool grows to its working size
+            load_before = _load()
+            t = os.times()
+            before = (t.user + t.system, sum(_proc_cpu_s(p) for p in engine), _machine_busy_s())
+            t0 = time.perf_counter()
+            run(episodes)
+            wall = time.perf_counter() - t0
+            t = os.times()
+            after = (t.user + t.system, sum(_proc_cpu_s(p) for p in engine), _machine_busy_s())
+            stats = pool.stats()
+        out[mode] = {
+            "episodes_per_s": round(episodes / wall, 2),
+            "wall_s": round(wall, 2),
+            "cpu_ms_per_episode": {
+                "client": round((after[0] - before[0]) * 1000 / episodes, 1),
+                "engine": round((after[1] - before[1]) * 1000 / episodes, 1),
+                "machine": round((after[2] - before[2]) * 1000 / episodes, 1),
+            },
+            "containers_started": stats.started,
+            "recycled": stats.recycled,
+            "load": [load_before, _load()],
+        }
+        progress(f"turnover {mode}: {out[mode]['episodes_per_s']} episodes/s")
+    out["speedup"] = round(out["recycle"]["episodes_per_s"] / out["replace"]["episodes_per_s"], 2)
+    out["machine_cpu_ratio"] = round(
+        out["replace"]["cpu_ms_per_episode"]["machine"]
+        / max(1e-9, out["recycle"]["cpu_ms_per_episode"]["machine"]),
+        2,
+    )
+    return out
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -853,6 +928,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calls-concurrent", type=int, default=10, help="tool calls of each of many sandboxes")
     p.add_argument("--env-steps", type=int, default=50, help="env steps of the one env")
     p.add_argument("--env-steps-concurrent", type=int, default=5, help="env steps of each of many envs")
+    p.add_argument("--turnover-episodes", type=int, default=96, help="docker episodes per turnover mode")
+    p.add_argument("--turnover-concurrency", type=int, default=8, help="turnover episodes at once")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     p.add_argument("--quick", action="store_true", help="tiny budget for a smoke test")
     args = p.parse_args(argv)
@@ -861,6 +938,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.pool_size, args.max_concurrent = 2, min(args.max_concurrent, 4)
         args.concurrency = [min(n, 4) for n in args.concurrency]
         args.calls, args.calls_concurrent, args.env_steps, args.env_steps_concurrent = 20, 3, 5, 2
+        args.turnover_episodes, args.turnover_concurrency = 8, 2
     unknown = sorted(set(args.sections.split(",")) - set(SECTIONS)) + sorted(
         set(args.modes.split(",")) - set(MODES)
     )
@@ -920,6 +998,13 @@ def measure(args: argparse.Namespace, backends: list[str], limits: Limits, resul
             (
                 "bwrap_concurrency",
                 lambda: bench_bwrap_concurrency(args.max_concurrent, args.concurrent_memory_mb),
+            )
+        )
+    if "turnover" in sections and available.get("docker"):
+        runs.append(
+            (
+                "turnover",
+                lambda: bench_turnover(limits, args.turnover_episodes, args.turnover_concurrency, 3),
             )
         )
     for name, run in runs:

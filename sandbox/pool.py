@@ -115,6 +115,10 @@ class PoolStats:
     """Released sandboxes reset and made warm again (each one a start saved)."""
     recycle_refused: int
     """Released sandboxes that could not be reset (tampered with, dead) and were closed instead."""
+    resetting: int
+    """Released sandboxes being reset now (or queued for it)."""
+    closing: int
+    """Sandboxes being closed in the background now (or queued for it)."""
     start_latency_p50_s: float | None
     start_latency_p99_s: float | None
     acquire_latency_p50_s: float | None
@@ -149,6 +153,7 @@ class _KeyState:
     # The back-off round (`failures`) whose error a caller has already been given: starts that
     # ran together and failed after it belong to the same round and must not raise twice.
     reported_round: int = 0
+    resetting: int = 0  # released sandboxes of this key being reset: warm soon, so not refilled
 
 
 class SandboxPool:
@@ -202,6 +207,8 @@ class SandboxPool:
         # Ordered by last use: the first entry is the eviction candidate.
         self._keys: OrderedDict[PoolKey, _KeyState] = OrderedDict()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox-pool")
+        # Resets on threads of their own: one takes ~0.1 s and must not queue behind starts (~1 s).
+        self._resetter = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox-reset")
         self._closed = False
         # Dead or evicted sandboxes waiting for a worker to close them; close() closes leftovers.
         self._to_close: list[Sandbox] = []
@@ -217,6 +224,8 @@ class SandboxPool:
         self._evicted = 0
         self._recycled = 0
         self._recycle_refused = 0
+        self._resetting = 0
+        self._closing = 0
         # Handed out and not yet released, with their key: `release` returns them to it.
         self._lent: weakref.WeakKeyDictionary[Sandbox, PoolKey] = weakref.WeakKeyDictionary()
         # Released, waiting for a worker to reset them; close() closes those it finds here.
@@ -372,9 +381,13 @@ class SandboxPool:
             return
         with self._cond:
             self._to_recycle.append(sandbox)
+            self._resetting += 1
+            if (state := self._keys.get(key)) is not None:
+                state.resetting += 1
         try:
-            self._executor.submit(self._recycle, key, sandbox)
+            self._resetter.submit(self._recycle, key, sandbox, state)
         except RuntimeError:
+            self._recycle_done(state)
             with self._cond:
                 self._to_recycle.remove(sandbox)
             _close_quietly(sandbox)  # the pool is shutting down
@@ -396,6 +409,8 @@ class SandboxPool:
                 evicted=self._evicted,
                 recycled=self._recycled,
                 recycle_refused=self._recycle_refused,
+                resetting=self._resetting,
+                closing=self._closing,
                 start_latency_p50_s=percentile(starts, 50),
                 start_latency_p99_s=percentile(starts, 99),
                 acquire_latency_p50_s=percentile(acquires, 50),
@@ -434,8 +449,10 @@ class SandboxPool:
         # Queued starts are cancelled; a running one finishes, sees `_closed`, and closes what it
         # started, so after this returns no start can add a sandbox any more.
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._resetter.shutdown(wait=True, cancel_futures=True)
         with self._cond:
             leftovers, self._to_close = self._to_close, []
+            self._closing -= len(leftovers)
             leftovers += self._to_recycle
             self._to_recycle = []
         _close_all(warm + leftovers)
@@ -550,7 +567,7 @@ class SandboxPool:
     def _refill_locked(self, key: PoolKey, state: _KeyState) -> None:
         if self._closed or time.monotonic() < state.retry_at:
             return
-        missing = state.target - len(state.ready) - state.queued - state.running
+        missing = state.target - len(state.ready) - state.queued - state.running - state.resetting
         for _ in range(missing):
             state.queued += 1
             try:
@@ -601,7 +618,19 @@ class SandboxPool:
         if orphan:
             _close_all([sandbox])
 
-    def _recycle(self, key: PoolKey, sandbox: Sandbox) -> None:
+    def _recycle(self, key: PoolKey, sandbox: Sandbox, state: _KeyState | None) -> None:
+        try:
+            self._reset_and_keep(key, sandbox)
+        finally:
+            self._recycle_done(state)
+
+    def _recycle_done(self, state: _KeyState | None) -> None:
+        with self._cond:
+            self._resetting -= 1
+            if state is not None:
+                state.resetting -= 1
+
+    def _reset_and_keep(self, key: PoolKey, sandbox: Sandbox) -> None:
         with self._cond:
             if sandbox not in self._to_recycle:
                 return  # close() took it
@@ -644,6 +673,7 @@ class SandboxPool:
             return
         with self._cond:
             self._to_close.extend(sandboxes)
+            self._closing += len(sandboxes)
         try:
             self._executor.submit(self._drain_to_close)
         except RuntimeError:
@@ -652,7 +682,11 @@ class SandboxPool:
     def _drain_to_close(self) -> None:
         with self._cond:
             batch, self._to_close = self._to_close, []
-        _close_all(batch)
+        try:
+            _close_all(batch)
+        finally:
+            with self._cond:
+                self._closing -= len(batch)
 
 
 def _close_quietly(sandbox: Sandbox) -> None:

@@ -5,7 +5,7 @@
 1. warm start: the tiny Qwen2 model, SFT on oracle demonstrations of `agentrl/calc-v0` into the
    learnability band (cached by recipe hash; `agentrl.kit.warm_start`);
 2. GRPO (`agentrl train`, examples/calc_grpo.yaml) under torchrun with 2 processes (FSDP2, gloo),
-   sandboxes of the config's `env_kwargs.backend` (bubblewrap; docker works the same, slower on two cores),
+   sandboxes of the config's `env_kwargs.backend` (docker containers, reset and reused between episodes),
    vLLM rollouts, the learnability-band curriculum;
 3. held-out evaluation of the warm start and the trained model under one budget
    (`agentrl.eval.evaluate`: same tasks, seeds, decoding and limits): pass@1 and pass@k with CIs;
