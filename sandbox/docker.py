@@ -830,10 +830,12 @@ class DockerSandbox(SandboxBase):
         starts. Refused when the engine is not on this host (nothing inside may do the cleaning),
         the container is dead, or its executor was tampered with."""
         if self._closed or self._dead_why is not None or not self._container_running():
-            return False
+            return self._not_reused("its container is closed or gone")
         host = self._host_cgroup()
-        if host is None or self._executor.problem() is not None:
-            return False
+        if host is None:
+            return self._not_reused("its engine's cgroups are out of this host's reach")
+        if (problem := self._executor.problem()) is not None:
+            return self._not_reused(f"its executor cannot be trusted ({problem})")
         init = host.init_pid
         root = host_uid(init, 0)
 
@@ -848,25 +850,28 @@ class DockerSandbox(SandboxBase):
         retired = self._executor.retire()
         try:
             if not host.kill(everything_but_init, timeout_s=_HOST_KILL_S):
-                return False
+                return self._not_reused("its processes could not all be killed")
         finally:
             if retired is not None:
                 retired.close()
         uids = {i: u for i in (0, AGENT_UID) if (u := host_uid(init, i)) is not None}
         gids = {i: g for i in (0, AGENT_UID) if (g := host_gid(init, i)) is not None}
         if len(uids) < 2 or len(gids) < 2:
-            return False
+            return self._not_reused("its user namespace does not map root and the agent")
         try:
             reset_mounts(init, self._writable_mounts(), uids, gids)
             drop_sysv_ipc(init)
         except OSError as exc:
-            log.warning("sandbox %s cannot be reused (%s); it is replaced", self.id, exc)
-            return False
+            return self._not_reused(str(exc))
         try:
             self._executor.get()
-        except ExecutorLost:
-            return False
-        return self.alive()
+        except ExecutorLost as exc:
+            return self._not_reused(f"its new executor was lost ({exc.why})")
+        return self.alive() or self._not_reused("it did not answer after the reset")
+
+    def _not_reused(self, why: str) -> bool:
+        log.info("docker sandbox %s is not reused: %s", self.id, why)
+        return False
 
     def _writable_mounts(self) -> list[MountState]:
         """Every place an episode can write, as a fresh container has it (the root file system is

@@ -208,7 +208,8 @@ class SandboxPool:
         self._keys: OrderedDict[PoolKey, _KeyState] = OrderedDict()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox-pool")
         # Resets on threads of their own: one takes ~0.1 s and must not queue behind starts (~1 s).
-        self._resetter = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox-reset")
+        # Twice as many: a reset mostly waits (one `docker exec`, cgroup and file system calls).
+        self._resetter = ThreadPoolExecutor(max_workers=2 * workers, thread_name_prefix="sandbox-reset")
         self._closed = False
         # Dead or evicted sandboxes waiting for a worker to close them; close() closes leftovers.
         self._to_close: list[Sandbox] = []
@@ -498,16 +499,17 @@ class SandboxPool:
             warm = self._ready_locked(key, state)
             if warm is not None:
                 return warm, False
-            # A start already running finishes sooner than a new one would, and costs nothing
-            # extra; wait for it unless other callers already wait for every running one.
-            if state.running <= state.waiting:
+            # A start already running, or a released sandbox being reset (~0.1 s), is ready sooner
+            # than a new start would be, and costs nothing extra; wait for one unless other callers
+            # already wait for every one of them.
+            if state.running + state.resetting <= state.waiting:
                 self._misses += 1
                 return None, True
             self._misses += 1
             self._waited += 1
             state.waiting += 1
             try:
-                while not state.ready and state.error is None and state.running > 0:
+                while not state.ready and state.error is None and state.running + state.resetting > 0:
                     self._cond.wait(timeout=1.0)
                     self._check_open()
                     if self._keys.get(key) is not state:
@@ -629,6 +631,7 @@ class SandboxPool:
             self._resetting -= 1
             if state is not None:
                 state.resetting -= 1
+            self._cond.notify_all()  # callers waiting for it: take it, or start their own
 
     def _reset_and_keep(self, key: PoolKey, sandbox: Sandbox) -> None:
         with self._cond:

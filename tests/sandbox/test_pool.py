@@ -327,6 +327,58 @@ def test_least_recently_used_configuration_is_evicted() -> None:
         backend.cleanup()
 
 
+def test_a_released_sandbox_its_backend_cannot_reset_is_closed() -> None:
+    backend = Backend("local")  # local and bwrap start in milliseconds: never reset, never reused
+    try:
+        with SandboxPool(size=0) as pool:
+            sandbox = backend.acquire(pool)
+            pool.release(sandbox)
+            wait_until(lambda: not sandbox.alive(), 10, "the released sandbox to close")
+            assert pool.stats().recycled == 0 and pool.warm_count() == 0
+            # One the pool never lent is the caller's to close: release closes it at once.
+            with SandboxPool(size=0) as other:
+                stray = backend.acquire(other)
+            pool.release(stray)
+            assert not stray.alive()
+    finally:
+        backend.cleanup()
+
+
+def test_a_reset_sandbox_is_handed_out_again_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's side of reuse (the reset itself: tests/sandbox/test_recycle.py, on docker)."""
+    from agentrl.sandbox.local import LocalSandbox
+
+    resets: list[Sandbox] = []
+
+    def recycle(self: LocalSandbox) -> bool:
+        resets.append(self)
+        return self.alive()
+
+    monkeypatch.setattr(LocalSandbox, "recycle", recycle, raising=False)
+    backend = Backend("local")
+    try:
+        with SandboxPool(size=1, workers=1) as pool:
+            first = backend.acquire(pool)
+            pool.release(first)
+            wait_until(lambda: pool.stats().recycled == 1, 10, "the reset")
+            assert resets == [first]
+            assert backend.acquire(pool) is first  # ahead of the fresh warm one
+            assert pool.stats().resetting == 0
+            # A reset that fails closes the sandbox instead.
+            monkeypatch.setattr(LocalSandbox, "recycle", lambda self: False, raising=False)
+            pool.release(first)
+            wait_until(lambda: pool.stats().recycle_refused == 1, 10, "the refused reset")
+            assert not first.alive()
+        with SandboxPool(size=1, workers=1, recycle=False) as pool:  # reuse off: closed
+            monkeypatch.setattr(LocalSandbox, "recycle", recycle, raising=False)
+            off = backend.acquire(pool)
+            pool.release(off)
+            wait_until(lambda: not off.alive(), 10, "the released sandbox to close")
+            assert pool.stats().recycled == 0 and off not in resets
+    finally:
+        backend.cleanup()
+
+
 def test_keys_normalise_mappings_and_reject_unknown_backends() -> None:
     a = PoolKey.make("local", env={"A": "1", "B": "2"}, labels={"x": "y"})
     b = PoolKey.make("local", env={"B": "2", "A": "1"}, labels={"x": "y"}, limits=Limits())
