@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -102,6 +103,15 @@ def test_sandboxes_go_to_the_least_loaded_engine(tcp_engine, monkeypatch):
         extra = pool.acquire()
         boxes.append(extra)
         assert extra.docker_host == tcp_engine.address
+        # Released, a sandbox is reset on its own engine and no longer counts as out there.
+        given_back = next(b for b in boxes if b.docker_host == local)
+        pool.release(given_back)
+        assert pool.load()[local] == 1
+        deadline = time.monotonic() + 60
+        while pool.stats()[local]["pool"].recycled < 1:
+            assert time.monotonic() < deadline, pool.stats()
+            time.sleep(0.05)
+        assert pool.acquire() is given_back  # the least-loaded engine again, its reset container first
     finally:
         for b in boxes:
             b.close()
