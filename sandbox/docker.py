@@ -837,7 +837,11 @@ class DockerSandbox(SandboxBase):
         if (problem := self._executor.problem()) is not None:
             return self._not_reused(f"its executor cannot be trusted ({problem})")
         init = host.init_pid
-        root = host_uid(init, 0)
+        uids = {i: u for i in (0, AGENT_UID) if (u := host_uid(init, i)) is not None}
+        gids = {i: g for i in (0, AGENT_UID) if (g := host_gid(init, i)) is not None}
+        if len(uids) < 2 or len(gids) < 2:
+            return self._not_reused("its user namespace does not map root and the agent")
+        root = uids[0]
 
         def everything_but_init(procs: list[Proc]) -> list[int]:
             # Only we start root processes, and the keep-alive is the one of them PID 1 started.
@@ -854,10 +858,6 @@ class DockerSandbox(SandboxBase):
         finally:
             if retired is not None:
                 retired.close()
-        uids = {i: u for i in (0, AGENT_UID) if (u := host_uid(init, i)) is not None}
-        gids = {i: g for i in (0, AGENT_UID) if (g := host_gid(init, i)) is not None}
-        if len(uids) < 2 or len(gids) < 2:
-            return self._not_reused("its user namespace does not map root and the agent")
         try:
             reset_mounts(init, self._writable_mounts(), uids, gids)
             drop_sysv_ipc(init)
