@@ -42,7 +42,7 @@ try:
 except OSError:
     pass
 AGENTRL_ATTACK_EOF
-(setsid sh -c 'exec -a {_MARK} sleep 100000' </dev/null >/dev/null 2>&1 &)
+(setsid sh -c 'while :; do sleep 5; done' {_MARK} </dev/null >/dev/null 2>&1 &)
 (nohup sh -c 'while :; do sleep 1; done' {_MARK} </dev/null >/dev/null 2>&1 &)
 echo planted
 """
