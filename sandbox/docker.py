@@ -829,8 +829,8 @@ class DockerSandbox(SandboxBase):
         owner back, System V IPC objects are removed, and a new resident executor (a new secret)
         starts. Refused when the engine is not on this host (nothing inside may do the cleaning),
         the container is dead, or its executor was tampered with."""
-        if self._closed or self._dead_why is not None or not self._container_running():
-            return self._not_reused("its container is closed or gone")
+        if self._closed or self._dead_why is not None:
+            return self._not_reused("it is closed or dead")
         host = self._host_cgroup()
         if host is None:
             return self._not_reused("its engine's cgroups are out of this host's reach")
@@ -858,6 +858,10 @@ class DockerSandbox(SandboxBase):
         finally:
             if retired is not None:
                 retired.close()
+        # The mounts are reached through PID 1's /proc entry: it must still be this container's (a
+        # container that ended frees its pid, and the host may give it to a process of its own).
+        if init not in host.pids():
+            return self._not_reused("its container is gone")
         try:
             reset_mounts(init, self._writable_mounts(), uids, gids)
             drop_sysv_ipc(init)
