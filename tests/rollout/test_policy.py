@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -179,10 +180,15 @@ def test_hf_policy_reference(tiny_model_dir: Path, other_model_dir: Path) -> Non
 def test_async_engine_in_its_own_process_takes_weight_updates(
     tiny_model_dir: Path, other_model_dir: Path
 ) -> None:
-    """The production set-up (AsyncLLM, engine core and worker in other processes): buckets travel as safetensors."""
+    """The production set-up (AsyncLLM, the engine core in another process): buckets travel as safetensors.
+    On the CPU the model runs in the engine core's process: no worker process of its own, which the
+    core would reach through a shared-memory queue it waits on by spinning (most of a core here)."""
     with VLLMPolicy(
         tiny_model_dir, dtype="float32", max_model_len=1024, weight_bucket_bytes=1 << 20
     ) as policy:
+        engine_procs = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")]
+        assert [p.name() for p in engine_procs] == ["VLLM::EngineCore"], engine_procs
+        assert not engine_procs[0].children(recursive=True)
         greedy = SamplingConfig(temperature=0.0, max_tokens=6)
         gen = gather(policy, greedy, [PROMPTS[0]])[0]
         assert max_diff(tiny_model_dir, PROMPTS[0], gen, 1.0) < TOL
