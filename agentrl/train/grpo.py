@@ -54,6 +54,7 @@ def group_advantages(
     group_ids: Sequence[str] | Tensor,
     scale: AdvantageScale = "group",
     eps: float = 1e-6,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Trajectory-level, group-relative advantages (GRPO outcome supervision, DeepSeekMath §4.1.2).
 
@@ -69,6 +70,10 @@ def group_advantages(
     Degenerate groups give exactly 0: a group whose rewards are all equal (checked with
     max == min, not with a float mean that could leave 1e-17 behind) and a singleton group.
     Computed in float64, returned in `rewards.dtype`. Groups need not be contiguous or equal-sized.
+
+    `weights` [B] (frequency weights; default 1 each) make mean_g and std_g count trajectory i
+    w_i times: n_g = Σ_j w_j. A harness episode that gave k trajectories (branches, one reward)
+    weighs 1/k in each, so the group's statistics are over its episodes, as for native episodes.
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
@@ -78,15 +83,23 @@ def group_advantages(
     index, num_groups = _group_index(group_ids, batch_size)
     index = index.to(rewards.device)
     r = rewards.detach().double()  # [B]
+    if weights is None:
+        w = torch.ones_like(r)  # [B]
+    elif weights.shape != (batch_size,) or bool((weights <= 0).any()):
+        raise ValueError(
+            f"weights must be positive, one per trajectory ({batch_size}); got shape {tuple(weights.shape)}"
+        )
+    else:
+        w = weights.detach().double().to(r.device)  # [B]
     zeros = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)  # [G]
-    counts = zeros.index_add(0, index, torch.ones_like(r))  # [G]
-    mean = zeros.index_add(0, index, r) / counts  # [G]
+    counts = zeros.index_add(0, index, w)  # [G] episodes per group
+    mean = zeros.index_add(0, index, w * r) / counts  # [G]
     centered = r - mean[index]  # [B]
     group_max = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)  # [G]
     group_min = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)  # [G]
     degenerate = (group_max == group_min)[index]  # [B] all-equal rewards, singletons included
     if scale == "group":
-        sq = zeros.index_add(0, index, centered**2)  # [G]
+        sq = zeros.index_add(0, index, w * centered**2)  # [G]
         std = (sq / (counts - 1).clamp_min(1)).sqrt()  # [G] unbiased; singletons are masked below
         centered = centered / (std[index] + eps)  # [B]
     advantages = torch.where(degenerate, torch.zeros_like(centered), centered)  # [B]

@@ -157,9 +157,11 @@ def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[st
     trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
     curriculum_metrics = {**curriculum.metrics().as_dict(), **result.metrics().as_dict()}
     m = {k: float(v) for k, v in curriculum_metrics.items() if isinstance(v, int | float)}
+    episodes = [t for t in trajs if t.branch == 0]  # a harness episode's other branches repeat its reward
+    if episodes:
+        m["charts/reward_mean"] = sum(t.reward for t in episodes) / len(episodes)
+        m["charts/episode_turns"] = sum(t.turns for t in episodes) / len(episodes)
     if trajs:
-        m["charts/reward_mean"] = sum(t.reward for t in trajs) / len(trajs)
-        m["charts/episode_turns"] = sum(t.turns for t in trajs) / len(trajs)
         m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
     m["batch/groups"] = float(len(result.groups))
     m["batch/all_pass_groups"] = float(result.all_pass_groups)

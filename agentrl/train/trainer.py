@@ -703,8 +703,11 @@ class _BatchContext:
         ref_model: torch.nn.Module | None,
     ) -> _BatchContext:
         rewards = torch.tensor([t.reward for t in trajectories])  # [N]
+        # A harness episode's branches share its reward: each weighs 1/branches, so a group's
+        # statistics count episodes, not trajectories.
+        episode_share = torch.tensor([1.0 / t.branches for t in trajectories])  # [N]
         advantages = group_advantages(
-            rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale
+            rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale, weights=episode_share
         )  # [N]
         advantages = weight_negatives(advantages, cfg.loss.negative_weight)  # [N]
         n_updates = cfg.optim.epochs * cfg.optim.mini_batches

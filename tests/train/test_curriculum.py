@@ -141,6 +141,19 @@ def test_update_groups_by_group_id_and_skips_untrainable() -> None:
         cur.update([traj(a, "g9", 1.0), traj(b, "g9", 0.0)])
 
 
+def test_a_harness_episode_with_several_branches_counts_once() -> None:
+    """Branches of one episode (a harness that rewrote its history) repeat its reward: one observation."""
+    import dataclasses
+
+    cur = Curriculum(make_task)
+    (a,) = tracked(cur, 1)
+    passed = traj(a, "g1", 1.0)
+    branches = [dataclasses.replace(passed, branch=i, branches=3) for i in range(3)]
+    cur.update([*branches, traj(a, "g1", 0.0)])
+    # one pass, one fail -> Beta(2, 2); counting every branch would give Beta(4, 2)
+    assert cur.posterior(a) == (2.0, 2.0)
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValidationError, match="band_low"):
         CurriculumConfig(band_low=0.9, band_high=0.1)

@@ -66,6 +66,23 @@ def test_all_equal_rewards_and_singletons_give_exactly_zero() -> None:
         assert adv.dtype == torch.float64
 
 
+def test_an_episode_of_several_branches_weighs_one_in_its_group() -> None:
+    # Episodes (1, 0, 0), the first one of three branches: weights 1/3 each on its trajectories.
+    # Per episode: mean 1/3, sample std sqrt(((2/3)² + 2·(1/3)²) / 2) = sqrt(1/3) = 0.57735,
+    # A = (1.1547, -0.57735, -0.57735), each branch taking its episode's advantage.
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
+    weights = torch.tensor([1 / 3, 1 / 3, 1 / 3, 1.0, 1.0])
+    adv = group_advantages(rewards, ["g"] * 5, eps=0.0, weights=weights)
+    episodes = group_advantages(torch.tensor([1.0, 0.0, 0.0]), ["g"] * 3, eps=0.0)
+    close(episodes, [2 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)])
+    close(adv, [episodes[0]] * 3 + [episodes[1]] * 2)
+    close(group_advantages(rewards, ["g"] * 5, scale="none", weights=weights), [2 / 3] * 3 + [-1 / 3] * 2)
+    # unweighted, the branches would count three times: mean 0.6
+    close(group_advantages(rewards, ["g"] * 5, scale="none"), [0.4] * 3 + [-0.6] * 2)
+    with pytest.raises(ValueError, match="weights must be positive"):
+        group_advantages(rewards, ["g"] * 5, weights=torch.zeros(5))
+
+
 def test_group_ids_as_a_tensor_match_strings() -> None:
     ids = torch.tensor([7, 3, 7, 3, 7, 7])
     assert torch.equal(group_advantages(REWARDS, ids), group_advantages(REWARDS, GROUPS))

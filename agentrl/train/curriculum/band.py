@@ -164,6 +164,7 @@ class Curriculum:
         information about p: all-pass and all-fail are how a task leaves the band).
 
         Untrainable trajectories (env errors, timeouts) are not evidence about the policy and are skipped.
+        An episode counts once, whatever the number of its trajectories (branches).
         """
         for group in group_by_id(trajectories):
             task_ids = {t.task_id for t in group}
@@ -171,7 +172,8 @@ class Curriculum:
                 raise ValueError(
                     f"group {group[0].group_id!r} mixes tasks {sorted(task_ids)}; a group is one task's rollouts"
                 )
-            rewards = [t.reward for t in group if t.trainable]
+            # One reward per episode: a harness episode's other branches repeat its reward.
+            rewards = [t.reward for t in group if t.trainable and t.branch == 0]
             self.observe(group[0].task_id, rewards)
 
     # -- sampling ---------------------------------------------------------------------------
