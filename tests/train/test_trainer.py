@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from agentrl.cli import app
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
 from agentrl.train.config import ConfigError, TrainConfig, load_config
 from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
@@ -265,6 +267,63 @@ def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_pa
         assert all(r["async/staleness_mean"] <= 1.0 for r in rows)
         assert all(r.get("async/dropped_stale", 0.0) == 0.0 for r in rows)
     assert (tmp_path / mode / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_grpo_trains_an_openai_harness_and_eval_reports_its_pass_at_k(tiny_model_dir, tmp_path):  # noqa: F811
+    """`agentrl train` on a harness env: an `openai`-SDK agent plays every episode through its gateway
+    session on rank 0, FSDP2 updates on 2 ranks, checkpoints as for any env; then `agentrl eval`
+    scores the harness's pass@k with the trained model."""
+    env = "tests.coin_env:test/CoinHarness-v0"
+    cfg = TrainConfig(
+        env=env,
+        model=str(tiny_model_dir),
+        out=str(tmp_path / "run"),
+        steps=2,
+        checkpoint_every=1,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": 1e-4, "micro_batch_size": 4},
+    )
+    rows = run(cfg, 2)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["policy/version"] for r in rows] == [1.0, 2.0]
+    trained = [r for r in rows if "losses/policy_loss" in r]
+    assert trained and all(r["batch/action_tokens"] > 0 for r in trained)
+    for r in rows:  # one call per episode, nothing rewritten: no branch, no drift, no crashed agent
+        assert r["rollout/branches"] == r["rollout/drifted_calls"] == r["rollout/agent_errors"] == 0, r
+    for r in trained:  # the gateway's captured samples are the engine's: the trainer recomputes them
+        assert r["mismatch/logprob_abs_diff"] < 1e-4, r
+    assert (tmp_path / "run" / "checkpoint-2").is_dir()
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--env",
+            env,
+            "--model",
+            str(tmp_path / "run" / "final"),
+            "--tasks",
+            "4",
+            "--samples",
+            "2",
+            "--k",
+            "1,2",
+            "--out",
+            str(out),
+            "--max-tokens-per-turn",
+            "12",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    (model,) = json.loads(next(out.rglob("summary.json")).read_text())["models"]
+    assert [p["k"] for p in model["pass_at"]] == [1, 2] and model["samples_per_task"] == 2
+    assert sum(model["finish_reasons"].values()) == 8  # 4 tasks x 2 episodes, each ended with its reason
 
 
 def train_with_a_push_that_never_lands(model: Any, out: Path, patch: str) -> subprocess.CompletedProcess:
