@@ -27,11 +27,11 @@ import inspect
 import re
 import time
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import AliasChoices, ConfigDict, ValidationError, create_model
 
 from agentrl.deadline import DeadlineExceeded, ThreadLimitReached, call_with_deadline
 from agentrl.sandbox.base import (
@@ -151,6 +151,7 @@ def tool(
     name: str | None = None,
     terminal: bool = False,
     needs_sandbox: bool | None = None,
+    aliases: Mapping[str, Sequence[str]] | None = None,
 ) -> Any:
     """Turn a typed function `(ctx, **args) -> str` into a `Tool`. Usable bare or with options.
     The function may be `async def` (awaited on the call's own thread, cancelled at its deadline).
@@ -160,6 +161,10 @@ def tool(
     contains `sandbox`) needs one, a pure-Python tool does not, so an environment of pure tools
     resets in microseconds instead of starting a container. Declare it when the sandbox is only
     reached indirectly (through a helper the inference cannot see).
+
+    `aliases`: other names a call may give a parameter, `{"old": ["old_str"]}`, for agents written
+    against other harnesses' tools. The schema the model reads names only the parameter; a call
+    that gives both names is refused as ambiguous.
     """
 
     def wrap(f: Callable) -> Tool:
@@ -172,6 +177,11 @@ def tool(
         if not description:
             raise TypeError(f"tool {f.__name__!r} needs a docstring: it is the description the model reads")
         fields: dict[str, Any] = {}
+        unknown = set(aliases or {}) - {p.name for p in params[1:]}
+        if unknown:
+            raise TypeError(
+                f"tool {f.__name__!r}: aliases for parameters it does not have: {sorted(unknown)}"
+            )
         for p in params[1:]:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TypeError(f"tool {f.__name__!r}: *args/**kwargs cannot be described to a model")
@@ -180,7 +190,9 @@ def tool(
             from pydantic import Field
 
             default = ... if p.default is inspect.Parameter.empty else p.default
-            fields[p.name] = (hints[p.name], Field(default, description=arg_docs.get(p.name)))
+            other_names = list((aliases or {}).get(p.name, ()))
+            choices = {"validation_alias": AliasChoices(p.name, *other_names)} if other_names else {}
+            fields[p.name] = (hints[p.name], Field(default, description=arg_docs.get(p.name), **choices))
         model = create_model(f"{f.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
         schema = model.model_json_schema()
         schema.pop("title", None)
@@ -382,7 +394,7 @@ def _file_error(path: str, exc: Exception) -> ToolError:
     return ToolError(f"cannot read {path}: {exc}")
 
 
-@tool
+@tool(aliases={"path": ["file_path"]})
 def read_file(ctx: ToolContext, path: str) -> str:
     """Read a text file.
 
@@ -406,7 +418,7 @@ def read_file(ctx: ToolContext, path: str) -> str:
     )
 
 
-@tool
+@tool(aliases={"path": ["file_path"], "content": ["file_text"]})
 def write_file(ctx: ToolContext, path: str, content: str) -> str:
     """Create or overwrite a text file.
 
@@ -425,7 +437,9 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
     return f"Wrote {len(content.encode())} bytes to {path}."
 
 
-@tool
+# The argument names of the editing tools most agent harnesses ship (SWE-agent's and OpenHands'
+# str_replace_editor, Anthropic's text editor): an agent written for them calls ours unchanged.
+@tool(aliases={"path": ["file_path"], "old": ["old_str"], "new": ["new_str"]})
 def str_replace(ctx: ToolContext, path: str, old: str, new: str) -> str:
     """Replace one exact occurrence of `old` with `new` in a text file.
 

@@ -94,6 +94,21 @@ def test_file_tools(env):
     assert "occurs 0 times" in obs[0]["content"]
 
 
+def test_file_tools_take_the_argument_names_other_harnesses_use(env):
+    """SWE-agent's, OpenHands' and Anthropic's editors name them file_path, file_text, old_str, new_str."""
+    env.reset(seed=0)
+    env.step(tool_call("write_file", file_path="b.py", file_text="y = 1\n"))
+    obs, *_ = env.step(tool_call("str_replace", file_path="b.py", old_str="y = 1", new_str="y = 2"))
+    assert obs[0]["content"] == "Replaced 1 occurrence in b.py."
+    obs, *_ = env.step(tool_call("read_file", file_path="b.py"))
+    assert obs[0]["content"] == "y = 2\n"
+    # The schema the model reads names each parameter once; both names in one call are refused.
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in env.toolbox.schemas}
+    assert set(schema["str_replace"]["properties"]) == {"path", "old", "new"}
+    obs, *_ = env.step(tool_call("str_replace", path="b.py", old="y = 2", old_str="y = 2", new="y = 3"))
+    assert "bad arguments for tool 'str_replace'" in obs[0]["content"] and "old_str" in obs[0]["content"]
+
+
 def test_parallel_calls_run_in_order_and_submit_stops_the_rest(env):
     env.reset(seed=0)
     action = (

@@ -99,6 +99,27 @@ def test_tool_definition_errors_are_clear():
             """Doc."""
 
 
+def test_aliases_name_only_parameters_the_tool_has():
+    with pytest.raises(TypeError, match=r"aliases for parameters it does not have: \['nope'\]"):
+
+        @tool(aliases={"nope": ["other"]})
+        def aliased(ctx: ToolContext, x: int) -> str:
+            """Doc."""
+
+    @tool(aliases={"a": ["first"]})
+    def plus(ctx: ToolContext, a: int, b: int = 1) -> str:
+        """Add.
+
+        Args:
+            a: First.
+            b: Second.
+        """
+        return str(a + b)
+
+    assert run_tool(plus, CTX, {"first": 2}).content == "3" == run_tool(plus, CTX, {"a": 2}).content
+    assert set(plus.parameters["properties"]) == {"a", "b"}
+
+
 def test_submit_is_terminal_and_needs_no_sandbox():
     out = run_tool(BUILTIN_TOOLS["submit"], CTX, {"answer": " 42 "})
     assert out.terminal and out.submission == "42"
