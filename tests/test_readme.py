@@ -23,6 +23,7 @@ import yaml
 
 import agentrl
 from agentrl.registry import registry
+from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -50,6 +51,7 @@ PYTHON_BLOCKS = {
     'agentrl.make("agentrl/calc-v0")': "test_environment_snippet",
     "# mylab/envs.py": "test_your_own_environment_snippet",
     "# mylab/verifiers.py": "test_verifier_snippet",
+    "# mylab/agents.py": "test_agent_snippet",
     "class MazeSettings": "test_settings_model_snippet",
     "class ComputeThenSubmit": "test_scripted_oracle_snippet",
     "class LeakTheAnswerFile": "test_attack_plugin_snippet",
@@ -109,8 +111,9 @@ def mylab(tmp_path, monkeypatch):
     from mylab.envs import register_envs  # type: ignore[import-not-found]
 
     register_envs()
-    yield
+    yield package
     registry.pop("mylab/Lookup-v0", None)
+    registry.pop("mylab/Lookup-agent-v0", None)
     for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
         del sys.modules[name]
 
@@ -149,6 +152,31 @@ def test_verifier_snippet(mylab):
         assert not guessed.verdict.passed and "without a lookup" in guessed.verdict.details
     finally:
         env.close()
+
+
+def test_agent_snippet(mylab, tiny_model_dir):  # noqa: F811
+    """The README's OpenAI-SDK agent plays the README's environment through a gateway session: its tool
+    call runs, its submission is scored, and every trained token is one the policy sampled."""
+    from transformers import AutoTokenizer
+
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
+    from tests.gateway.scripted import RecordingPolicy, ToolCallPolicy, assert_all_sampled
+
+    (mylab / "agents.py").write_text(block("# mylab/agents.py"))
+    import mylab.agents  # type: ignore[import-not-found]
+
+    def write(prompt: str, call: int) -> str:  # look France up, then submit what came back
+        if call == 0:
+            return '<tool_call>\n{"name": "lookup", "arguments": {"key": "France"}}\n</tool_call>'
+        return '<tool_call>\n{"name": "submit", "arguments": {"answer": "Paris"}}\n</tool_call>'
+
+    record = RecordingPolicy(ToolCallPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), write))
+    (traj,) = collect_sync(
+        "mylab/Lookup-agent-v0", [0], record, RolloutConfig(group_size=1, max_tokens_per_turn=64)
+    )
+    assert traj.finish_reason == "submitted" and traj.reward == 1.0 and traj.tool_calls == 2
+    assert traj.branches == 1 and assert_all_sampled(traj, record) == 2
 
 
 def test_entry_points_resolve_to_the_snippets(mylab):
