@@ -163,7 +163,10 @@ def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[st
         m["charts/episode_turns"] = sum(t.turns for t in episodes) / len(episodes)
     if trajs:
         m["charts/episode_tokens"] = sum(len(t.token_ids) for t in trajs) / len(trajs)
+    # `groups` are the ones trained on; the all-pass and all-fail counts are of every group generated
+    # for the step (the dropped zero-variance ones), so they compare with `generated_groups`.
     m["batch/groups"] = float(len(result.groups))
+    m["batch/generated_groups"] = float(result.generated_groups)
     m["batch/all_pass_groups"] = float(result.all_pass_groups)
     m["batch/all_fail_groups"] = float(result.all_fail_groups)
     m["batch/untrainable_trajectories"] = float(result.untrainable_trajectories)

@@ -297,6 +297,12 @@ def test_refill_requests_the_shortfall_scaled_by_the_keep_rate() -> None:
     assert result.full and len(result.groups) == 4 and result.refill_cost == 2.0
     assert result.all_pass_groups == 4 and len(result.dropped) == 4
     assert builder.request() == []
+    # The step's metrics: all-pass groups are counted among the generated ones, not the trained ones.
+    from agentrl.train.producer import batch_metrics
+
+    m = batch_metrics(result, cur)
+    assert m["batch/groups"] == 4 and m["batch/generated_groups"] == 8 and m["batch/all_pass_groups"] == 4
+    assert m["batch/all_pass_groups"] + m["batch/all_fail_groups"] <= m["batch/generated_groups"]
     # every group, dropped ones included, updated the curriculum
     assert sum(s.groups for s in cur.tasks.values()) == 8
 
