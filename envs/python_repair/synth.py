@@ -53,7 +53,7 @@ from agentrl.types import Split
 from agentrl.verifiers.hidden_tests import Report, install_tests, run_tests
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
-SYNTH_VERSION = 2
+SYNTH_VERSION = 3
 SPLIT_FRACTIONS: tuple[tuple[Split, float], ...] = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
 
 REASONS = {
@@ -159,7 +159,9 @@ class SuiteRunner:
             raise
 
     def run(self, timeout_s: float) -> SuiteRun:
-        run = run_tests(self.sandbox, self.tests, timeout_s=timeout_s)
+        # Whole failure reports (the verifier keeps the last 1,000 characters): the bug report picks the
+        # failing lines, the error and the frames out of them.
+        run = run_tests(self.sandbox, self.tests, timeout_s=timeout_s, message_chars=_REPORT_CHARS)
         res = run.result
         return SuiteRun(run.report(), res.duration_s, res.timed_out, res.exit_code, run.output[-4000:])
 
@@ -268,16 +270,46 @@ def normalize_message(message: str) -> str:
     return _ADDRESS.sub("", message)
 
 
-def _clip(text: str, n: int) -> str:
-    text = text.strip()
+_REPORT_CHARS = 20_000
+
+# In pytest's report of a failure: a frame's failing line (`>`), the error (`E`), and a frame's place
+# (`path.py:line: ExcType`; `path.py:line: in function` for a middle frame, its call on the next line).
+_FAILING = re.compile(r"^>\s")
+_ERROR = re.compile(r"^E(\s|$)")
+_PLACE = re.compile(r"^\S+\.py:\d+:")
+_MIDDLE = re.compile(r"^\S+\.py:\d+: in \S+$")
+
+
+def failure_excerpt(message: str, max_lines: int = 14) -> str:
+    """What a user pastes into a bug report from pytest's report of one failing test: each frame's
+    failing line and place, and the error, without the source around them (a function's docstring
+    says nothing of the bug). The test's own frame first, then the frames down to the error; past
+    `max_lines`, the middle frames go."""
+    lines = [ln.rstrip() for ln in normalize_message(message).splitlines()]
+    kept: list[str] = []
+    for i, ln in enumerate(lines):
+        if _FAILING.match(ln) or _ERROR.match(ln) or _PLACE.match(ln):
+            kept.append(ln)
+        elif i and _MIDDLE.match(lines[i - 1]) and ln.strip():
+            kept.append(">" + ln[1:] if ln.startswith(" ") else ln)  # the middle frame's call
+    if not kept:  # not pytest's report of a test (a collection error, a crash): its last lines
+        kept = [ln for ln in lines if ln.strip()][-max_lines:]
+    if len(kept) > max_lines:
+        head = 2  # the test's failing line and its place
+        kept = [*kept[:head], "...", *kept[-(max_lines - head - 1) :]]
+    return "\n".join(_clip_line(ln, 200) for ln in kept)
+
+
+def _clip_line(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3].rstrip() + "..."
 
 
 def bug_report(spec: PackageSpec, failures: list[tuple[str, str]], n_passing: int, max_shown: int = 5) -> str:
     """The task prompt: what a user would file after running the package's test suite.
 
-    Only the failing tests' ids and the messages pytest reported for them: no file, line or
-    function of the package is named beyond what those messages themselves say.
+    The failing tests' ids and, for each, what pytest reported: its failing line, the frames down to
+    the error, the error. No file, line or function of the package is named beyond what those
+    reports themselves say.
     """
     lines = [
         f"The `{spec.dist}` package ({spec.version}; {spec.kind}) is checked out in /workspace, and "
@@ -288,7 +320,7 @@ def bug_report(spec: PackageSpec, failures: list[tuple[str, str]], n_passing: in
     for nodeid, message in failures[:max_shown]:
         lines.append(f"- {nodeid}")
         if message.strip():
-            lines.extend("    " + ln for ln in normalize_message(_clip(message, 600)).splitlines()[:12])
+            lines.extend("    " + ln for ln in failure_excerpt(message).splitlines())
     if len(failures) > max_shown:
         lines.append(f"- ... and {len(failures) - max_shown} more")
     lines += [

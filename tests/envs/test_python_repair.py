@@ -295,3 +295,87 @@ def test_cli_prints_statistics_and_writes_the_tasks(synthesized, tmp_path):
     total = stats["total"]
     assert total["tried"] == total["kept"] + total["rejected"] and total["kept"] >= 3
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [t.id for t in first.tasks]
+
+
+# --- the bug report ---------------------------------------------------------------------------
+
+
+_PACKAGE = '''
+def compare(a, b):
+    parts = [a, b]
+    return _comparator(*parts)
+
+
+def _comparator(a, b):
+    """Compare two versions.
+
+    :return: negative if a < b, zero if equal, positive if a > b
+
+    >>> _comparator("1.0.0", "2.0.0")
+    -1
+    """
+    return (a > b) - (a < b) + undefined_name
+'''
+
+_TESTS = '''
+from pkg import compare
+
+
+def test_compare_orders_versions():
+    """Versions compare by their parts."""
+    assert compare("1.0.0", "1.0.0") == 0
+'''
+
+_CAPTURE = """
+import json, os
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        with open(os.environ["REPORT_OUT"], "w") as f:
+            json.dump(report.longreprtext, f)
+"""
+
+
+def test_the_bug_report_shows_each_frame_s_failing_line_and_the_error_not_the_source_around_them(tmp_path):
+    """A real pytest report of an error raised two calls into the package: the excerpt keeps the test's
+    failing line, each package frame's call and place, and the error; not the docstring of the function
+    the error came from (pytest shows the last frame's whole source)."""
+    import os
+    import subprocess
+    import sys
+
+    from agentrl.envs.python_repair.synth import bug_report, failure_excerpt
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text(_PACKAGE)
+    (tmp_path / "test_pkg.py").write_text(_TESTS)
+    (tmp_path / "dump_report.py").write_text(_CAPTURE)
+    out = tmp_path / "report.json"
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "dump_report", "test_pkg.py"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "REPORT_OUT": str(out)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.exists(), ran.stdout[-2000:] + ran.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert ":return:" in report and "NameError" in report  # the whole report has the docstring
+    excerpt = failure_excerpt(report)
+    lines = excerpt.splitlines()
+    assert lines[0].startswith(">") and 'compare("1.0.0", "1.0.0") == 0' in lines[0]
+    assert any(ln.startswith(">") and "_comparator(*parts)" in ln for ln in lines)  # the middle frame
+    assert any(ln.startswith(">") and "undefined_name" in ln for ln in lines)
+    assert any(ln.startswith("E") and "NameError" in ln and "undefined_name" in ln for ln in lines)
+    assert any(ln.endswith(": NameError") and "pkg/__init__.py" in ln for ln in lines)
+    assert ":return:" not in excerpt and ">>>" not in excerpt and "Versions compare" not in excerpt
+    # Long reports keep the test's line and the error, and drop middle frames.
+    deep = "\n".join(
+        [lines[0], "test_pkg.py:7: ", *[f"> f{i}()\npkg/m.py:{i}: in f{i}" for i in range(20)], "E   boom"]
+    )
+    short = failure_excerpt(deep, max_lines=8).splitlines()
+    assert len(short) == 8 and short[0] == lines[0] and short[2] == "..." and short[-1] == "E   boom"
+    prompt = bug_report(get_spec("semver"), [("test_pkg.py::test_compare_orders_versions", report)], 10)
+    assert "- test_pkg.py::test_compare_orders_versions\n    >" in prompt and "NameError" in prompt
