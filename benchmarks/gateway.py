@@ -39,16 +39,6 @@ from typing import Any
 ENV = "agentrl/guess-number-v0"
 
 
-async def openai_agent(client: Any, task: Any) -> None:
-    """The native loop's agent, written against the OpenAI API."""
-    messages = list(task.messages)
-    while not task.done:
-        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        messages += await task.step(message)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="Checkpoint directory (default: the tiny model).")
@@ -67,7 +57,7 @@ def main() -> None:
 
     import torch
 
-    from agentrl.gateway.harness import HarnessEnv
+    from agentrl.gateway.harness import HarnessEnv, tool_loop_agent
     from agentrl.gateway.server import shared_gateway
     from agentrl.kit.tiny_model import init_tiny
     from agentrl.registry import make
@@ -98,7 +88,7 @@ def main() -> None:
         return make(ENV, tools_in_prompt=False, max_turns=args.max_turns)
 
     def harness_env() -> Any:
-        return HarnessEnv(ENV, openai_agent, max_turns=args.max_turns)
+        return HarnessEnv(ENV, tool_loop_agent, max_turns=args.max_turns)
 
     cpu: dict[int, float] = {}
     # Engine steps (in-process engine only): how well each side keeps the engine's batch full, a view

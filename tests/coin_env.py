@@ -54,20 +54,10 @@ agentrl.register(
 )
 
 
-async def openai_agent(client, task) -> None:
-    """A harness written against the OpenAI API: ask, let the environment run the reply, until it ends."""
-    messages = list(task.messages)
-    while not task.done:
-        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        messages += await task.step(message)
-
-
 agentrl.register(
     "test/CoinHarness-v0",
     "agentrl.gateway:HarnessEnv",
     env="test/Coin-v0",
-    agent="tests.coin_env:openai_agent",
+    agent="agentrl.gateway:tool_loop_agent",
     description="the coin env played by an openai-SDK harness through the gateway",
 )

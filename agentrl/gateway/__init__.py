@@ -23,6 +23,7 @@ _EXPORTS = {
     "GatewayError": "agentrl.gateway.protocol",
     "HarnessEnv": "agentrl.gateway.harness",
     "HarnessTask": "agentrl.gateway.harness",
+    "tool_loop_agent": "agentrl.gateway.harness",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -77,6 +77,18 @@ def load_agent(agent: str | AgentFn) -> AgentFn:
     return fn
 
 
+async def tool_loop_agent(client: Any, task: HarnessTask) -> None:
+    """The plainest OpenAI-API agent: ask for a reply with the environment's tools, let the environment
+    run it, append both, until the episode is over. The native loop's agent, written as a harness:
+    `agent="agentrl.gateway.harness:tool_loop_agent"` trains a harness env exactly as the env itself."""
+    messages = list(task.messages)
+    while not task.done:
+        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        messages += await task.step(message)
+
+
 class HarnessEnv:
     """An environment whose episodes a harness agent plays (see the module docstring).
 

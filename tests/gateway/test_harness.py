@@ -27,6 +27,7 @@ import pytest
 
 import agentrl
 from agentrl.gateway.harness import HarnessEnv, HarnessTask
+from agentrl.gateway.harness import tool_loop_agent as openai_agent  # the native loop's agent, as a harness
 from agentrl.gateway.session import GATEWAY_METRICS
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.loop import collect_sync
@@ -53,16 +54,6 @@ def policy(tiny_model_dir: Path):
     )
     yield p
     p.close()
-
-
-async def openai_agent(client, task: HarnessTask) -> None:
-    """The native loop's agent, written against the OpenAI API: ask, let the environment run the reply."""
-    messages = list(task.messages)
-    while not task.done:
-        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        messages += await task.step(message)
 
 
 def native_env():
