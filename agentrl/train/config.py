@@ -36,6 +36,10 @@ LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-me
 """How per-token losses become one number (`agentrl.train.grpo.aggregate`)."""
 RatioLevel = Literal["token", "sequence"]
 """Token-level importance ratio (GRPO) or one per sequence (GSPO)."""
+ISLevel = Literal["token", "sequence"]
+"""The importance weight to the rollout engine's policy: per token, or per sequence."""
+ISMode = Literal["truncate", "mask"]
+"""Off-policy correction: cap the importance weight (TIS), or drop what leaves the band (masked IS)."""
 AdvantageScale = Literal["group", "none"]
 """Divide advantages by the group's reward std (GRPO), or not (Dr. GRPO)."""
 PackingMode = Literal["auto", "on", "off"]
@@ -246,6 +250,16 @@ class LossSettings(_Strict):
     tis_cap: float | None = Field(
         2.0,
         description="Truncated importance-sampling cap between the rollout engine's and the trainer's log-probs (None: off).",
+    )
+    tis_level: ISLevel = Field(
+        "token",
+        description="The importance weight to the rollout engine's policy per token, or per sequence (the "
+        "geometric mean of its token ratios, on every token of it).",
+    )
+    tis_mode: ISMode = Field(
+        "truncate",
+        description="truncate: the weight is min(ratio, tis_cap); mask: the ratio inside [1/tis_cap, tis_cap], "
+        "0 outside (tokens or sequences sampled too far from the trainer's policy do not train).",
     )
 
 

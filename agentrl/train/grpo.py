@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from agentrl.train.batch import token_entropy
-from agentrl.train.config import AdvantageScale, LossAggregation, RatioLevel
+from agentrl.train.config import AdvantageScale, ISLevel, ISMode, LossAggregation, RatioLevel
 
 # exp() of a log-ratio beyond this is either clipped away or a numerical accident; clamping
 # the log-ratio (as verl does) keeps one wild token from producing inf.
@@ -216,7 +216,7 @@ class LossMetrics:
     kl_ref: float  # mean k3 KL to the reference policy; 0.0 when no ref_logprobs
     entropy: float | None  # mean token entropy; None when neither entropies nor logits were given
     tis_weight_mean: float  # 1.0 when TIS is off
-    tis_clip_fraction: float  # fraction of action tokens whose TIS weight hit tis_cap
+    tis_clip_fraction: float  # fraction of action tokens whose TIS weight was cut: capped, or masked to 0
     num_action_tokens: int
     num_sequences: int  # sequences with at least one action token
 
@@ -241,6 +241,8 @@ def policy_loss(
     logits: Tensor | None = None,
     entropy: Tensor | None = None,
     denominator: float | None = None,
+    tis_level: ISLevel = "token",
+    tis_mode: ISMode = "truncate",
 ) -> tuple[Tensor, LossMetrics]:
     """Clipped surrogate loss for GRPO-family updates; returns (scalar loss to minimise, metrics).
 
@@ -270,7 +272,12 @@ def policy_loss(
       detached weight w = min(exp(old - behavior), tis_cap) — token-level, capped above only,
       applied to the policy term and not to the KL term, exactly as verl's
       `tis_imp_ratio_cap` and SkyRL's token TIS. Without TIS, w = 1. verl and SkyRL use
-      caps of about 2 to 8.
+      caps of about 2 to 8. The weight's level and mode are choices:
+      `tis_level="sequence"` gives every token of sequence b the weight of
+      q_b = exp(mean_t(old_{b,t} - behavior_{b,t})) (the geometric mean of its token ratios, so a
+      long sequence is not an extreme product); `tis_mode="mask"` drops instead of capping: the
+      weight is the ratio itself inside [1/tis_cap, tis_cap] and 0 outside (masked IS, as IcePop),
+      so tokens or sequences the engine sampled from a policy too far from the trainer's do not train.
     - `advantages` is [B] (one per trajectory, broadcast over its action tokens) or [B, T].
     - `denominator`: see `aggregate` (micro-batching and data parallel ranks).
     - `entropy` ([B, T], each action token's entropy, as `agentrl.train.logprobs` computes it beside the
@@ -297,8 +304,14 @@ def policy_loss(
             "tis_cap needs old_logprobs: TIS reweights by exp(old_logprobs - behavior_logprobs); pass the "
             "trainer's log-probs from before the update, or set tis_cap=None"
         )
-    if tis_cap is not None and tis_cap <= 0:
-        raise ValueError(f"tis_cap must be positive, got {tis_cap}")
+    if tis_cap is not None and tis_cap <= (1.0 if tis_mode == "mask" else 0.0):
+        raise ValueError(
+            f"tis_cap must be {'above 1 to mask' if tis_mode == 'mask' else 'positive'}, got {tis_cap}"
+        )
+    if tis_level not in ("token", "sequence") or tis_mode not in ("truncate", "mask"):
+        raise ValueError(
+            f"tis_level must be token or sequence and tis_mode truncate or mask; got {tis_level!r}, {tis_mode!r}"
+        )
     if ref_logprobs is None and kl_coef != 0.0:
         raise ValueError(
             "kl_coef is non-zero but no ref_logprobs were given; pass the reference model's log-probs"
@@ -333,10 +346,21 @@ def policy_loss(
     if tis_cap is not None:
         assert old_logprobs is not None
         tis_log = torch.where(mask, old_logprobs - behavior_logprobs, zeros).detach()  # [B, T]
-        tis_weights = tis_log.clamp(max=_MAX_LOG_RATIO).exp().clamp(max=tis_cap)  # [B, T]
+        if tis_level == "sequence":
+            seq_log = tis_log.sum(-1) / mask.sum(-1).clamp_min(1).to(tis_log.dtype)  # [B] log q_b
+            tis_log = torch.where(mask, seq_log.unsqueeze(-1).expand_as(tis_log), zeros)  # [B, T]
+        tis_ratio = tis_log.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # [B, T]
+        if tis_mode == "mask":
+            inside = (tis_ratio >= 1.0 / tis_cap) & (tis_ratio <= tis_cap)  # [B, T]
+            tis_weights = torch.where(inside, tis_ratio, zeros)  # [B, T]
+            tis_cut = mask & ~inside  # [B, T]
+        else:
+            tis_weights = tis_ratio.clamp(max=tis_cap)  # [B, T]
+            tis_cut = mask & (tis_ratio >= tis_cap)  # [B, T]
         pg_per_token = pg_per_token * tis_weights  # [B, T]
     else:
         tis_weights = torch.ones_like(logprobs)  # [B, T]
+        tis_cut = torch.zeros_like(mask)  # [B, T]
 
     pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
     loss = pg_loss
@@ -377,7 +401,7 @@ def policy_loss(
                 if logits is not None
                 else no_kl,
                 torch.where(n > 0, token_mean(tis_weights), 1.0),
-                (on * (tis_weights >= tis_cap)).sum() / denom if tis_cap is not None else no_kl,
+                tis_cut.to(r.dtype).sum() / denom,
                 n,
                 (mask.sum(-1) > 0).sum().to(r.dtype),
             ]

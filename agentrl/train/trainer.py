@@ -797,6 +797,8 @@ def _micro_batch_backward(
         cfg.loss.ratio,
         old_logprobs=old,
         tis_cap=cfg.loss.tis_cap,
+        tis_level=cfg.loss.tis_level,
+        tis_mode=cfg.loss.tis_mode,
         ref_logprobs=ref,
         kl_coef=cfg.loss.kl_coef,
         entropy=live.entropy,

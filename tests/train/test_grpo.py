@@ -324,6 +324,51 @@ def test_tis_weights_are_capped_and_multiply_the_policy_term() -> None:
     close(grad, [[0.0, -2 / 3, -0.5 / 3, -1 / 3]])
 
 
+def test_masked_is_drops_tokens_outside_the_band_and_keeps_the_ratio_inside() -> None:
+    # The same tokens: behaviour ratios (3, 0.5, 1), band [1/2, 2]: 3 leaves it -> weight 0;
+    # 0.5 and 1 stay, with their ratio as weight. Per-token loss (0, -0.5, -1); token-mean -1.5 / 3.
+    behavior = torch.tensor([[0.0, -1.0 - math.log(3), -1.0 - math.log(0.5), -1.0]])
+    old = torch.full((1, 4), -1.0)
+    logprobs = old.clone().requires_grad_()
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    loss, m = policy_loss(
+        logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=2.0, tis_mode="mask"
+    )
+    close(loss, -1.5 / 3)
+    close([m.tis_weight_mean, m.tis_clip_fraction], [1.5 / 3, 1 / 3])
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    close(grad, [[0.0, 0.0, -0.5 / 3, -1 / 3]])
+    with pytest.raises(ValueError, match="above 1 to mask"):
+        policy_loss(
+            logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=1.0, tis_mode="mask"
+        )
+
+
+def test_sequence_level_is_weighs_every_token_by_the_geometric_mean_ratio() -> None:
+    # Sequence 0: token ratios (3, 0.5, 1) -> geometric mean (1.5)^(1/3) = 1.14471 on each token (under
+    # the cap of 2). Sequence 1: ratios (4, 4) -> 4 -> truncated to 2; masked (band [1/2, 2]) -> 0.
+    behavior = torch.tensor(
+        [[-1.0 - math.log(3), -1.0 - math.log(0.5), -1.0], [-1.0 - math.log(4), -1.0 - math.log(4), 0.0]]
+    )
+    old = torch.full((2, 3), -1.0)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    g = 1.5 ** (1 / 3)
+    for mode, w1 in (("truncate", 2.0), ("mask", 0.0)):
+        loss, m = policy_loss(
+            old,
+            behavior,
+            torch.tensor([1.0, 1.0]),
+            mask,
+            old_logprobs=old,
+            tis_cap=2.0,
+            tis_level="sequence",
+            tis_mode=mode,
+        )
+        # token-mean over 5 tokens: -(3g + 2·w1) / 5; sequence 1 is the one cut (2 of 5 tokens)
+        close(loss, -(3 * g + 2 * w1) / 5)
+        close([m.tis_weight_mean, m.tis_clip_fraction], [(3 * g + 2 * w1) / 5, 2 / 5])
+
+
 def test_ppo_ratio_is_taken_against_old_logprobs_when_given() -> None:
     # logp - old = log 1.1 (ratio 1.1 inside the clip), behaviour far away: loss = -1.1·A = -1.1
     logprobs = torch.tensor([[0.0, math.log(1.1) - 1.0]])
