@@ -103,6 +103,17 @@ class WarmStartRecipe(BaseModel):
         16, ge=1, description="SFT sequences per forward pass (memory, not results)."
     )
     warmup_steps: int = Field(10, ge=0, description="SFT linear warm-up steps.")
+    target_pass: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Train until the held-out pass@1 reaches this (0.2: the band's low edge): after the main "
+        "stage, measure; below it, another round of `epochs` passes over the same demonstrations, up to "
+        "`max_rounds`. None: one round, the fixed recipe. Needs eval_tasks > 0.",
+    )
+    max_rounds: int = Field(
+        8, ge=1, description="Most SFT rounds of the main stage while below `target_pass`."
+    )
     backend: str = Field(
         "local",
         description="Sandbox backend of the oracle's and the measurement's tool calls. `local` (no isolation) "
@@ -255,6 +266,7 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
             stages,
             keep_files=True,
         )
+        rounds = _rounds_to_target(work, model, tokenizer, recipe, threads, stages)
         main = stages[-1]
         record: dict[str, Any] = {
             "hash": digest,
@@ -267,8 +279,10 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
                 "sft_steps": main["sft_steps"],
                 "sft_first_loss": main["sft_first_loss"],
                 "sft_last_loss": main["sft_last_loss"],
+                "rounds": rounds,
             },
-            "measurement": None,
+            # Rounds measured as they went; the last one is the model's measurement.
+            "measurement": rounds[-1]["measurement"] if rounds else None,
         }
         (model / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
         if out.exists():
@@ -293,25 +307,32 @@ def _stage(
     threads: int,
     log: list[dict[str, Any]],
     keep_files: bool,
+    demos: Path | None = None,
 ) -> Path:
     """Demonstrations of `recipe.env` (with `env_kwargs`), then SFT of `base` on them; returns the checkpoint.
 
     `keep_files` keeps the demonstrations and the SFT metrics in the checkpoint (the last stage's).
+    `demos`: train on these demonstrations instead of generating new ones (another round).
     """
-    from agentrl.kit.demonstrations import generate_demos
+    from agentrl.kit.demonstrations import DemoStats, generate_demos
     from agentrl.train.config import SFTConfig
 
     demos_path = work / f"{name}-demos.jsonl"
-    _, stats = generate_demos(
-        recipe.env,
-        n,
-        demos_path,
-        tokenizer,
-        split="train",
-        kinds=recipe.demo_kinds,
-        backend=recipe.backend,
-        env_kwargs=env_kwargs,
-    )
+    if demos is not None:
+        shutil.copyfile(demos, demos_path)
+        lines = len(demos_path.read_text().splitlines())
+        stats = DemoStats(lines, lines, 0, 0.0, 0.0, 0.0, {})
+    else:
+        _, stats = generate_demos(
+            recipe.env,
+            n,
+            demos_path,
+            tokenizer,
+            split="train",
+            kinds=recipe.demo_kinds,
+            backend=recipe.backend,
+            env_kwargs=env_kwargs,
+        )
     if stats.passed == 0:
         raise RuntimeError(
             f"the oracle of {recipe.env} passed none of {stats.episodes} tasks; check the environment "
@@ -352,6 +373,77 @@ def _stage(
     )
     _log(f"{name}: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return out
+
+
+def _rounds_to_target(
+    work: Path,
+    model: Path,
+    tokenizer: Any,
+    recipe: WarmStartRecipe,
+    threads: int,
+    stages: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """With `target_pass`: measure `model` (the main stage's checkpoint, trained further in place) and
+    train another round of `epochs` passes over the same demonstrations while the held-out pass@1 is
+    below the target, up to `max_rounds` rounds in all. Returns each round's record ([] without a target)."""
+    if recipe.target_pass is None:
+        return []
+    if not recipe.eval_tasks:
+        raise ValueError("target_pass needs a held-out measurement: set eval_tasks > 0")
+    rounds: list[dict[str, Any]] = []
+    steps = stages[-1]["sft_steps"]
+    for k in range(1, recipe.max_rounds + 1):
+        if k > 1:
+            previous = work / f"round-{k - 1}"
+            shutil.rmtree(previous, ignore_errors=True)
+            model.rename(previous)
+            demos = work / "round-demos.jsonl"
+            shutil.move(str(previous / "demos.jsonl"), demos)
+            # The next SFT copies its base's non-weight files into its output (see `_stage`).
+            for leftover in ("metrics.jsonl", "sft_config.json"):
+                (previous / leftover).unlink(missing_ok=True)
+            trained = _stage(
+                "main",
+                work,
+                previous,
+                tokenizer,
+                recipe,
+                recipe.demos,
+                {},
+                recipe.epochs,
+                recipe.lr,
+                threads,
+                stages,
+                keep_files=True,
+                demos=demos,
+            )
+            steps += stages[-1]["sft_steps"]
+            assert trained == model
+        m = measure(model, recipe)
+        rounds.append({"round": k, "sft_steps": steps, "pass_at_1": m["pass_at_1"], "measurement": m})
+        _log(f"round {k}: {steps} main-stage SFT steps, held-out pass@1 {m['pass_at_1']:.3f}")
+        if m["pass_at_1"] >= recipe.target_pass:
+            break
+    return rounds
+
+
+def advice(record: dict[str, Any], recipe: WarmStartRecipe) -> str | None:
+    """What to do when the build's rounds ended below `target_pass`; None when it got there (or had no target)."""
+    rounds = (record.get("build") or {}).get("rounds") or []
+    if recipe.target_pass is None or not rounds or rounds[-1]["pass_at_1"] >= recipe.target_pass:
+        return None
+    last = rounds[-1]
+    trend = (
+        " (still rising: more rounds, --max-rounds)"
+        if len(rounds) > 1 and last["pass_at_1"] > rounds[0]["pass_at_1"]
+        else ""
+    )
+    return (
+        f"held-out pass@1 {last['pass_at_1']:.3f} after {len(rounds)} round(s) and {last['sft_steps']} main-stage "
+        f"SFT steps is below the target {recipe.target_pass}{trend}. Try more demonstrations (--demos, "
+        "--short-demos), a higher learning rate (--lr), or a larger model (--model-overrides); check the "
+        "oracle's demonstrations with `agentrl env check`"
+    )
 
 
 def _sft(cfg: Any, threads: int) -> None:
@@ -417,9 +509,20 @@ def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
         per_kind[kind] += 1
         by_kind[kind] += t.passed
     n = len(trajectories)
+    # Per task: how often it passed, and how the tasks spread (GRPO learns from the "sometimes" ones;
+    # with one sample a task is never or always).
+    per_task = [
+        sum(t.passed for t in trajectories[i : i + recipe.eval_samples]) / recipe.eval_samples
+        for i in range(0, n, recipe.eval_samples)
+    ]
     return {
         "spec": recipe.eval_fields(),
         "pass_at_1": sum(t.passed for t in trajectories) / n,
+        "task_pass_rates": {
+            "never": sum(p == 0.0 for p in per_task),
+            "sometimes": sum(0.0 < p < 1.0 for p in per_task),
+            "always": sum(p == 1.0 for p in per_task),
+        },
         "tasks": recipe.eval_tasks,
         "samples": recipe.eval_samples,
         "pass_at_1_by_kind": {k: by_kind[k] / per_kind[k] for k in sorted(per_kind)},

@@ -85,3 +85,26 @@ def test_refuses_a_directory_it_did_not_write(tmp_path: Path):
     with pytest.raises(FileExistsError, match="not a warm-start build"):
         warm_start(tmp_path, SMALL)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_target_pass_trains_in_measured_rounds_and_says_what_to_do_below_it(tmp_path):
+    """Below the target the main stage trains again on the same demonstrations, measured each round; the
+    tiny quick recipe cannot reach pass@1 1.0 in two rounds, and the advice says so."""
+    from agentrl.kit.warm_start import advice
+
+    recipe = SMALL.model_copy(update={"target_pass": 1.0, "max_rounds": 2})
+    result = warm_start(tmp_path / "rounds", recipe)
+    rounds = result.record["build"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert [r["sft_steps"] for r in rounds] == [2, 4]  # 8 demos in batches of 4, one epoch a round
+    assert result.pass_at_1 == rounds[-1]["pass_at_1"] == result.record["measurement"]["pass_at_1"]
+    m = result.record["measurement"]
+    assert sum(m["task_pass_rates"].values()) == 4 and m["task_pass_rates"]["sometimes"] == 0  # 1 sample
+    said = advice(result.record, recipe)
+    assert said is not None and "below the target 1.0" in said and "--demos" in said
+    # A target met at once: one round, no advice.
+    met = SMALL.model_copy(update={"target_pass": 0.0})
+    first = warm_start(tmp_path / "met", met)
+    assert [r["round"] for r in first.record["build"]["rounds"]] == [1] and advice(first.record, met) is None
