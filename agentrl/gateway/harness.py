@@ -80,7 +80,7 @@ def load_agent(agent: str | AgentFn) -> AgentFn:
 async def tool_loop_agent(client: Any, task: HarnessTask) -> None:
     """The plainest OpenAI-API agent: ask for a reply with the environment's tools, let the environment
     run it, append both, until the episode is over. The native loop's agent, written as a harness:
-    `agent="agentrl.gateway.harness:tool_loop_agent"` trains a harness env exactly as the env itself."""
+    `agent="agentrl.gateway:tool_loop_agent"` trains a harness env exactly as the env itself."""
     messages = list(task.messages)
     while not task.done:
         reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)

@@ -44,7 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RECORD_FILE = "agentrl_warm_start.json"
 # Bump when a stage changes in a way the recipe fields do not capture (a new masker, a new SFT loss).
@@ -126,6 +126,12 @@ class WarmStartRecipe(BaseModel):
     eval_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the measurement.")
     eval_split: Literal["validation", "test"] = Field("test", description="Split of the held-out tasks.")
     eval_seed: int = Field(1, description="Seed of the measurement's sampling.")
+
+    @model_validator(mode="after")
+    def _target_needs_a_measurement(self) -> WarmStartRecipe:
+        if self.target_pass is not None and not self.eval_tasks:
+            raise ValueError("target_pass needs the held-out measurement: set eval_tasks above 0")
+        return self
 
     def build_fields(self) -> dict[str, Any]:
         """The fields the model depends on (the measurement fields are not among them)."""
@@ -388,8 +394,6 @@ def _rounds_to_target(
     below the target, up to `max_rounds` rounds in all. Returns each round's record ([] without a target)."""
     if recipe.target_pass is None:
         return []
-    if not recipe.eval_tasks:
-        raise ValueError("target_pass needs a held-out measurement: set eval_tasks > 0")
     rounds: list[dict[str, Any]] = []
     steps = stages[-1]["sft_steps"]
     for k in range(1, recipe.max_rounds + 1):

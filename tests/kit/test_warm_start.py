@@ -104,6 +104,8 @@ def test_a_target_pass_trains_in_measured_rounds_and_says_what_to_do_below_it(tm
     assert sum(m["task_pass_rates"].values()) == 4 and m["task_pass_rates"]["sometimes"] == 0  # 1 sample
     said = advice(result.record, recipe)
     assert said is not None and "below the target 1.0" in said and "--demos" in said
+    with pytest.raises(ValueError, match="target_pass needs the held-out measurement"):
+        WarmStartRecipe.model_validate({**SMALL.model_dump(), "target_pass": 0.2, "eval_tasks": 0})
     # A target met at once: one round, no advice.
     met = SMALL.model_copy(update={"target_pass": 0.0})
     first = warm_start(tmp_path / "met", met)
