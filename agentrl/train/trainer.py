@@ -952,6 +952,12 @@ def _apply_staleness(
         for t in trajs
     ]
     metrics["async/staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
+    metrics["async/staleness_max"] = float(max(ages, default=0))
+    # The histogram: trajectories 0, 1, ..., k versions behind, and past the bound k.
+    bound = cfg.asynchronous.max_staleness
+    for age in range(bound + 1):
+        metrics[f"async/staleness_{age}"] = float(sum(a == age for a in ages))
+    metrics["async/staleness_over_bound"] = float(sum(a > bound for a in ages))
     if cfg.asynchronous.mode != "async" or cfg.asynchronous.stale == "importance-weight":
         return trajs
     kept = [t for t, a in zip(trajs, ages, strict=True) if a <= cfg.asynchronous.max_staleness]
