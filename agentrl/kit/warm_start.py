@@ -258,20 +258,7 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
                 keep_files=False,
             )
             base = short
-        model = _stage(
-            "main",
-            work,
-            base,
-            tokenizer,
-            recipe,
-            recipe.demos,
-            {},
-            recipe.epochs,
-            recipe.lr,
-            threads,
-            stages,
-            keep_files=True,
-        )
+        model = _main_stage(work, base, tokenizer, recipe, threads, stages)
         rounds = _rounds_to_target(work, model, tokenizer, recipe, threads, stages)
         main = stages[-1]
         record: dict[str, Any] = {
@@ -381,6 +368,33 @@ def _stage(
     return out
 
 
+def _main_stage(
+    work: Path,
+    base: Path,
+    tokenizer: Any,
+    recipe: WarmStartRecipe,
+    threads: int,
+    stages: list[dict[str, Any]],
+    demos: Path | None = None,
+) -> Path:
+    """The main stage (the environment's own context) from `base`; `demos` reuses a round's demonstrations."""
+    return _stage(
+        "main",
+        work,
+        base,
+        tokenizer,
+        recipe,
+        recipe.demos,
+        {},
+        recipe.epochs,
+        recipe.lr,
+        threads,
+        stages,
+        keep_files=True,
+        demos=demos,
+    )
+
+
 def _rounds_to_target(
     work: Path,
     model: Path,
@@ -406,21 +420,7 @@ def _rounds_to_target(
             # The next SFT copies its base's non-weight files into its output (see `_stage`).
             for leftover in ("metrics.jsonl", "sft_config.json"):
                 (previous / leftover).unlink(missing_ok=True)
-            trained = _stage(
-                "main",
-                work,
-                previous,
-                tokenizer,
-                recipe,
-                recipe.demos,
-                {},
-                recipe.epochs,
-                recipe.lr,
-                threads,
-                stages,
-                keep_files=True,
-                demos=demos,
-            )
+            trained = _main_stage(work, previous, tokenizer, recipe, threads, stages, demos=demos)
             steps += stages[-1]["sft_steps"]
             assert trained == model
         m = measure(model, recipe)
