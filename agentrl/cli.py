@@ -468,7 +468,9 @@ def model_warm_start(
     said = advice(result.record, recipe)
     rounds = result.record["build"].get("rounds") or []
     shown = result.model_dump(exclude={"record"})
-    shown["rounds"] = [{k: r[k] for k in ("round", "sft_steps", "pass_at_1")} for r in rounds]
+    shown["rounds"] = [
+        {k: r.get(k) for k in ("round", "sft_steps", "sft_last_loss", "pass_at_1")} for r in rounds
+    ]
     shown["task_pass_rates"] = (result.record.get("measurement") or {}).get("task_pass_rates")
     shown["advice"] = said
     typer.echo(json.dumps(shown, indent=2))

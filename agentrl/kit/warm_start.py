@@ -424,11 +424,24 @@ def _rounds_to_target(
             steps += stages[-1]["sft_steps"]
             assert trained == model
         m = measure(model, recipe)
-        rounds.append({"round": k, "sft_steps": steps, "pass_at_1": m["pass_at_1"], "measurement": m})
+        rounds.append(
+            {
+                "round": k,
+                "sft_steps": steps,
+                "sft_last_loss": stages[-1]["sft_last_loss"],
+                "pass_at_1": m["pass_at_1"],
+                "measurement": m,
+            }
+        )
         _log(f"round {k}: {steps} main-stage SFT steps, held-out pass@1 {m['pass_at_1']:.3f}")
         if m["pass_at_1"] >= recipe.target_pass:
             break
     return rounds
+
+
+# An SFT loss per action token above this has not learnt the demonstrations yet (calc's stages end
+# near 0.01): training longer comes before more data.
+_UNFIT_LOSS = 0.5
 
 
 def advice(record: dict[str, Any], recipe: WarmStartRecipe) -> str | None:
@@ -437,16 +450,21 @@ def advice(record: dict[str, Any], recipe: WarmStartRecipe) -> str | None:
     if recipe.target_pass is None or not rounds or rounds[-1]["pass_at_1"] >= recipe.target_pass:
         return None
     last = rounds[-1]
-    trend = (
-        " (still rising: more rounds, --max-rounds)"
-        if len(rounds) > 1 and last["pass_at_1"] > rounds[0]["pass_at_1"]
-        else ""
-    )
+    loss = last.get("sft_last_loss")
+    if loss is not None and loss > _UNFIT_LOSS:
+        todo = (
+            f"Its SFT loss is still {loss:.2f} per action token: train longer (--max-rounds, --epochs) or "
+            "faster (--lr)"
+        )
+    else:
+        todo = (
+            "It fits the demonstrations but does not solve held-out tasks: more demonstrations (--demos, "
+            "--short-demos) or a larger model (--model-overrides)"
+        )
     return (
-        f"held-out pass@1 {last['pass_at_1']:.3f} after {len(rounds)} round(s) and {last['sft_steps']} main-stage "
-        f"SFT steps is below the target {recipe.target_pass}{trend}. Try more demonstrations (--demos, "
-        "--short-demos), a higher learning rate (--lr), or a larger model (--model-overrides); check the "
-        "oracle's demonstrations with `agentrl env check`"
+        f"held-out pass@1 {last['pass_at_1']:.3f} after {len(rounds)} round(s) and {last['sft_steps']} "
+        f"main-stage SFT steps is below the target {recipe.target_pass}. {todo}; check the oracle's "
+        "demonstrations with `agentrl env check`"
     )
 
 
