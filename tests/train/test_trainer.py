@@ -48,6 +48,25 @@ def grpo_batch(vocab: int, groups: int = 3, group_size: int = 4, seed: int = 0) 
     return out
 
 
+COIN = "tests.coin_env:test/Coin-v0"
+
+
+def coin_config(
+    model: Any, out: Any, *, steps: int, lr: float, env: str = COIN, **settings: Any
+) -> TrainConfig:
+    """A small GRPO run on the coin env (or a variant): groups of 4, 2 informative groups a step, 12-token turns."""
+    return TrainConfig(
+        env=env,
+        model=model,
+        out=str(out),
+        steps=steps,
+        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
+        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
+        optim={"lr": lr, "micro_batch_size": 4},
+        **settings,
+    )
+
+
 def run(cfg: TrainConfig, nproc: int, cpu: bool = True) -> list[dict]:
     """`python -m agentrl.train.trainer` under torchrun. `cpu`: gloo ranks on the CPU even where CUDA GPUs
     are visible (these are CPU tests: fp32 numbers compared across process counts; a one-GPU
@@ -257,14 +276,11 @@ def test_grpo_loop_with_vllm_rollouts_under_two_processes(tiny_model_dir, tmp_pa
 
     On a GPU machine it runs there (vLLM needs its GPU build): 2 ranks with 2 GPUs or more, one
     (the engine colocated with it) on a single GPU."""
-    cfg = TrainConfig(
-        env="tests.coin_env:test/Coin-v0",
-        model=str(tiny_model_dir),
-        out=str(tmp_path / mode),
+    cfg = coin_config(
+        str(tiny_model_dir),
+        tmp_path / mode,
         steps=3,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-4, "micro_batch_size": 4},
+        lr=1e-4,
         asynchronous={"mode": mode, "max_staleness": 1},
     )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -299,16 +315,7 @@ def test_grpo_trains_an_openai_harness_and_eval_reports_its_pass_at_k(tiny_model
     session on rank 0, FSDP2 updates on 2 ranks, checkpoints as for any env; then `agentrl eval`
     scores the harness's pass@k with the trained model."""
     env = "tests.coin_env:test/CoinHarness-v0"
-    cfg = TrainConfig(
-        env=env,
-        model=str(tiny_model_dir),
-        out=str(tmp_path / "run"),
-        steps=2,
-        checkpoint_every=1,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-4, "micro_batch_size": 4},
-    )
+    cfg = coin_config(str(tiny_model_dir), tmp_path / "run", steps=2, lr=1e-4, env=env, checkpoint_every=1)
     rows = run(cfg, 2)
     assert [r["step"] for r in rows] == [1, 2]
     assert [r["policy/version"] for r in rows] == [1.0, 2.0]
@@ -351,15 +358,7 @@ def test_grpo_trains_an_openai_harness_and_eval_reports_its_pass_at_k(tiny_model
 
 def train_with_a_push_that_never_lands(model: Any, out: Path, patch: str) -> subprocess.CompletedProcess:
     """3 steps on the coin env in a process where `patch` (a line of Python) makes the engine drop pushes."""
-    cfg = TrainConfig(
-        env="tests.coin_env:test/Coin-v0",
-        model=model,
-        out=str(out),
-        steps=3,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-3, "micro_batch_size": 4},
-    )
+    cfg = coin_config(model, out, steps=3, lr=1e-3)
     code = (
         "import sys\n"
         "from agentrl.rollout.policy import VLLMPolicy\n"
@@ -524,15 +523,12 @@ def test_lora_grpo_pushes_adapters_the_engine_samples_from_and_evaluates_like_it
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "lora"
-    cfg = TrainConfig(
-        env="tests.coin_env:test/Coin-v0",
-        model={"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16}},
-        out=str(out),
+    cfg = coin_config(
+        {"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16}},
+        out,
         steps=3,
+        lr=1e-3,
         checkpoint_every=2,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-3, "micro_batch_size": 4},
     )
     rows = run(cfg, 1)
     assert [r["policy/version"] for r in rows] == [1.0, 2.0, 3.0]
@@ -599,14 +595,11 @@ def test_an_engine_that_keeps_an_old_adapter_stops_the_lora_run(tiny_model_dir, 
 def test_lora_with_merged_pushes_keeps_the_engine_on_the_trainer_s_policy(tiny_model_dir, tmp_path):  # noqa: F811
     """`model.lora.push: merged`: the engine takes base + adapter as full weights each step, and samples from
     exactly the trainer's LoRA policy (the mismatch stays at float rounding, the versions count the pushes)."""
-    cfg = TrainConfig(
-        env="tests.coin_env:test/Coin-v0",
-        model={"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16, "push": "merged"}},
-        out=str(tmp_path / "merged"),
+    cfg = coin_config(
+        {"path": str(tiny_model_dir), "lora": {"rank": 8, "alpha": 16, "push": "merged"}},
+        tmp_path / "merged",
         steps=2,
-        rollout={"group_size": 4, "max_tokens_per_turn": 12, "max_total_tokens": 512, "concurrency": 8},
-        curriculum={"batch_groups": 2, "max_gen_factor": 3.0},
-        optim={"lr": 1e-2, "micro_batch_size": 4},
+        lr=1e-2,
     )
     rows = run(cfg, 1)
     assert [r["policy/version"] for r in rows] == [1.0, 2.0]
