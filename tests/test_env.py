@@ -189,14 +189,16 @@ def test_close_is_idempotent_reset_after_close_and_with_statement():
     assert env.sandbox is None
 
 
-def test_a_used_sandbox_is_never_reused(env):
+def test_a_used_sandbox_carries_nothing_into_the_next_episode(env):
+    # The pool may hand out a fresh container or, once reset from the host, this same one (which
+    # of the two comes first is a race): neither may keep the episode's files or processes.
     env.reset(seed=0)
-    env.step(tool_call("bash", command="echo secret > leftover.txt"))
-    first = env.sandbox.id
+    env.step(tool_call("bash", command="echo secret > leftover.txt; (sleep 600 &) ; echo started"))
     env.reset(seed=0)
-    assert env.sandbox.id != first
     obs, *_ = env.step(tool_call("bash", command="ls leftover.txt"))
     assert "No such file" in obs[0]["content"]
+    obs, *_ = env.step(tool_call("bash", command="ps -eo args | grep -c '^sleep 600' || true"))
+    assert obs[0]["content"].strip() == "0"
 
 
 def test_tools_outside_the_prompt_for_template_rendering():
