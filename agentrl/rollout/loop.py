@@ -409,8 +409,10 @@ async def collect(
     env_kwargs: dict[str, Any] | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
     episode_policy: EpisodePolicyFactory | None = None,
+    group_sizes: Sequence[int] | None = None,
 ) -> list[Trajectory]:
-    """Roll out `group_size` episodes for each task; return the trajectories in task-then-sample order.
+    """Roll out `group_size` episodes for each task (`group_sizes[i]` for task i, when given); return the
+    trajectories in task-then-sample order.
 
     An episode gives one trajectory; a harness environment's (`agentrl.gateway.harness`) gives one per
     branch of its calls, adjacent, branch 0 first.
@@ -442,11 +444,15 @@ async def collect(
         masker = ChatMasker(tok)
     pool = _EnvPool(_factory(envs, dict(env_kwargs or {})))
     run_id = uuid.uuid4().hex[:8]
+    if group_sizes is not None and (len(group_sizes) != len(tasks) or min(group_sizes, default=1) < 1):
+        raise ValueError(
+            f"group_sizes must give a positive size for each of the {len(tasks)} tasks: {group_sizes}"
+        )
     specs = []
     for g, task in enumerate(tasks):
         key = task.id if isinstance(task, Task) else f"index-{task}"
         env_seed = None if seed is None else seed + g
-        for _k in range(cfg.group_size):
+        for _k in range(cfg.group_size if group_sizes is None else group_sizes[g]):
             specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", seed, env_seed))
     semaphore = asyncio.Semaphore(cfg.concurrency)
 

@@ -79,6 +79,8 @@ class Trajectory:
     """How many trajectories its episode gave."""
     drifted_calls: int = 0
     """Calls of its episode whose conversation did not extend the tokens already sampled (each began a branch)."""
+    loss_weight: float = 1.0
+    """A factor on its advantage, set by the curriculum's sampler for its group (`mgpo`); 1: GRPO's own."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -25,7 +25,14 @@ from typing import Any
 
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.config import TrainConfig
-from agentrl.train.curriculum import Curriculum, DynamicBatch, DynamicBatchResult, TaskDraw, group_by_id
+from agentrl.train.curriculum import (
+    Curriculum,
+    DynamicBatch,
+    DynamicBatchResult,
+    TaskDraw,
+    group_by_id,
+    metrics_of,
+)
 
 
 @dataclass
@@ -70,6 +77,7 @@ class RolloutProducer:
             seed=self.cfg.seed * 1_000_003 + self.calls,
             env_kwargs=self.cfg.env_kwargs,
             on_trajectory=self.on_trajectory,
+            group_sizes=[d.group_size or self.cfg.rollout.group_size for d in draws],
         )
         self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
         self.stats["rollout/drifted"] = self.stats.get("rollout/drifted", 0.0) + sum(
@@ -109,7 +117,15 @@ class RolloutProducer:
         while not builder.done:
             builder.add(self.groups(builder.request()))
         result = builder.result()
+        # The sampler's factor on each trained group's advantages (1 but for loss-weighting samplers).
+        weigh = getattr(curriculum, "group_weight", None)
+        weights = [float(weigh(g)) if weigh is not None else 1.0 for g in result.groups]
+        for group, weight in zip(result.groups, weights, strict=True):
+            for traj in group:
+                traj.loss_weight = weight
         metrics = {**batch_metrics(result, curriculum), **self.stats}
+        if weights:
+            metrics["curriculum/loss_weight_mean"] = sum(weights) / len(weights)
         return RolloutBatch(result, metrics, curriculum.state_dict(), self.calls)
 
     def next_batch(self, curriculum: Curriculum) -> RolloutBatch:
@@ -155,7 +171,7 @@ def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[st
     """What one batch says about the policy and the curriculum, for metrics.jsonl."""
     # Rewards over every generated group (dropped zero-variance ones too): what the policy scored.
     trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
-    curriculum_metrics = {**curriculum.metrics().as_dict(), **result.metrics().as_dict()}
+    curriculum_metrics = {**metrics_of(curriculum), **result.metrics().as_dict()}
     m = {k: float(v) for k, v in curriculum_metrics.items() if isinstance(v, int | float)}
     episodes = [t for t in trajs if t.branch == 0]  # a harness episode's other branches repeat its reward
     if episodes:

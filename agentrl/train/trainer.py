@@ -710,6 +710,10 @@ class _BatchContext:
             rewards, [t.group_id for t in trajectories], scale=cfg.loss.adv_scale, weights=episode_share
         )  # [N]
         advantages = weight_negatives(advantages, cfg.loss.negative_weight)  # [N]
+        # The sampler's weight of each trajectory's group (1 unless it weights the loss, e.g. mgpo).
+        advantages = advantages * torch.tensor(
+            [t.loss_weight for t in trajectories], dtype=advantages.dtype
+        )  # [N]
         n_updates = cfg.optim.epochs * cfg.optim.mini_batches
         # The trust region is anchored at the trainer's own log-probs of the batch before its first
         # update ("decoupled" PPO: the rollout engine's log-probs only enter through the capped TIS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -356,3 +357,13 @@ def test_rollout_cli_writes_trajectories(tiny_model_dir: Path, tmp_path: Path) -
     assert len(trajs) == 4 and len({t.group_id for t in trajs}) == 2
     assert all(sum(t.loss_mask) > 0 and t.turns >= 1 for t in trajs)
     assert "4 trajectories" in proc.stdout and "mean_reward" in proc.stderr  # summary line, progress bar
+
+
+def test_group_sizes_give_each_task_its_own_number_of_episodes(tokenizer) -> None:
+    pol = ScriptedPolicy(tokenizer, _guess_script)
+    cfg = RolloutConfig(group_size=4, max_tokens_per_turn=64, concurrency=4)
+    trajs = collect_sync("agentrl/guess-number-v0", [0, 1], pol, cfg, tokenizer=tokenizer, group_sizes=[1, 3])
+    sizes = Counter(t.group_id for t in trajs)
+    assert sorted(sizes.values()) == [1, 3] and len(trajs) == 4
+    with pytest.raises(ValueError, match="group_sizes must give a positive size for each of the 2 tasks"):
+        collect_sync("agentrl/guess-number-v0", [0, 1], pol, cfg, tokenizer=tokenizer, group_sizes=[2])

@@ -356,6 +356,27 @@ def test_grpo_trains_an_openai_harness_and_eval_reports_its_pass_at_k(tiny_model
     assert sum(model["finish_reasons"].values()) == 8  # 4 tasks x 2 episodes, each ended with its reason
 
 
+@pytest.mark.vllm
+def test_a_sampler_registered_by_a_package_runs_in_agentrl_train(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A third party's sampler (entry-point group `agentrl.samplers`) picks every batch of `agentrl train`:
+    its probes run groups of `probe_group_size`, its group weight reaches the loss, its metrics the log."""
+    from tests.train.test_samplers import install_plugin
+
+    install_plugin(tmp_path, monkeypatch)
+    cfg = coin_config(str(tiny_model_dir), tmp_path / "run", steps=2, lr=1e-4)
+    config = cfg.model_dump(mode="json")
+    config["curriculum"] |= {"sampler": "newest", "sampler_options": {"tag": "cli"}, "probe_group_size": 2}
+    (tmp_path / "run.yaml").write_text(json.dumps(config))  # JSON is YAML
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "run.yaml")])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:  # 2 groups of 2 a step, every group kept (the plugin's own choice), each weighing 0.5
+        assert r["curriculum/tag_cli"] == 1 and r["curriculum/newest_tracked"] == 2 * r["step"], r
+        assert r["batch/groups"] == r["batch/generated_groups"] == 2 and r["batch/sequences"] == 4, r
+        assert r["curriculum/loss_weight_mean"] == 0.5, r
+
+
 def train_with_a_push_that_never_lands(model: Any, out: Path, patch: str) -> subprocess.CompletedProcess:
     """3 steps on the coin env in a process where `patch` (a line of Python) makes the engine drop pushes."""
     cfg = coin_config(model, out, steps=3, lr=1e-3)

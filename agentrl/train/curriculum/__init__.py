@@ -6,9 +6,11 @@
 - `dynamic`: `DynamicBatch`, DAPO's dynamic sampling: zero-variance groups dropped and the batch
   refilled from the sampler;
 - `leveled`: `LeveledCurriculum`, the band sampler whose probes come from a leveled task generator at
-  a difficulty level that rises with the policy (`curriculum.difficulty.adaptive`).
+  a difficulty level that rises with the policy (`curriculum.difficulty.adaptive`);
+- `samplers`: the other built-in samplers (uniform, dapo, pools, mgpo), the `Sampler` protocol and
+  the registry `curriculum.sampler` names them in (plugins: the entry-point group `agentrl.samplers`).
 
-`build_curriculum(source, config)` is the one way from a config to a curriculum. The curriculum only
+`build_curriculum(source, config)` is the one way from a config to a sampler. The sampler only
 picks tasks and records what their groups scored; the rollout producer (`agentrl.train.producer`)
 plays the episodes and drives `DynamicBatch`.
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.tasksource import as_task_source
 from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
 from agentrl.train.curriculum.config import CurriculumConfig, DifficultySettings
 from agentrl.train.curriculum.dynamic import (
@@ -33,13 +34,28 @@ from agentrl.train.curriculum.leveled import (
     LeveledTaskGenerator,
     leveled_generator,
 )
+from agentrl.train.curriculum.samplers import (
+    ENTRY_POINT_GROUP,
+    DapoSampler,
+    DifficultyPools,
+    MgpoSampler,
+    Sampler,
+    UniformSampler,
+    available_samplers,
+    build_sampler,
+    load_sampler,
+    metrics_of,
+)
 from agentrl.types import Split
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "BatchMetrics",
     "Curriculum",
     "CurriculumConfig",
     "CurriculumMetrics",
+    "DapoSampler",
+    "DifficultyPools",
     "DifficultySettings",
     "DynamicBatch",
     "DynamicBatchResult",
@@ -47,26 +63,25 @@ __all__ = [
     "LeveledCurriculum",
     "LeveledMetrics",
     "LeveledTaskGenerator",
+    "MgpoSampler",
+    "Sampler",
     "TaskDraw",
     "TaskStats",
+    "UniformSampler",
+    "available_samplers",
     "build_curriculum",
+    "build_sampler",
     "filter_groups",
     "group_by_id",
+    "leveled_generator",
+    "load_sampler",
+    "metrics_of",
 ]
 
 
-def build_curriculum(
-    source: Any, config: CurriculumConfig | None = None, split: Split = "train"
-) -> Curriculum:
-    """The curriculum `config` asks for over the tasks of `split` of anything `ToolEnv(tasks=...)`
-    accepts: a generator (unbounded), or a list, JSONL file or `datasets.Dataset` (a finite pool).
-
-    With `difficulty.adaptive`, a `LeveledCurriculum` over the source's leveled generator (task i is
-    made at the level the curriculum steers); otherwise the band sampler over task i = the source's
-    task i of `split`.
-    """
-    config = config if config is not None else CurriculumConfig()
-    src = as_task_source(source)
-    if config.difficulty.adaptive:
-        return LeveledCurriculum(leveled_generator(src), config, split)
-    return Curriculum(lambda index: src.get(index, split), config, pool_size=src.size(split))
+def build_curriculum(source: Any, config: CurriculumConfig | None = None, split: Split = "train") -> Any:
+    """The sampler `config` asks for (`curriculum.sampler`, the band by default) over the tasks of
+    `split` of anything `ToolEnv(tasks=...)` accepts: a generator (unbounded), or a list, JSONL file or
+    `datasets.Dataset` (a finite pool). With `difficulty.adaptive`, the `leveled` sampler over the
+    source's leveled generator."""
+    return build_sampler(source, config, split)

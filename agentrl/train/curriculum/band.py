@@ -22,8 +22,16 @@ has explicit, budgeted knobs here (probe_prob, reprobe_prob), Thompson draws mak
 membership and the logged occupancy jump from call to call, and after a group of 8-16
 rollouts the posterior is narrow enough that the mean and a draw rarely disagree about the band.
 
-The sampler only picks tasks (`sample`) and records what their groups scored (`update`); who
-plays the episodes is the caller's business. Everything is deterministic given `config.seed` (one
+Probes can cost less than a full group (`probe_group_size`: a task never or always solved shows it
+in a few episodes; one that splits them trains like any other group), and need not be uniform draws:
+with `prior_key` (a metadata field such as a level), a new task's prior pass rate is that of the
+tracked tasks sharing its value, and a probe takes, of the next `probe_candidates` new tasks, the one
+whose prior is nearest 1/2.
+
+`Curriculum` is also the base class of the other samplers (`agentrl.train.curriculum.samplers`):
+they keep its estimates, metrics and state and override `sample` (and, to weight a group's loss,
+`group_weight`). The sampler only picks tasks (`sample`) and records what their groups scored
+(`update`); who plays the episodes is the caller's business. Everything is deterministic given `config.seed` (one
 numpy Generator), and `state_dict()` is plain JSON, so a resumed run draws exactly what the
 uninterrupted run would have drawn.
 """
@@ -38,9 +46,13 @@ import numpy as np
 
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.task import Task
+from agentrl.tasksource import TaskSource
 from agentrl.train.curriculum.config import CurriculumConfig
+from agentrl.types import Split
 
-DrawKind = Literal["probe", "reprobe", "band"]
+DrawKind = Literal["probe", "reprobe", "band", "revisit"]
+"""probe: a task not seen before; reprobe: a tracked task outside the band; band: a tracked task in
+the band; revisit: a tracked task drawn whatever its estimate (uniform and the other samplers)."""
 
 _STATE_VERSION = 1
 
@@ -55,6 +67,7 @@ class TaskStats:
     failures: float = 0.0
     groups: int = 0  # groups observed (not decayed)
     samples: int = 0  # trajectories observed (not decayed)
+    prior_value: str | None = None  # the task's `prior_key` metadata value, as text
 
     @property
     def observed(self) -> bool:
@@ -69,6 +82,7 @@ class TaskDraw:
     index: int
     kind: DrawKind
     p_hat: float | None  # the estimate it was drawn with; None for a probe
+    group_size: int | None = None  # episodes to run on it; None: the rollout's group_size
 
     @property
     def task_id(self) -> str:
@@ -100,6 +114,17 @@ def group_by_id(trajectories: Iterable[Trajectory]) -> list[list[Trajectory]]:
 class Curriculum:
     """Per-task pass-rate posteriors and the band sampler (see the module docstring)."""
 
+    dynamic_sampling: bool = True
+    """Whether the batch drops zero-variance groups and refills (DAPO) when `config.dynamic_sampling`
+    is unset: this sampler's own choice."""
+
+    @classmethod
+    def from_source(
+        cls, source: TaskSource, config: CurriculumConfig, split: Split = "train", **options: Any
+    ):
+        """The sampler over the tasks of `split` of `source`; `options` are `config.sampler_options`."""
+        return cls(lambda index: source.get(index, split), config, pool_size=source.size(split), **options)
+
     def __init__(
         self,
         task_factory: Callable[[int], Task],
@@ -124,11 +149,17 @@ class Curriculum:
             if pool_size is not None
             else None
         )
+        # New tasks a probe looked at but did not take (`prior_key`), for later probes: (index, id, prior value).
+        self._pending: list[tuple[int, str, str | None]] = []
 
     @property
     def exhausted(self) -> bool:
         """Whether every task of a finite pool has been probed (always False for a generator)."""
-        return self.pool_size is not None and self.next_index - self.config.first_index >= self.pool_size
+        return (
+            self.pool_size is not None
+            and self.next_index - self.config.first_index >= self.pool_size
+            and not self._pending
+        )
 
     # -- estimates --------------------------------------------------------------------------
 
@@ -144,6 +175,31 @@ class Curriculum:
 
     def in_band(self, p: float) -> bool:
         return self.config.band_low <= p <= self.config.band_high
+
+    def prior(self, task: Task) -> float:
+        """A new task's prior pass rate: with `prior_key`, the pooled pass rate of the tracked tasks whose
+        metadata has the same value (counts added to the Beta prior), else the prior's mean."""
+        return self.prior_of(self._prior_value(task))
+
+    def prior_of(self, value: str | None) -> float:
+        """The prior pass rate of a new task whose `prior_key` value is `value` (see `prior`)."""
+        cfg = self.config
+        alpha, beta = cfg.prior_alpha, cfg.prior_beta
+        if value is not None:
+            for stats in self.tasks.values():
+                if stats.prior_value == value:
+                    alpha, beta = alpha + stats.successes, beta + stats.failures
+        return alpha / (alpha + beta)
+
+    def _prior_value(self, task: Task) -> str | None:
+        key = self.config.prior_key
+        if key is None or key not in task.metadata:
+            return None
+        return str(task.metadata[key])
+
+    def group_weight(self, group: Sequence[Trajectory]) -> float:
+        """The factor on the advantages of a group this sampler's batch trains on (1: GRPO's own)."""
+        return 1.0
 
     # -- evidence ---------------------------------------------------------------------------
 
@@ -248,11 +304,36 @@ class Curriculum:
         return draws
 
     def _probe(self) -> TaskDraw | None:
-        """A never-seen task; None when a finite pool has no untracked task left."""
+        """A never-seen task; None when a finite pool has no untracked task left.
+
+        With `prior_key`, each probe looks at the next `probe_candidates` new tasks and takes, of those and
+        the ones earlier probes left, the first whose prior is nearest 1/2; the others wait for later probes
+        (a generator's oldest are forgotten past 64 x probe_candidates: its supply has no end)."""
+        want = self.config.probe_candidates if self.config.prior_key is not None else 1
+        made: dict[int, Task] = {}
+        while len(made) < want and (new := self._next_new()) is not None:
+            task, index = new
+            made[index] = task
+            self._pending.append((index, task.id, self._prior_value(task)))
+        if self.pool_size is None and len(self._pending) > 64 * want:
+            del self._pending[: len(self._pending) - 64 * want]
+        if not self._pending:
+            return None
+        priors = {value: self.prior_of(value) for value in {value for _, _, value in self._pending}}
+        spread = [priors[value] * (1.0 - priors[value]) for _, _, value in self._pending]
+        index, task_id, value = self._pending.pop(spread.index(max(spread)))
+        task = made[index] if index in made else self.task_factory(index)
+        self.tasks[task_id] = TaskStats(task_id=task_id, index=index, prior_value=value)
+        return TaskDraw(task, index, "probe", None, group_size=self.config.probe_group_size)
+
+    def _next_new(self) -> tuple[Task, int] | None:
+        """The next task of the probe order that is neither tracked nor pending; None when a finite pool
+        has none left."""
+        pending = {task_id for _, task_id, _ in self._pending}
         # Generators are deterministic in the index; an id we already track (a generator with
         # duplicates) is skipped so a probe is always a task the curriculum has not seen.
         for _ in range(10_000):
-            if self.exhausted:
+            if self.pool_size is not None and self.next_index - self.config.first_index >= self.pool_size:
                 return None
             position = self.next_index
             self.next_index += 1
@@ -260,9 +341,8 @@ class Curriculum:
             if self._probe_order is not None:
                 index = int(self._probe_order[(position - self.config.first_index) % len(self._probe_order)])
             task = self.task_factory(index)
-            if task.id not in self.tasks:
-                self.tasks[task.id] = TaskStats(task_id=task.id, index=index)
-                return TaskDraw(task, index, "probe", None)
+            if task.id not in self.tasks and task.id not in pending:
+                return task, index
         raise RuntimeError(
             f"the task factory returned 10000 already-tracked ids in a row (up to index {self.next_index - 1}); "
             "it must give distinct task ids for distinct indices"
@@ -296,16 +376,25 @@ class Curriculum:
         """Plain-JSON state: task evidence, the next probe index and the generator's state."""
         return {
             "version": _STATE_VERSION,
+            "sampler": type(self).__name__,
             "next_index": self.next_index,
             "rng": self.rng.bit_generator.state,
             "tasks": [asdict(s) for s in self.tasks.values()],
+            "pending": [list(entry) for entry in self._pending],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` output; the config stays the one this curriculum was built with."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"curriculum state version {state.get('version')!r}, expected {_STATE_VERSION}")
+        saved = state.get("sampler", type(self).__name__)
+        if saved != type(self).__name__:
+            raise ValueError(
+                f"the saved curriculum state is of the sampler {saved}, this run's is {type(self).__name__}: "
+                "resume with the curriculum.sampler the run started with"
+            )
         rng = np.random.default_rng()
         rng.bit_generator.state = state["rng"]
         tasks = {t["task_id"]: TaskStats(**t) for t in state["tasks"]}
         self.rng, self.tasks, self.next_index = rng, tasks, int(state["next_index"])
+        self._pending = [(int(i), str(task_id), value) for i, task_id, value in state.get("pending", [])]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,9 +40,23 @@ class DifficultySettings(BaseModel):
 
 
 class CurriculumConfig(BaseModel):
-    """Learnability-band curriculum and DAPO dynamic sampling."""
+    """Which tasks each batch trains on: a sampler (the learnability band by default) and DAPO dynamic sampling."""
 
     model_config = ConfigDict(extra="forbid")
+
+    sampler: str = Field(
+        "band",
+        description="The task sampler: band (learnability band), uniform, dapo (uniform with dynamic "
+        "sampling), pools (easy/normal/hard difficulty pools), mgpo (uniform draws, each group's loss "
+        "weighted by how close its pass rate is to 1/2), leveled (the band probing at a rising difficulty "
+        "level); or a sampler a package registers in the entry-point group `agentrl.samplers`; or "
+        "`module:attribute`.",
+    )
+    sampler_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword options of the sampler (pools: easy_threshold, hard_threshold, easy_fraction, "
+        "hard_fraction; mgpo: strength; a plugin's own).",
+    )
 
     prior_alpha: float = Field(
         1.0, gt=0, description="Beta prior α (pseudo-successes) of every task's pass rate; 1, 1 is uniform."
@@ -78,10 +92,27 @@ class CurriculumConfig(BaseModel):
     batch_groups: int = Field(
         8, ge=1, description="Informative (non-zero reward variance) groups per training batch."
     )
-    dynamic_sampling: bool = Field(
-        True,
+    dynamic_sampling: bool | None = Field(
+        None,
         description="Drop zero-variance groups and refill the batch (DAPO); off: a batch is the first "
-        "batch_groups groups generated, zero-variance ones included (they add no gradient).",
+        "batch_groups groups generated, zero-variance ones included (they add no gradient). Unset: the "
+        "sampler's own choice (off for uniform, on for every other built-in sampler).",
+    )
+    probe_group_size: int | None = Field(
+        None,
+        ge=2,
+        description="Episodes in the group of a probe (a task not seen before), fewer than rollout.group_size "
+        "to spend less on tasks that turn out never or always solved; a probe group with both passes and "
+        "failures trains like any other. Unset: rollout.group_size.",
+    )
+    prior_key: str | None = Field(
+        None,
+        description="A task metadata field (e.g. `level`) whose value says how hard a task is: a new task's "
+        "prior pass rate is that of the tracked tasks with the same value, and a probe takes, of the next "
+        "probe_candidates new tasks, the one whose prior is nearest 1/2.",
+    )
+    probe_candidates: int = Field(
+        8, ge=1, description="New tasks a probe chooses among when prior_key is set (1: the next one)."
     )
     max_gen_factor: float = Field(
         3.0,
@@ -104,6 +135,10 @@ class CurriculumConfig(BaseModel):
     def _check(self) -> CurriculumConfig:
         if self.band_low > self.band_high:
             raise ValueError(f"band_low ({self.band_low}) must be <= band_high ({self.band_high})")
+        if self.difficulty.adaptive and self.sampler not in ("band", "leveled"):
+            raise ValueError(
+                f"difficulty.adaptive is the `leveled` sampler; it cannot be combined with sampler {self.sampler!r}"
+            )
         if self.probe_prob + self.reprobe_prob > 1.0:
             raise ValueError(
                 f"probe_prob + reprobe_prob = {self.probe_prob + self.reprobe_prob} > 1; they are shares of the draws"

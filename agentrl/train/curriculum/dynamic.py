@@ -47,6 +47,7 @@ class BatchMetrics:
     probe_draws: int
     reprobe_draws: int
     band_draws: int
+    revisit_draws: int  # tracked tasks drawn whatever their estimate (uniform and the other samplers)
 
     def as_dict(self, prefix: str = "curriculum/") -> dict[str, Any]:
         return {prefix + k: v for k, v in asdict(self).items()}
@@ -94,6 +95,7 @@ class DynamicBatchResult:
             probe_draws=self.draw_counts.get("probe", 0),
             reprobe_draws=self.draw_counts.get("reprobe", 0),
             band_draws=self.draw_counts.get("band", 0),
+            revisit_draws=self.draw_counts.get("revisit", 0),
         )
 
 
@@ -134,7 +136,12 @@ class DynamicBatch:
         self.all_pass = 0
         self.all_fail = 0
         self.untrainable = 0
-        self.draw_counts: dict[str, int] = {"probe": 0, "reprobe": 0, "band": 0}
+        self.draw_counts: dict[str, int] = {"probe": 0, "reprobe": 0, "band": 0, "revisit": 0}
+        # DAPO's zero-variance dropping: the config's choice, else the sampler's own.
+        chosen = curriculum.config.dynamic_sampling
+        self.dynamic_sampling = (
+            chosen if chosen is not None else getattr(curriculum, "dynamic_sampling", True)
+        )
         self._drawn: set[str] = set()
         self.pool_exhausted = False  # a finite pool gave fewer tasks than asked: nothing left to draw
 
@@ -156,7 +163,7 @@ class DynamicBatch:
         self.rounds += 1
         for draw in draws:
             self._drawn.add(draw.task_id)
-            self.draw_counts[draw.kind] += 1
+            self.draw_counts[draw.kind] = self.draw_counts.get(draw.kind, 0) + 1
         return draws
 
     def add(self, groups: Iterable[Group]) -> None:
@@ -171,7 +178,7 @@ class DynamicBatch:
                 self.all_pass += 1
             elif trainable and all(t.reward < threshold for t in trainable):
                 self.all_fail += 1
-            if self.curriculum.config.dynamic_sampling:
+            if self.dynamic_sampling:
                 kept, dropped = filter_groups([trainable])
             else:  # keep what was generated; a group whose every episode broke has nothing to train on
                 kept, dropped = ([trainable], []) if trainable else ([], [trainable])

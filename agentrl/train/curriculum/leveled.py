@@ -75,6 +75,10 @@ class LeveledMetrics(CurriculumMetrics):
 class LeveledCurriculum(Curriculum):
     """`Curriculum` whose probes come from a leveled generator at a level steered by their outcomes."""
 
+    @classmethod
+    def from_source(cls, source: Any, config: CurriculumConfig, split: Split = "train", **options: Any):
+        return cls(leveled_generator(source), config, split, **options)
+
     def __init__(
         self, generator: LeveledTaskGenerator, config: CurriculumConfig | None = None, split: Split = "train"
     ):
@@ -114,7 +118,7 @@ class LeveledCurriculum(Curriculum):
             if task.id not in self.tasks:
                 self.tasks[task.id] = TaskStats(task_id=task.id, index=index)
                 self.pending[task.id] = self.level
-                return TaskDraw(task, index, "probe", None)
+                return TaskDraw(task, index, "probe", None, group_size=self.config.probe_group_size)
         raise RuntimeError(
             f"the leveled generator returned 10000 already-tracked ids in a row at level {self.level}; "
             "it must give distinct task ids for distinct (index, level)"
