@@ -21,7 +21,10 @@ benchmarks/RESULTS.md).
 (seed, split, index, level). `generate(index, split)` is the *mixed pool*: task `index` picks its own
 level, uniformly and as a pure function of (seed, split, index), so every consumer of the generator
 (every arm of a benchmark) sees the same tasks; with `level=` set, every task has that level. Ids
-name the level: `calc-levels/train/L3/17`.
+name the level: `calc-levels/train/L3/17`. `mix` weights the levels of the mixed pool instead:
+`mix="swe-like"` (`SWE_LIKE_MIX`) makes the calc-v0 warm start's pool look like a small model's on
+SWE-style tasks (most never solved, a few always, a quarter in between; measured in
+benchmarks/RESULTS.md).
 
 A generator with `levels` and `generate_at` is a *leveled generator*
 (`agentrl.train.curriculum.leveled`): the curriculum can steer its level with its probes
@@ -51,10 +54,32 @@ LADDER: tuple[tuple[int, tuple[int, int]], ...] = (
 )
 
 
+SWE_LIKE_MIX: tuple[float, ...] = (0.10, 0.15, 0.15, 0.10, 0.20, 0.30)
+"""Level weights of the mixed pool (`mix="swe-like"`): for the calc-v0 warm start, whose pass rate
+by level falls from always (level 1) through the band (0, 2, 3) to never (4, 5), a pool where
+most tasks are never solved, a few always and about a quarter sometimes."""
+
+
+def level_mix(mix: Any, levels: int) -> tuple[float, ...] | None:
+    """`mix` as one weight per level: None (uniform), "swe-like", or a sequence of `levels` weights."""
+    if mix is None:
+        return None
+    if mix == "swe-like":
+        mix = SWE_LIKE_MIX[:levels]
+    if isinstance(mix, str):
+        raise ValueError(f"mix must be 'swe-like' or a weight per level, got {mix!r}")
+    weights = tuple(float(w) for w in mix)
+    if len(weights) != levels or min(weights) < 0 or sum(weights) <= 0:
+        raise ValueError(
+            f"mix needs {levels} non-negative weights (one per level) with a positive sum, got {mix!r}"
+        )
+    return weights
+
+
 class LeveledCalcTasks:
     """Arithmetic tasks by difficulty level (see the module docstring); `levels` takes the ladder's first N."""
 
-    def __init__(self, seed: int = 0, levels: int = len(LADDER), level: int | None = None):
+    def __init__(self, seed: int = 0, levels: int = len(LADDER), level: int | None = None, mix: Any = None):
         if not 1 <= levels <= len(LADDER):
             raise ValueError(f"levels must be in 1..{len(LADDER)}, got {levels}")
         if level is not None and not 0 <= level < levels:
@@ -62,12 +87,16 @@ class LeveledCalcTasks:
         self.seed = seed
         self.levels = levels
         self.level = level
+        self.mix = level_mix(mix, levels)
 
     def level_of(self, index: int, split: Split = "train") -> int:
         """The level of task `index` of the mixed pool (the fixed `level` when one is set)."""
         if self.level is not None:
             return self.level
-        return random.Random(split_rng_seed(self.seed, split, index) ^ 0x5EED).randrange(self.levels)
+        rng = random.Random(split_rng_seed(self.seed, split, index) ^ 0x5EED)
+        if self.mix is None:
+            return rng.randrange(self.levels)
+        return rng.choices(range(self.levels), weights=self.mix)[0]
 
     def generate(self, index: int, split: Split = "train") -> Task:
         return self.generate_at(index, split, self.level_of(index, split))
@@ -108,6 +137,11 @@ class CalcLevelsSettings(CalcSettings):
         ge=0,
         description="Every task at this level (0 .. levels-1); None: the mixed pool, each task its own level.",
     )
+    mix: str | list[float] | None = Field(
+        None,
+        description="Level weights of the mixed pool: one per level, or 'swe-like' (most tasks never solved "
+        "by the calc-v0 warm start, a few always, a quarter sometimes); None: every level equally likely.",
+    )
 
     @model_validator(mode="after")
     def _level_in_range(self) -> CalcLevelsSettings:
@@ -115,6 +149,7 @@ class CalcLevelsSettings(CalcSettings):
             raise ValueError(
                 f"level must be in 0..{self.levels - 1} (levels={self.levels}), got {self.level}"
             )
+        level_mix(self.mix, self.levels)
         return self
 
 
@@ -131,12 +166,13 @@ class CalcLevelsEnv(CalcEnv):
         seed: int = 0,
         levels: int = len(LADDER),
         level: int | None = None,
+        mix: Any = None,
         env_id: str | None = None,
         **kwargs: Any,
     ) -> TaskSource | None:
         """The leveled pool (not calc-v0's generator), for the constructor and `agentrl.task_source`."""
         return super().make_tasks(
-            tasks=tasks if tasks is not None else LeveledCalcTasks(seed, levels, level),
+            tasks=tasks if tasks is not None else LeveledCalcTasks(seed, levels, level, mix),
             seed=seed,
             env_id=env_id,
         )

@@ -75,3 +75,19 @@ def test_the_task_source_poses_the_leveled_pool_without_building_the_env():
             assert task == env.tasks.get(i, "test")
     finally:
         env.close()
+
+
+def test_mix_weights_the_levels_of_the_mixed_pool() -> None:
+
+    from agentrl.envs.calc_levels import SWE_LIKE_MIX
+
+    levels = Counter(LeveledCalcTasks(seed=0, mix="swe-like").level_of(i, "test") for i in range(3000))
+    for level, weight in enumerate(SWE_LIKE_MIX):
+        assert abs(levels[level] / 3000 - weight) < 0.03, (level, levels)
+    only_two = LeveledCalcTasks(seed=0, mix=[0, 0, 1, 0, 0, 0])
+    assert {only_two.generate(i).metadata["level"] for i in range(50)} == {2}
+    assert LeveledCalcTasks(seed=0).generate(5) == LeveledCalcTasks(seed=0, mix=None).generate(5)
+    with pytest.raises(ValueError, match="mix needs 6 non-negative weights"):
+        LeveledCalcTasks(mix=[1, 2])
+    with pytest.raises(ValueError, match="mix must be 'swe-like' or a weight per level"):
+        LeveledCalcTasks(mix="hard")
