@@ -1,25 +1,30 @@
-"""The learnability band against uniform sampling and DAPO dynamic sampling alone, at equal generation.
+"""Task samplers (the learnability band, uniform, DAPO alone, ...) against each other at equal generation.
 
     .venv/bin/python benchmarks/curriculum.py                 # 3 seeds x 4 arms (how long: benchmarks/RESULTS.md)
     .venv/bin/python benchmarks/curriculum.py --quick         # the same code path in 1-3 minutes (CI)
     .venv/bin/python benchmarks/curriculum.py --arms band,uniform --seeds 0 --budget-tokens 20000
+    .venv/bin/python benchmarks/curriculum.py --arms band-cheap,band,uniform --env-kwargs '{"mix": "swe-like"}'
 
 Every arm starts from the same warm start (the calc-v0 model of `agentrl.kit.warm_start`, cached under
 `--out`), runs with the same seeds, and stops once it has *generated* `--budget-tokens` tokens
 (every token the policy sampled: probes, dropped groups and refills included). The environment is
 `agentrl/calc-levels-v0`: calc's arithmetic in difficulty levels, task i's level a pure function of
 i, so every arm draws from the same pool. For this model the levels range from mostly solved
-through the band to never solved. The arms differ only in `curriculum.*` settings of `agentrl
-train`'s config:
+through the band to never solved; `--env-kwargs '{"mix": "swe-like"}'` weights the levels so that most
+of the pool is never solved, as a small model's SWE-style pool. The arms differ only in
+`curriculum.*` settings of `agentrl train`'s config:
 
-- `band`:     the learnability band (probes, re-probes, draws in 0.2 <= p̂ <= 0.8 weighted p̂(1-p̂)) with
-              dynamic sampling: the demo's curriculum (examples/calc_grpo.yaml);
-- `uniform`:  every group a fresh task from the pool (`probe_prob=1`), every group trained on
-              (`dynamic_sampling=false`);
-- `dapo`:     fresh tasks, zero-variance groups dropped and the batch refilled (DAPO's dynamic sampling
-              without the band);
-- `adaptive`: the band, plus probes at a difficulty level the curriculum steers so that probes pass
-              about half the time (`curriculum.difficulty`, `agentrl.train.curriculum.leveled`).
+- `band`:       the learnability band (probes, re-probes, draws in 0.2 <= p̂ <= 0.8 weighted p̂(1-p̂))
+                with dynamic sampling: the demo's curriculum (examples/calc_grpo.yaml);
+- `band-cheap`: the band whose probes are half a group, each taking of the next 8 new tasks the one
+                whose level's pass rate so far is nearest 1/2 (`probe_group_size`, `prior_key`);
+- `uniform`:    every group a task drawn uniformly, every group trained on (`sampler: uniform`);
+- `dapo`:       uniform draws, zero-variance groups dropped and the batch refilled (`sampler: dapo`);
+- `pools`:      prime-rl's easy/normal/hard pools (`sampler: pools`);
+- `mgpo`:       uniform draws, each group's advantages weighted by its pass rate's closeness to 1/2;
+- `adaptive`:   the band, plus probes at a difficulty level the curriculum steers so that probes pass
+                about half the time (`sampler: leveled`);
+- any other name: that sampler (`curriculum.sampler`, a plugin's too) with its defaults.
 
 The real pipeline in one process: a vLLM engine (in-process), the rollout engine and the sandbox
 backend (`--backend`, default bwrap), the trainer's `grpo_step` under FSDP2 (one gloo rank), and the
@@ -47,13 +52,25 @@ from typing import Any
 
 ENV = "agentrl/calc-levels-v0"  # the default pool; `--env agentrl/calc-v0` compares the arms on the demo's
 
-# The arms: `curriculum.*` overrides on top of the base config below (the demo's GRPO settings).
+# The arms: `curriculum.*` overrides on top of the base config below (the demo's GRPO settings). Any
+# other arm name is a sampler (`curriculum.sampler`: a plugin's, say) with its defaults.
 ARMS: dict[str, dict[str, Any]] = {
     "band": {},
-    "uniform": {"probe_prob": 1.0, "reprobe_prob": 0.0, "dynamic_sampling": False},
-    "dapo": {"probe_prob": 1.0, "reprobe_prob": 0.0},
-    "adaptive": {"difficulty": {"adaptive": True}},
+    # The band with cheaper probes: half a group for a new task (`arm_settings`), chosen by the pass rate
+    # of its level so far.
+    "band-cheap": {"prior_key": "level"},
+    "uniform": {"sampler": "uniform"},
+    "dapo": {"sampler": "dapo"},
+    "pools": {"sampler": "pools"},
+    "mgpo": {"sampler": "mgpo"},
+    "adaptive": {"sampler": "leveled"},
 }
+
+
+def arm_settings(arm: str, group_size: int) -> dict[str, Any]:
+    if arm == "band-cheap":
+        return {**ARMS[arm], "probe_group_size": max(2, group_size // 2)}
+    return ARMS.get(arm, {"sampler": arm})
 
 
 def base_config(args: argparse.Namespace, model: str, out: Path, seed: int, arm: str) -> Any:
@@ -61,7 +78,7 @@ def base_config(args: argparse.Namespace, model: str, out: Path, seed: int, arm:
 
     return TrainConfig(
         env=args.env,
-        env_kwargs={"backend": args.backend},
+        env_kwargs={"backend": args.backend, **args.env_kwargs},
         model=model,
         out=str(out),
         steps=10_000,  # the token budget stops a run, not the step count
@@ -82,7 +99,7 @@ def base_config(args: argparse.Namespace, model: str, out: Path, seed: int, arm:
             "probe_prob": 0.3,
             "reprobe_prob": 0.1,
             "seed": seed,
-            **ARMS[arm],
+            **arm_settings(arm, args.group_size),
         },
         optim={
             "lr": 1e-4,
@@ -114,7 +131,7 @@ class HeldOut:
         from agentrl.eval.evaluate import EvalBudget, resolve_tasks
         from agentrl.rollout.config import RolloutConfig
 
-        env_kwargs = {"backend": args.backend}
+        env_kwargs = {"backend": args.backend, **args.env_kwargs}
         self.tasks, turns = resolve_tasks(args.env, "test", args.eval_tasks, env_kwargs, None)
         self.budget = EvalBudget(
             env=args.env,
@@ -158,6 +175,28 @@ class HeldOut:
             by.setdefault(str(meta.get("level", meta.get("kind", "all"))), []).append(ok)
         return {key: round(sum(v) / len(v), 3) for key, v in sorted(by.items())}
 
+    def histogram(self, outcomes: dict[tuple[int, int], bool]) -> dict[str, Any]:
+        """How the tasks' pass rates over their samples spread: never, sometimes, always solved (shares),
+        and the count of tasks at each number of passes."""
+        passes: dict[int, int] = {}
+        samples: dict[int, int] = {}
+        for (i, _), ok in outcomes.items():
+            passes[i] = passes.get(i, 0) + ok
+            samples[i] = samples.get(i, 0) + 1
+        n = len(passes)
+        never = sum(1 for i in passes if passes[i] == 0)
+        always = sum(1 for i in passes if passes[i] == samples[i])
+        return {
+            "tasks": n,
+            "samples_per_task": max(samples.values(), default=0),
+            "never": round(never / n, 3),
+            "sometimes": round((n - never - always) / n, 3),
+            "always": round(always / n, 3),
+            "tasks_by_passes": [
+                sum(1 for i in passes if passes[i] == k) for k in range(max(samples.values(), default=0) + 1)
+            ],
+        }
+
 
 # --- one run ------------------------------------------------------------------------------------------------
 
@@ -200,14 +239,15 @@ def run_arm(
     gen = RolloutProducer(cfg, policy, on_trajectory=count)
     # Which kind of draw (probe, re-probe, band) each group came from, and whether it was informative:
     # how well the curriculum's choices pay for their generation.
-    by_kind = {k: {"groups": 0, "informative": 0} for k in ("probe", "reprobe", "band")}
+    by_kind: dict[str, dict[str, int]] = {}
     generate = gen.groups
 
     def groups_by_kind(draws: list[Any]) -> list[Any]:
         kinds = {d.task_id: d.kind for d in draws}
         out = generate(draws)
         for g in out:
-            tally = by_kind[kinds[g[0].task_id]]
+            tally = by_kind.setdefault(kinds[g[0].task_id], {"groups": 0, "informative": 0, "episodes": 0})
+            tally["episodes"] += len(g)
             tally["groups"] += 1
             tally["informative"] += len({t.reward for t in g if t.trainable}) > 1
         return out
@@ -242,7 +282,8 @@ def run_arm(
             "tracked": int(batch.metrics.get("curriculum/num_tracked", 0)),
             "in_band": int(batch.metrics.get("curriculum/num_in_band", 0)),
             "draws": {
-                k: int(batch.metrics.get(f"curriculum/{k}_draws", 0)) for k in ("probe", "reprobe", "band")
+                k: int(batch.metrics.get(f"curriculum/{k}_draws", 0))
+                for k in ("probe", "reprobe", "band", "revisit")
             },
         }
         if "curriculum/level" in batch.metrics:
@@ -406,11 +447,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "batch_groups": args.batch_groups,
             "max_tokens_per_turn": args.max_tokens_per_turn,
             "backend": args.backend,
+            "env_kwargs": args.env_kwargs,
             "eval": f"{args.eval_tasks} test tasks x {args.eval_samples} samples, T=1, fixed episode seeds",
             "eval_points": args.eval_points,
         },
         "start_pass_at_1": round(start, 4),
         "start_by_level": held_out.levels(start_outcomes),
+        "start_pass_rate_histogram": held_out.histogram(start_outcomes),
         "target_pass_at_1": round(target, 4),
         "arms": arms,
         "paired_vs_" + reference: paired,
@@ -444,7 +487,15 @@ def prepare_model(args: argparse.Namespace, out: Path) -> tuple[str, dict[str, A
     }
 
 
-_COLORS = {"band": "tab:blue", "uniform": "tab:orange", "dapo": "tab:green", "adaptive": "tab:purple"}
+_COLORS = {
+    "band": "tab:blue",
+    "band-cheap": "tab:cyan",
+    "uniform": "tab:orange",
+    "dapo": "tab:green",
+    "pools": "tab:brown",
+    "mgpo": "tab:pink",
+    "adaptive": "tab:purple",
+}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -514,7 +565,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="Tiny budgets and a random tiny model (CI smoke run)."
     )
-    p.add_argument("--arms", default=",".join(ARMS), help=f"Comma-separated arms out of {', '.join(ARMS)}.")
+    p.add_argument(
+        "--arms",
+        default="band,uniform,dapo,adaptive",
+        help=f"Comma-separated arms out of {', '.join(ARMS)}, or sampler names.",
+    )
     p.add_argument("--seeds", default="0,1,2", help="Comma-separated seeds (one run per arm and seed).")
     p.add_argument("--budget-tokens", type=int, default=None, help="Generated tokens per run.")
     p.add_argument(
@@ -532,6 +587,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--env", default=ENV, help="Task pool (the adaptive arm needs an environment with a difficulty knob)."
     )
     p.add_argument("--backend", default="bwrap", help="Sandbox backend of the python tool (bwrap, docker).")
+    p.add_argument(
+        "--env-kwargs", default="{}", help='Environment settings as JSON, e.g. \'{"mix": "swe-like"}\'.'
+    )
     p.add_argument("--model", default=None, help="Start from this checkpoint instead of the calc warm start.")
     p.add_argument("--out", default="runs/bench-curriculum", help="Run directory (warm start cached here).")
     args = p.parse_args(argv)
@@ -543,9 +601,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in args.arms if a not in ARMS]
+    from agentrl.train.curriculum import available_samplers
+
+    unknown = [a for a in args.arms if a not in ARMS and a not in available_samplers()]
     if unknown:
-        p.error(f"unknown arm(s) {unknown}; choose from {', '.join(ARMS)}")
+        p.error(f"unknown arm(s) {unknown}; choose from {', '.join(ARMS)} or a sampler name")
+    try:
+        args.env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as exc:
+        p.error(f"--env-kwargs is not JSON: {exc}")
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if args.quick and args.seeds == [0, 1, 2]:
         args.seeds = [0]
