@@ -7,6 +7,7 @@ of characters: no skill, pure chance, exactly what a wiring test of the training
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import agentrl
@@ -61,3 +62,35 @@ agentrl.register(
     agent="agentrl.gateway:tool_loop_agent",
     description="the coin env played by an openai-SDK harness through the gateway",
 )
+
+
+class PickTasks:
+    """Name one of two words, the one the prompt asks for: a model that learns the call but not yet the
+    reading of the prompt picks right half the time."""
+
+    WORDS = ("left", "right")
+
+    def generate(self, index: int, split: str = "train") -> Task:
+        word = self.WORDS[random.Random(f"{split}/{index}").randrange(2)]
+        return Task(
+            id=f"pick/{split}/{index}",
+            prompt=f"Submit the word {word}. ({index})",
+            answer=word,
+            split=split,
+        )
+
+
+class PickEnv(ToolEnv):
+    """One turn, one tool (`submit`), an exact-match answer and an oracle that submits it: a plugin env
+    unlike calc (no python tool, no arithmetic) for the warm start."""
+
+    def __init__(self, **kw):
+        from agentrl.agents import AnswerOracle
+
+        kw.setdefault("max_turns", 1)
+        super().__init__(
+            tasks=PickTasks(), tools=["submit"], verifier="exact-match", oracle=AnswerOracle, **kw
+        )
+
+
+agentrl.register("test/Pick-v0", "tests.coin_env:PickEnv", max_turns=1, description="pick the word asked for")

@@ -117,3 +117,30 @@ def test_a_target_pass_trains_in_measured_rounds_and_says_what_to_do_below_it(tm
     met = SMALL.model_copy(update={"target_pass": 0.0})
     first = warm_start(tmp_path / "met", met)
     assert [r["round"] for r in first.record["build"]["rounds"]] == [1] and advice(first.record, met) is None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_warm_start_on_a_plugin_env_unlike_calc_stops_in_the_band(tmp_path):
+    """`agentrl model warm-start --env` on a one-tool env of a test package: measured rounds until the
+    held-out pass@1 reaches the band's lower edge, then it stops, with the tasks' never / sometimes /
+    always counts."""
+    out = tmp_path / "pick"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("model", "warm-start", "--env", "tests.coin_env:test/Pick-v0", "--out", str(out)),
+            *("--target-pass", "0.2", "--max-rounds", "6", "--demos", "64", "--epochs", "4"),
+            *("--short-demos", "32", "--short-epochs", "8", "--batch-size", "8"),
+            *("--eval-tasks", "12", "--eval-samples", "2"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / RECORD_FILE).read_text())
+    rounds = record["build"]["rounds"]
+    passes = [r["pass_at_1"] for r in rounds]
+    assert passes[-1] >= 0.2 and all(p < 0.2 for p in passes[:-1]), passes  # stopped at the first round in
+    rates = record["measurement"]["task_pass_rates"]
+    assert sum(rates.values()) == 12 and set(rates) == {"never", "sometimes", "always"}
+    assert rounds[-1]["sft_last_loss"] < rounds[0]["sft_last_loss"]
+    assert "rounds" in result.output and "advice" in result.output
