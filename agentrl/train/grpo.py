@@ -19,6 +19,7 @@ positions never turns into NaN in the loss or its gradient.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -423,6 +424,40 @@ def policy_loss(
         num_sequences=int(stats[13]),
     )
     return loss, metrics
+
+
+RATIO_BIN = 0.002
+"""Width of a bin of `ratio_histogram` in log-ratio: quantiles are exact to 0.2% of the ratio."""
+RATIO_BINS = 1000
+"""Bins each side of log-ratio 0: ratios beyond exp(±2) (7.39, 0.135) count in the outermost bin."""
+
+
+def ratio_histogram(trainer_logprobs: Tensor, behavior_logprobs: Tensor, loss_mask: Tensor) -> Tensor:
+    """Counts of the importance ratio ρ = exp(trainer - behaviour) of the action tokens in fixed bins of
+    log ρ (`RATIO_BIN` wide, centred on 0, clamped at ±`RATIO_BINS` bins): [2·RATIO_BINS + 1], float64.
+    Histograms add over micro-batches and ranks; `histogram_quantiles` reads quantiles off the sum."""
+    with torch.no_grad():
+        mask = loss_mask.bool()  # [B, T]
+        log_ratio = (trainer_logprobs.double() - behavior_logprobs.double())[mask]  # [N]
+        index = (log_ratio / RATIO_BIN).round().clamp(-RATIO_BINS, RATIO_BINS).long() + RATIO_BINS  # [N]
+        return torch.bincount(index, minlength=2 * RATIO_BINS + 1).double()  # [2K+1]
+
+
+def histogram_quantiles(counts: Tensor, quantiles: Sequence[float]) -> dict[float, float]:
+    """The ratio at each quantile of a `ratio_histogram` (its bin's centre); {} when it counts nothing."""
+    total = float(counts.sum())
+    if total == 0.0:
+        return {}
+    cumulative = counts.double().cumsum(0)  # [2K+1]
+    out = {}
+    for q in quantiles:
+        k = int(
+            torch.searchsorted(cumulative, torch.tensor(q * total, dtype=torch.float64)).clamp(
+                max=len(counts) - 1
+            )
+        )
+        out[q] = math.exp((k - RATIO_BINS) * RATIO_BIN)
+    return out
 
 
 def logprob_mismatch(

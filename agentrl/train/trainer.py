@@ -83,7 +83,14 @@ from agentrl.train.distributed import (
     shard_model,
     wait_for_main,
 )
-from agentrl.train.grpo import group_advantages, logprob_mismatch, policy_loss, weight_negatives
+from agentrl.train.grpo import (
+    group_advantages,
+    histogram_quantiles,
+    logprob_mismatch,
+    policy_loss,
+    ratio_histogram,
+    weight_negatives,
+)
 from agentrl.train.logprobs import action_logprobs
 from agentrl.train.lora import (
     adapter_files,
@@ -657,6 +664,14 @@ def grpo_step(
     out = all_reduce_mean(totals.weighted, info.device)
     w = max(out.pop("_w", 0.0), 1e-9)
     out = {k: v if k == "losses/policy_loss" else v / w for k, v in out.items()}
+    # Quantiles of the importance ratio trainer/engine over every rank's action tokens: its tails are what
+    # the TIS cap and the clip act on (histograms add over ranks, quantiles do not).
+    if totals.ratio_hist is not None:
+        hist = totals.ratio_hist.to(info.device)
+        if dist.is_initialized():
+            dist.all_reduce(hist)
+        for q, value in histogram_quantiles(hist.cpu(), (0.01, 0.05, 0.5, 0.95, 0.99)).items():
+            out[f"mismatch/is_ratio_p{round(q * 100):02d}"] = value
     out["losses/grad_norm"] = totals.grad_norm / batch.n_updates
     out["batch/action_tokens"] = totals.tokens / batch.n_updates
     out["batch/sequences"] = float(len(trajectories))
@@ -673,6 +688,8 @@ class _Totals:
     loss: float = 0.0
     grad_norm: float = 0.0
     tokens: float = 0.0
+    ratio_hist: torch.Tensor | None = None
+    """Counts of the trainer/engine log-ratio of the action tokens (`ratio_histogram`), over micro-batches."""
 
 
 @dataclass
@@ -790,6 +807,9 @@ def _micro_batch_backward(
     # engine must be sampling from this policy (the newest weights or adapter); staleness adds to it in async.
     before = logp.detach() if batch.n_updates == 1 else old  # [B, T]
     mismatch = logprob_mismatch(before, rows.behavior_logprobs, rows.loss_mask) if before is not None else {}
+    if before is not None:
+        hist = ratio_histogram(before, rows.behavior_logprobs, rows.loss_mask).cpu()  # [2K+1]
+        totals.ratio_hist = hist if totals.ratio_hist is None else totals.ratio_hist + hist
     loss, metrics = policy_loss(
         logp,
         rows.behavior_logprobs,

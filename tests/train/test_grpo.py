@@ -525,3 +525,36 @@ def test_logprob_mismatch_is_zero_for_the_same_policy_and_k3_otherwise() -> None
     expected = sum(math.exp(d) - d - 1 for d in (0.1, -0.3, 0.2)) / 3
     assert out["kl"] == pytest.approx(expected)
     assert logprob_mismatch(trainer, behaviour, torch.zeros_like(mask))["tokens"] == 0.0
+
+
+def test_ratio_histogram_quantiles_add_over_parts_and_read_the_tails() -> None:
+    from agentrl.train.grpo import histogram_quantiles, ratio_histogram
+
+    gen = torch.Generator().manual_seed(0)
+    behavior = -torch.rand(4, 50, generator=gen) * 3  # [B, T]
+    log_ratio = torch.randn(4, 50, generator=gen) * 0.1  # [B, T]
+    mask = torch.ones(4, 50, dtype=torch.long)
+    mask[:, :10] = 0  # prompt tokens: not counted
+    mask[0, 20] = 1
+    log_ratio[0, 5] = 50.0  # off the mask: an outlier that must not count
+    whole = ratio_histogram(behavior + log_ratio, behavior, mask)
+    parts = ratio_histogram(behavior[:2] + log_ratio[:2], behavior[:2], mask[:2]) + ratio_histogram(
+        behavior[2:] + log_ratio[2:], behavior[2:], mask[2:]
+    )
+    assert torch.equal(whole, parts) and whole.sum() == mask.sum()
+    got = histogram_quantiles(whole, (0.05, 0.5, 0.95))
+    want = torch.quantile(
+        log_ratio[mask.bool()].double(), torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)
+    )
+    for q, w in zip((0.05, 0.5, 0.95), want.tolist(), strict=True):
+        assert math.log(got[q]) == pytest.approx(
+            w, abs=0.01
+        )  # a bin is 0.002 wide; the quantile's rank rounds
+    # Equal log-probs: every ratio is 1; an extreme ratio lands in the outermost bin, exp(2).
+    assert histogram_quantiles(ratio_histogram(behavior, behavior, mask), (0.01, 0.99)) == {
+        0.01: 1.0,
+        0.99: 1.0,
+    }
+    far = ratio_histogram(behavior + 10.0, behavior, mask)
+    assert histogram_quantiles(far, (0.5,))[0.5] == pytest.approx(math.exp(2.0))
+    assert histogram_quantiles(torch.zeros(2001), (0.5,)) == {}
