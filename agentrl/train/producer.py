@@ -61,6 +61,7 @@ class RolloutProducer:
     _slot: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1), init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _worker: threading.Thread | None = field(default=None, init=False, repr=False)
+    _last_end: float | None = field(default=None, init=False, repr=False)
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
         from agentrl.rollout.loop import collect_sync
@@ -113,6 +114,10 @@ class RolloutProducer:
         async producer and the trainer never touch the curriculum at the same time.
         """
         self.stats = {}
+        start = time.perf_counter()
+        # The engines had nothing to generate since the last batch was done: the trainer's update and
+        # push in synchronous mode; in asynchronous mode, the wait for the trainer to take that batch.
+        idle = 0.0 if self._last_end is None else start - self._last_end
         builder = DynamicBatch(curriculum)
         while not builder.done:
             builder.add(self.groups(builder.request()))
@@ -126,14 +131,19 @@ class RolloutProducer:
         metrics = {**batch_metrics(result, curriculum), **self.stats}
         if weights:
             metrics["curriculum/loss_weight_mean"] = sum(weights) / len(weights)
+        metrics["time/engine_idle_s"] = idle
+        self._last_end = time.perf_counter()
         return RolloutBatch(result, metrics, curriculum.state_dict(), self.calls)
 
     def next_batch(self, curriculum: Curriculum) -> RolloutBatch:
         """The batch to train on next: built now (sync), or the one the background thread has built
         (async; the thread then starts the following one, with the weights pushed meanwhile). A
         failure in the thread is raised here, in the trainer's thread."""
+        t0 = time.perf_counter()
         if self.cfg.asynchronous.mode != "async":
-            return self.batch(curriculum)
+            batch = self.batch(curriculum)
+            batch.metrics["time/trainer_wait_s"] = time.perf_counter() - t0  # the whole rollout
+            return batch
         if self._worker is None:
             self._worker = threading.Thread(
                 target=self._produce, args=(curriculum,), daemon=True, name="rollout"
@@ -142,6 +152,7 @@ class RolloutProducer:
         batch = self._prefetch.get()
         if isinstance(batch, Exception):
             raise batch
+        batch.metrics["time/trainer_wait_s"] = time.perf_counter() - t0  # 0 when the batch was ready
         self._slot.release()  # the producer starts the next batch, with this update's weights
         return batch
 

@@ -24,7 +24,16 @@ class Counting(RolloutProducer):
         self.started += 1
         if self.started == self.fail_at:
             raise RuntimeError(f"batch {self.started} failed")
-        return self.started
+        return Numbered(self.started)
+
+
+class Numbered(int):
+    """A batch that is its number (and has the metrics dict the producer adds its timings to)."""
+
+    def __new__(cls, n: int):
+        batch = super().__new__(cls, n)
+        batch.metrics = {}
+        return batch
 
 
 def test_sync_builds_each_batch_when_asked():
@@ -51,4 +60,39 @@ def test_async_failure_is_raised_in_the_callers_thread():
     assert producer.next_batch(None) == 1
     with pytest.raises(RuntimeError, match="batch 2 failed"):
         producer.next_batch(None)
+    producer.stop(wait=True)
+
+
+class Scripted(RolloutProducer):
+    """Builds real batches from scripted groups (no engine), each taking `rollout_s`."""
+
+    def __init__(self, mode: str, rollout_s: float):
+        super().__init__(
+            TrainConfig(model="m", asynchronous={"mode": mode}, curriculum={"batch_groups": 2}), None
+        )
+        self.rollout_s = rollout_s
+
+    def groups(self, draws):  # type: ignore[override]
+        from tests.train.test_curriculum import group
+
+        time.sleep(self.rollout_s)
+        return [group(d.task_id, [1.0, 0.0]) for d in draws]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_engine_idle_and_trainer_wait_are_logged_per_batch(mode):
+    from agentrl.train.curriculum import Curriculum
+    from tests.train.test_curriculum import make_task
+
+    producer = Scripted(mode, rollout_s=0.3)
+    curriculum = Curriculum(make_task)
+    first = producer.next_batch(curriculum)
+    assert first.metrics["time/engine_idle_s"] == 0.0 and first.metrics["time/trainer_wait_s"] >= 0.3
+    time.sleep(0.6)  # the trainer's update
+    second = producer.next_batch(curriculum)
+    if mode == "sync":  # the engine idled through the update, the trainer waits for the whole rollout
+        assert second.metrics["time/engine_idle_s"] >= 0.6 and second.metrics["time/trainer_wait_s"] >= 0.3
+    else:  # built during the update: the trainer did not wait, the engine idled once it was done
+        assert second.metrics["time/trainer_wait_s"] < 0.1
+        assert second.metrics["time/engine_idle_s"] < 0.2
     producer.stop(wait=True)

@@ -376,7 +376,9 @@ def test_a_sampler_registered_by_a_package_runs_in_agentrl_train(tiny_model_dir,
         assert r["batch/groups"] == r["batch/generated_groups"] == 2 and r["batch/sequences"] == 4, r
         assert r["curriculum/loss_weight_mean"] == 0.5, r
         # The engine samples from the trainer's policy (fp32 both): every quantile of the ratio is 1.
-        assert r["mismatch/is_ratio_p01"] == r["mismatch/is_ratio_p50"] == r["mismatch/is_ratio_p99"] == 1.0, r
+        assert (
+            r["mismatch/is_ratio_p01"] == r["mismatch/is_ratio_p50"] == r["mismatch/is_ratio_p99"] == 1.0
+        ), r
 
 
 def train_with_a_push_that_never_lands(model: Any, out: Path, patch: str) -> subprocess.CompletedProcess:
