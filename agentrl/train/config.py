@@ -270,10 +270,13 @@ class AsyncSettings(_Strict):
     max_staleness: int = Field(
         1,
         ge=0,
-        description="Async: trajectories more than this many policy versions old are handled by `stale`.",
+        description="Async: batches generated ahead of the trainer, so no trajectory is more than this many "
+        "policy versions old when trained on (enforced when episodes start); 0 is the synchronous mode.",
     )
     stale: Literal["drop", "importance-weight"] = Field(
-        "drop", description="Async: drop too-stale trajectories, or keep them with the TIS correction."
+        "drop",
+        description="Async: what happens to a trajectory found older than max_staleness when trained on "
+        "(none is, by admission; a safety net): dropped, or kept with the TIS correction.",
     )
 
 

@@ -8,9 +8,10 @@ episodes and hands the groups back; the curriculum never calls into it.
     producer.stop(wait=True)
 
 Synchronous mode (`asynchronous.mode: sync`) builds the batch when asked. Asynchronous mode builds
-it in a background thread, one batch ahead at most: the thread may start the next batch only once
-the trainer has taken the last one, so a trajectory is at most one policy version behind when it is
-trained on (episodes that straddle a weight push are younger still). The curriculum is only ever
+batches in a background thread, k = `asynchronous.max_staleness` ahead at most (admission: batch n
+starts only once the trainer has taken batch n - k, when the weights are version n - k, and batch n
+trains at version n), so no trajectory is more than k policy versions behind when it is trained on
+(episodes that straddle a weight push are younger still); k = 0 is the synchronous mode. The curriculum is only ever
 touched by the thread building a batch, and each batch carries the curriculum's state right after
 it, so a checkpoint taken after training on it records exactly that.
 """
@@ -57,11 +58,17 @@ class RolloutProducer:
     """Rollout calls so far: each seeds its episodes differently. Checkpointed, so a resumed run
     samples what the uninterrupted one would have."""
     on_trajectory: Any = None
-    _prefetch: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=1), init=False, repr=False)
-    _slot: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1), init=False, repr=False)
+    _prefetch: queue.Queue = field(init=False, repr=False)
+    _slot: threading.Semaphore = field(init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _worker: threading.Thread | None = field(default=None, init=False, repr=False)
     _last_end: float | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Batches the thread may build ahead of the trainer: each is one version more behind when trained.
+        self.ahead = self.cfg.asynchronous.max_staleness if self.cfg.asynchronous.mode == "async" else 0
+        self._prefetch = queue.Queue(maxsize=max(1, self.ahead))
+        self._slot = threading.Semaphore(max(1, self.ahead))
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
         from agentrl.rollout.loop import collect_sync
@@ -140,7 +147,7 @@ class RolloutProducer:
         (async; the thread then starts the following one, with the weights pushed meanwhile). A
         failure in the thread is raised here, in the trainer's thread."""
         t0 = time.perf_counter()
-        if self.cfg.asynchronous.mode != "async":
+        if self.ahead == 0:  # synchronous, or asynchronous with no staleness allowed: the same thing
             batch = self.batch(curriculum)
             batch.metrics["time/trainer_wait_s"] = time.perf_counter() - t0  # the whole rollout
             return batch
@@ -153,7 +160,7 @@ class RolloutProducer:
         if isinstance(batch, Exception):
             raise batch
         batch.metrics["time/trainer_wait_s"] = time.perf_counter() - t0  # 0 when the batch was ready
-        self._slot.release()  # the producer starts the next batch, with this update's weights
+        self._slot.release()  # the producer may start one more batch, with the weights of the update to come
         return batch
 
     def stop(self, wait: bool = False) -> None:

@@ -29,9 +29,9 @@ a row without an informative group (all-fail: warm-start first; all-pass: harder
 run with the reason (`stop_uninformative_after`; both in `agentrl.train.stopping`).
 
 Step 1 is rank 0's `agentrl.train.producer.RolloutProducer`. Asynchronous mode overlaps 1 with 2-3:
-the producer's background thread generates the next batch with the weights it has while the trainer
-updates; trajectories more than `max_staleness` versions
-behind are dropped or kept with the truncated importance-sampling correction.
+the producer's background thread generates up to `max_staleness` batches ahead with the weights it has
+while the trainer updates, so no trajectory is more than that many versions behind when trained on;
+the truncated importance-sampling correction weighs the stale tokens.
 
 Losses and advantages are the pure functions of `agentrl.train.grpo`; batching is `agentrl.train.batch`
 and `agentrl.train.packing`; the curriculum is `agentrl.train.curriculum`; distribution is

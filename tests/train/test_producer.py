@@ -96,3 +96,42 @@ def test_engine_idle_and_trainer_wait_are_logged_per_batch(mode):
         assert second.metrics["time/trainer_wait_s"] < 0.1
         assert second.metrics["time/engine_idle_s"] < 0.2
     producer.stop(wait=True)
+
+
+class Versioned(RolloutProducer):
+    """Batches of random duration that record the policy version they started under."""
+
+    def __init__(self, k: int, seed: int):
+        import random
+
+        super().__init__(TrainConfig(model="m", asynchronous={"mode": "async", "max_staleness": k}), None)
+        self.version = 0  # the trainer's: one more after each batch it trains
+        self.rng = random.Random(seed)
+        self.started = 0
+
+    def batch(self, curriculum):  # type: ignore[override]
+        start_version, n = self.version, self.started
+        self.started += 1
+        time.sleep(self.rng.uniform(0.0, 0.01))  # episodes of random length
+        batch = Numbered(n)
+        batch.start_version = start_version
+        return batch
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_no_batch_is_trained_more_than_max_staleness_versions_after_it_started(k):
+    for seed in range(3):
+        producer = Versioned(k, seed)
+        ages = []
+        for n in range(12):
+            batch = producer.next_batch(None)
+            assert batch == n  # in order
+            ages.append(producer.version - batch.start_version)  # trained now, at the current version
+            time.sleep(producer.rng.uniform(0.02, 0.05))  # the update, of random length
+            producer.version += 1
+        producer.stop(wait=True)
+        assert max(ages) <= k, ages
+        if k == 0:  # the synchronous mode: built when asked, by the caller's thread
+            assert ages == [0] * 12 and producer._worker is None
+        else:
+            assert max(ages) >= 1  # batches run ahead while the trainer works
