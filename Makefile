@@ -7,11 +7,12 @@ demo: setup
 	.venv/bin/agentrl demo
 
 # The whole suite in two halves: the quick lane (below) on two workers, then the tests it leaves
-# out (`--heavy`: Docker, vLLM, Ray, GPU, slow), one at a time, since each starts engines of its own.
+# out (`--heavy`: Docker, vLLM, Ray, GPU, slow), one at a time, since each starts engines of its own;
+# it ends with its 25 slowest tests, where the suite's time goes.
 test: setup
 	.venv/bin/ruff check .
 	$(QUICK_LANE)
-	.venv/bin/python -m pytest --heavy $(PYTEST_ARGS)
+	.venv/bin/python -m pytest --heavy --durations=25 $(PYTEST_ARGS)
 
 # The quick lane, a subset of `make test`: lint and the tests that need no Docker engine, no vLLM and
 # no Ray (nor a GPU, nor minutes each), in 2-3 minutes. `--quick` (tests/conftest.py) deselects
