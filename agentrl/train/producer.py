@@ -160,6 +160,7 @@ class RolloutProducer:
         if isinstance(batch, Exception):
             raise batch
         batch.metrics["time/trainer_wait_s"] = time.perf_counter() - t0  # 0 when the batch was ready
+        batch.metrics["async/queue_depth"] = float(self._prefetch.qsize())  # built batches still waiting
         self._slot.release()  # the producer may start one more batch, with the weights of the update to come
         return batch
 

@@ -95,6 +95,7 @@ def test_engine_idle_and_trainer_wait_are_logged_per_batch(mode):
     else:  # built during the update: the trainer did not wait, the engine idled once it was done
         assert second.metrics["time/trainer_wait_s"] < 0.1
         assert second.metrics["time/engine_idle_s"] < 0.2
+        assert second.metrics["async/queue_depth"] == 0.0  # one batch ahead at most (max_staleness 1)
     producer.stop(wait=True)
 
 
