@@ -204,5 +204,8 @@ def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[st
     m["batch/generated_groups"] = float(result.generated_groups)
     m["batch/all_pass_groups"] = float(result.all_pass_groups)
     m["batch/all_fail_groups"] = float(result.all_fail_groups)
+    # all-pass + all-fail + mixed + empty = generated
+    m["batch/mixed_groups"] = float(result.mixed_groups)
+    m["batch/empty_groups"] = float(result.empty_groups)
     m["batch/untrainable_trajectories"] = float(result.untrainable_trajectories)
     return m

@@ -302,7 +302,9 @@ def test_refill_requests_the_shortfall_scaled_by_the_keep_rate() -> None:
 
     m = batch_metrics(result, cur)
     assert m["batch/groups"] == 4 and m["batch/generated_groups"] == 8 and m["batch/all_pass_groups"] == 4
-    assert m["batch/all_pass_groups"] + m["batch/all_fail_groups"] <= m["batch/generated_groups"]
+    assert m["batch/mixed_groups"] == 4 and m["batch/all_fail_groups"] == m["batch/empty_groups"] == 0
+    parts = ("all_pass_groups", "all_fail_groups", "mixed_groups", "empty_groups")
+    assert sum(m[f"batch/{k}"] for k in parts) == m["batch/generated_groups"]
     # every group, dropped ones included, updated the curriculum
     assert sum(s.groups for s in cur.tasks.values()) == 8
 

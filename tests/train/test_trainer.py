@@ -374,6 +374,8 @@ def test_a_sampler_registered_by_a_package_runs_in_agentrl_train(tiny_model_dir,
     for r in rows:  # 2 groups of 2 a step, every group kept (the plugin's own choice), each weighing 0.5
         assert r["curriculum/tag_cli"] == 1 and r["curriculum/newest_tracked"] == 2 * r["step"], r
         assert r["batch/groups"] == r["batch/generated_groups"] == 2 and r["batch/sequences"] == 4, r
+        parts = ("all_pass_groups", "all_fail_groups", "mixed_groups", "empty_groups")
+        assert sum(r[f"batch/{k}"] for k in parts) == r["batch/generated_groups"], r
         assert r["curriculum/loss_weight_mean"] == 0.5, r
         # The engine samples from the trainer's policy (fp32 both): every quantile of the ratio is 1.
         assert (

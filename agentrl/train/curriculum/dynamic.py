@@ -68,6 +68,8 @@ class DynamicBatchResult:
     untrainable_trajectories: int  # removed before filtering (env errors, timeouts)
     batch_groups: int  # the target
     draw_counts: dict[str, int] = field(default_factory=dict)
+    mixed_groups: int = 0  # generated groups with both passes and failures
+    empty_groups: int = 0  # generated groups none of whose episodes is trainable (all broke)
 
     @property
     def full(self) -> bool:
@@ -135,6 +137,8 @@ class DynamicBatch:
         self.rounds = 0
         self.all_pass = 0
         self.all_fail = 0
+        self.mixed = 0
+        self.empty = 0
         self.untrainable = 0
         self.draw_counts: dict[str, int] = {"probe": 0, "reprobe": 0, "band": 0, "revisit": 0}
         # DAPO's zero-variance dropping: the config's choice, else the sampler's own.
@@ -178,6 +182,10 @@ class DynamicBatch:
                 self.all_pass += 1
             elif trainable and all(t.reward < threshold for t in trainable):
                 self.all_fail += 1
+            elif trainable:
+                self.mixed += 1
+            else:
+                self.empty += 1
             if self.dynamic_sampling:
                 kept, dropped = filter_groups([trainable])
             else:  # keep what was generated; a group whose every episode broke has nothing to train on
@@ -195,6 +203,8 @@ class DynamicBatch:
             rounds=self.rounds,
             all_pass_groups=self.all_pass,
             all_fail_groups=self.all_fail,
+            mixed_groups=self.mixed,
+            empty_groups=self.empty,
             untrainable_trajectories=self.untrainable,
             batch_groups=self.batch_groups,
             draw_counts=dict(self.draw_counts),
