@@ -64,8 +64,8 @@ class Trajectory:
     tool_errors: int = 0
     tool_timeouts: int = 0
     format_errors: int = 0
-    # The policy versions that produced the first and last sampled token (async training can
-    # update weights mid-episode); staleness is measured from `policy_version_max`.
+    # The policy versions that produced the oldest (`policy_version`) and newest sampled token (async
+    # training can update weights mid-episode); staleness is measured from the oldest.
     policy_version_max: int | None = None
     timings: Timings = field(default_factory=Timings)
     drift: DriftReport | None = None

@@ -970,11 +970,9 @@ def _register_rank_pid(rank: int) -> None:
 def _apply_staleness(
     trajs: list[Trajectory], version: int, cfg: TrainConfig, metrics: dict[str, float]
 ) -> list[Trajectory]:
-    """Async: drop trajectories too many versions behind, or keep them (the TIS weight corrects them)."""
-    ages = [
-        version - (t.policy_version_max if t.policy_version_max is not None else t.policy_version)
-        for t in trajs
-    ]
+    """Async: drop trajectories too many versions behind, or keep them (the TIS weight corrects them).
+    A trajectory's age is that of its oldest token: the bound the producer's admission guarantees."""
+    ages = [version - t.policy_version for t in trajs]
     metrics["async/staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
     metrics["async/staleness_max"] = float(max(ages, default=0))
     # The histogram: trajectories 0, 1, ..., k versions behind, and past the bound k.

@@ -143,20 +143,20 @@ def test_staleness_is_a_histogram_and_the_bound_drops_what_is_past_it():
     from agentrl.train.trainer import _apply_staleness
 
     trajs = grpo_batch(vocab=16, groups=3, group_size=2)
-    for t, v in zip(trajs, [5, 5, 4, 3, 2, 5], strict=True):
-        t.policy_version = t.policy_version_max = v
+    for t, v in zip(trajs, [5, 5, 4, 3, 2, 4], strict=True):
+        t.policy_version, t.policy_version_max = v, v if v < 4 else 5  # the last: one push mid-episode
     cfg = TrainConfig(model="m", asynchronous={"mode": "async", "max_staleness": 1, "stale": "drop"})
     metrics: dict[str, float] = {}
-    kept = _apply_staleness(trajs, 5, cfg, metrics)  # ages 0, 0, 1, 2, 3, 0
-    assert [t.policy_version for t in kept] == [5, 5, 4, 5]
-    assert metrics["async/staleness_max"] == 3.0 and metrics["async/staleness_mean"] == 1.0
+    kept = _apply_staleness(trajs, 5, cfg, metrics)  # ages 0, 0, 1, 2, 3, 1 (its oldest token's)
+    assert [t.policy_version for t in kept] == [5, 5, 4, 4]
+    assert metrics["async/staleness_max"] == 3.0 and metrics["async/staleness_mean"] == 7 / 6
     assert (
         metrics["async/staleness_0"],
         metrics["async/staleness_1"],
         metrics["async/staleness_over_bound"],
     ) == (
-        3.0,
-        1.0,
+        2.0,
+        2.0,
         2.0,
     )
     assert metrics["async/dropped_stale"] == 2.0
