@@ -136,3 +136,39 @@ def test_no_batch_is_trained_more_than_max_staleness_versions_after_it_started(k
             assert ages == [0] * 12 and producer._worker is None
         else:
             assert max(ages) >= 1  # batches run ahead while the trainer works
+
+
+class Deterministic(RolloutProducer):
+    """Scripted groups whose rewards are a function of the task: the same draws give the same batches."""
+
+    def __init__(self, mode: str, k: int = 1):
+        cfg = TrainConfig(
+            model="m",
+            asynchronous={"mode": mode, "max_staleness": k},
+            curriculum={"batch_groups": 2, "min_band_tasks": 1},
+        )
+        super().__init__(cfg, None)
+
+    def groups(self, draws):  # type: ignore[override]
+        from tests.train.test_curriculum import group
+
+        time.sleep(0.01)
+        return [group(d.task_id, [1.0, 0.0] if d.index % 3 else [1.0, 1.0]) for d in draws]
+
+
+def test_each_async_batch_carries_the_curriculum_state_right_after_it_as_the_sync_run_has_it():
+    """What a checkpoint after batch n records is the state after batch n, however far ahead the
+    producer has drawn since: a resume redraws exactly the batches that were not trained."""
+    from agentrl.train.curriculum import Curriculum
+    from tests.train.test_curriculum import make_task
+
+    sync, ahead = Deterministic("sync"), Deterministic("async", k=3)
+    sync_cur, ahead_cur = Curriculum(make_task), Curriculum(make_task)
+    for _ in range(4):
+        want = sync.next_batch(sync_cur)
+        got = ahead.next_batch(ahead_cur)
+        time.sleep(0.1)  # the producer runs ahead meanwhile, drawing from its curriculum
+        assert got.curriculum_state == want.curriculum_state and got.rollout_calls == want.rollout_calls
+        assert [g[0].task_id for g in got.result.groups] == [g[0].task_id for g in want.result.groups]
+    assert ahead_cur.state_dict() != sync_cur.state_dict()  # it did draw ahead
+    ahead.stop(wait=True)
