@@ -11,9 +11,9 @@ Synchronous mode (`asynchronous.mode: sync`) builds the batch when asked. Asynch
 batches in a background thread, k = `asynchronous.max_staleness` ahead at most (admission: batch n
 starts only once the trainer has taken batch n - k, when the weights are version n - k, and batch n
 trains at version n), so no trajectory is more than k policy versions behind when it is trained on
-(episodes that straddle a weight push are younger still); k = 0 is the synchronous mode. The curriculum is only ever
-touched by the thread building a batch, and each batch carries the curriculum's state right after
-it, so a checkpoint taken after training on it records exactly that.
+(episodes that straddle a weight push are younger still); k = 0 is the synchronous mode. The
+curriculum is only ever touched by the thread building a batch, and each batch carries the
+curriculum's state right after it, so a checkpoint taken after training on it records exactly that.
 """
 
 from __future__ import annotations
