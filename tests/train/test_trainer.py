@@ -367,8 +367,15 @@ def test_a_sampler_registered_by_a_package_runs_in_agentrl_train(tiny_model_dir,
     config = cfg.model_dump(mode="json")
     config["curriculum"] |= {"sampler": "newest", "sampler_options": {"tag": "cli"}, "probe_group_size": 2}
     (tmp_path / "run.yaml").write_text(json.dumps(config))  # JSON is YAML
-    result = CliRunner().invoke(app, ["train", str(tmp_path / "run.yaml")])
-    assert result.exit_code == 0, result.output
+    # The command in a process of its own: one process trains where it runs, and this one must not
+    # become a rank of a process group (its environment would leak into later tests' ranks).
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])  # the plugin's folder, then ours
+    proc = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "train", str(tmp_path / "run.yaml")],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:  # 2 groups of 2 a step, every group kept (the plugin's own choice), each weighing 0.5
