@@ -125,8 +125,8 @@ def test_warm_start_on_a_plugin_env_unlike_calc_stops_in_the_band(tmp_path):
         app,
         [
             *("model", "warm-start", "--env", "tests.coin_env:test/Pick-v0", "--out", str(out)),
-            *("--target-pass", "0.2", "--max-rounds", "6", "--demos", "64", "--epochs", "4"),
-            *("--short-demos", "32", "--short-epochs", "8", "--batch-size", "8"),
+            *("--target-pass", "0.2", "--max-rounds", "6", "--demos", "64", "--epochs", "6"),
+            *("--short-demos", "32", "--short-epochs", "12", "--batch-size", "8"),
             *("--eval-tasks", "12", "--eval-samples", "2"),
         ],
     )
