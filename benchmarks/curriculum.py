@@ -547,13 +547,19 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=8)
     axes[1].set_ylim(-0.02, 1.02)
     fig.suptitle(
-        f"{result['env']}: {len(result['seeds'])} seeds, {result['budget_tokens']} generated tokens per run, "
+        f"{result['env']}{_pool(result)}: {len(result['seeds'])} seeds, {result['budget_tokens']} generated tokens per run, "
         f"from the same warm start (held-out pass@1 {start:.3f})",
         fontsize=11,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _pool(result: dict[str, Any]) -> str:
+    """The pool's settings for a title (e.g. ` (mix=swe-like)`), when any were given."""
+    given = result.get("settings", {}).get("env_kwargs") or {}
+    return f" ({', '.join(f'{k}={v}' for k, v in given.items())})" if given else ""
 
 
 def _log(msg: str) -> None:
