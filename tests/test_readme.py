@@ -52,6 +52,7 @@ PYTHON_BLOCKS = {
     "# mylab/envs.py": "test_your_own_environment_snippet",
     "# mylab/verifiers.py": "test_verifier_snippet",
     "# mylab/agents.py": "test_agent_snippet",
+    "# mylab/samplers.py": "test_sampler_snippet",
     "class MazeSettings": "test_settings_model_snippet",
     "class ComputeThenSubmit": "test_scripted_oracle_snippet",
     "class LeakTheAnswerFile": "test_attack_plugin_snippet",
@@ -93,6 +94,7 @@ def mylab(tmp_path, monkeypatch):
     (package / "envs.py").write_text(block("# mylab/envs.py"))
     (package / "verifiers.py").write_text(block("# mylab/verifiers.py"))
     (package / "attacks.py").write_text(block("class LeakTheAnswerFile"))
+    (package / "samplers.py").write_text(block("# mylab/samplers.py"))
     rows = [json.loads(line) for line in README_TASK_LINE.splitlines() if line.strip()]
     for i, (country, capital) in enumerate(MORE_TASKS, start=len(rows)):
         rows.append(
@@ -182,7 +184,7 @@ def test_agent_snippet(mylab, tiny_model_dir):  # noqa: F811
 def test_entry_points_resolve_to_the_snippets(mylab):
     import importlib
 
-    groups = {"agentrl.envs", "agentrl.verifiers", "agentrl.attacks"}
+    groups = {"agentrl.envs", "agentrl.verifiers", "agentrl.attacks", "agentrl.samplers"}
     seen = set()
     for page, text in blocks("toml"):
         for group, entries in tomllib.loads(text)["project"]["entry-points"].items():
@@ -192,6 +194,24 @@ def test_entry_points_resolve_to_the_snippets(mylab):
                 assert callable(getattr(importlib.import_module(module), attr)), f"{page}: {name} = {target}"
                 seen.add(group)
     assert seen == groups
+
+
+def test_sampler_snippet(mylab):
+    """The guide's sampler, named as `curriculum.sampler` names it: new tasks first, then half of each
+    draw the tasks that failed most, with the curriculum's bookkeeping (tracking, state) as the band's."""
+    from agentrl.train.curriculum import CurriculumConfig, build_curriculum
+    from tests.train.test_curriculum import group
+
+    tasks = [agentrl.Task(id=f"t/{i}", prompt=str(i)) for i in range(10)]
+    sampler = build_curriculum(tasks, CurriculumConfig(sampler="mylab.samplers:MostFailed"))
+    first = sampler.sample(4)
+    assert [d.kind for d in first] == ["probe"] * 4
+    for d, fails in zip(first, [0, 3, 1, 2], strict=True):
+        sampler.update(group(d.task_id, [0.0] * fails + [1.0] * (4 - fails)))
+    again = sampler.sample(4)
+    assert [d.task_id for d in again[:2]] == [first[1].task_id, first[3].task_id]  # 3 and 2 failures
+    assert [d.kind for d in again] == ["revisit", "revisit", "probe", "probe"]
+    assert sampler.state_dict()["sampler"] == "MostFailed"
 
 
 def test_settings_model_snippet():

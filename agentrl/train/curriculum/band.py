@@ -303,6 +303,11 @@ class Curriculum:
             draws.append(TaskDraw(self.task_factory(stats.index), stats.index, kind, float(estimates[i])))
         return draws
 
+    def probe(self) -> TaskDraw | None:
+        """A task not drawn before (a probe), the one the configured probing picks; None when a finite pool
+        has none left. For samplers built on this class."""
+        return self._probe()
+
     def _probe(self) -> TaskDraw | None:
         """A never-seen task; None when a finite pool has no untracked task left.
 
