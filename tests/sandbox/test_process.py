@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from agentrl.sandbox.process import kill_group, kill_marked, run_capped
 
@@ -62,6 +64,11 @@ def test_kill_marked_finds_processes_by_their_environment_marker():
         start_new_session=True,
     )
     try:
+        # Until the child has exec'd, /proc shows the environment it forked with (without the marker).
+        environ = Path(f"/proc/{proc.pid}/environ")
+        deadline = time.monotonic() + 10
+        while marker.encode() not in environ.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert kill_marked("AGENTRL_TEST_MARK", marker) == 1
         assert proc.wait(timeout=10) == -9
         assert kill_marked("AGENTRL_TEST_MARK", marker) == 0
