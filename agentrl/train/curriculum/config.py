@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentrl.train.curriculum.names import available_samplers
+
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
 """A pass rate or a share of the draws: a number in [0, 1]."""
 
@@ -135,14 +137,12 @@ class CurriculumConfig(BaseModel):
     def _check(self) -> CurriculumConfig:
         if self.band_low > self.band_high:
             raise ValueError(f"band_low ({self.band_low}) must be <= band_high ({self.band_high})")
-        if ":" not in self.sampler:  # a name: a built-in sampler or an installed plugin's
-            from agentrl.train.curriculum.samplers import available_samplers
-
-            if self.sampler not in (names := available_samplers()):
-                raise ValueError(
-                    f"sampler {self.sampler!r} is not a sampler; available: {', '.join(names)} (a package adds "
-                    "one in the entry-point group 'agentrl.samplers'), or give module:attribute"
-                )
+        # A name (no module:attribute) is a built-in sampler's or an installed plugin's.
+        if ":" not in self.sampler and self.sampler not in (names := available_samplers()):
+            raise ValueError(
+                f"sampler {self.sampler!r} is not a sampler; available: {', '.join(names)} (a package adds "
+                "one in the entry-point group 'agentrl.samplers'), or give module:attribute"
+            )
         if self.difficulty.adaptive and self.sampler not in ("band", "leveled"):
             raise ValueError(
                 f"difficulty.adaptive is the `leveled` sampler; it cannot be combined with sampler {self.sampler!r}"

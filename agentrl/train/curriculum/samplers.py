@@ -42,6 +42,7 @@ from agentrl.tasksource import as_task_source
 from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
 from agentrl.train.curriculum.config import CurriculumConfig
 from agentrl.train.curriculum.leveled import LeveledCurriculum
+from agentrl.train.curriculum.names import BUILTIN_NAMES, ENTRY_POINT_GROUP, available_samplers
 from agentrl.types import Split
 
 __all__ = [
@@ -56,8 +57,6 @@ __all__ = [
     "build_sampler",
     "load_sampler",
 ]
-
-ENTRY_POINT_GROUP = "agentrl.samplers"
 
 
 @runtime_checkable
@@ -288,12 +287,7 @@ BUILTIN: dict[str, Any] = {
     "mgpo": MgpoSampler,
     "leveled": LeveledCurriculum,
 }
-
-
-def available_samplers() -> list[str]:
-    """The names `curriculum.sampler` accepts: the built-in ones, then the installed plugins'."""
-    plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN)
-    return [*BUILTIN, *plugins]
+assert tuple(BUILTIN) == BUILTIN_NAMES
 
 
 def load_sampler(name: str) -> Any:
