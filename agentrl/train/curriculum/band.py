@@ -155,11 +155,12 @@ class Curriculum:
     @property
     def exhausted(self) -> bool:
         """Whether every task of a finite pool has been probed (always False for a generator)."""
-        return (
-            self.pool_size is not None
-            and self.next_index - self.config.first_index >= self.pool_size
-            and not self._pending
-        )
+        return self._probe_order_done and not self._pending
+
+    @property
+    def _probe_order_done(self) -> bool:
+        """Whether a finite pool's probe order has been walked to its end (pending tasks aside)."""
+        return self.pool_size is not None and self.next_index - self.config.first_index >= self.pool_size
 
     # -- estimates --------------------------------------------------------------------------
 
@@ -338,7 +339,7 @@ class Curriculum:
         # Generators are deterministic in the index; an id we already track (a generator with
         # duplicates) is skipped so a probe is always a task the curriculum has not seen.
         for _ in range(10_000):
-            if self.pool_size is not None and self.next_index - self.config.first_index >= self.pool_size:
+            if self._probe_order_done:
                 return None
             position = self.next_index
             self.next_index += 1
