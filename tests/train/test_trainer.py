@@ -390,9 +390,11 @@ def test_a_sampler_registered_by_a_package_runs_in_agentrl_train(tiny_model_dir,
         ), r
 
 
-def train_with_a_push_that_never_lands(model: Any, out: Path, patch: str) -> subprocess.CompletedProcess:
+def train_with_a_push_that_never_lands(
+    model: Any, out: Path, patch: str, **settings: Any
+) -> subprocess.CompletedProcess:
     """3 steps on the coin env in a process where `patch` (a line of Python) makes the engine drop pushes."""
-    cfg = coin_config(model, out, steps=3, lr=1e-3)
+    cfg = coin_config(model, out, steps=3, lr=1e-3, **settings)
     code = (
         "import sys\n"
         "from agentrl.rollout.policy import VLLMPolicy\n"
@@ -608,15 +610,19 @@ def test_lora_grpo_pushes_adapters_the_engine_samples_from_and_evaluates_like_it
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_an_engine_that_keeps_an_old_adapter_stops_the_lora_run(tiny_model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_engine_that_keeps_an_old_adapter_stops_the_lora_run(tiny_model_dir, tmp_path, mode):  # noqa: F811
     """The adapter push is dropped on the engine's side (it keeps serving the adapter of version 0): the
     trainer counts its own pushes, sees the engine still at version 0 after push 1, and stops with the
-    reason before a batch from the stale adapter is trained on. Full weights take the same check
-    (`push_weights`; its batch-side half: tests/train/test_stopping.py)."""
+    reason before a batch from the stale adapter is trained on. In async mode too, where the producer is
+    already generating the next batch when the push goes out (the mode in which an adapter that never
+    reaches the engine goes unnoticed longest). Full weights take the same check (`push_weights`; its
+    batch-side half: tests/train/test_stopping.py)."""
     proc = train_with_a_push_that_never_lands(
         {"path": str(tiny_model_dir), "lora": {"rank": 8}},
         tmp_path / "stale",
         "VLLMPolicy.load_adapter = lambda self, files, *, version=None: self.version",
+        asynchronous={"mode": mode, "max_staleness": 1},
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "error: the engine reports weight version(s) [0] after push 1" in proc.stderr, proc.stderr[-3000:]
