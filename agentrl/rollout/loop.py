@@ -410,6 +410,7 @@ async def collect(
     on_trajectory: Callable[[Trajectory], None] | None = None,
     episode_policy: EpisodePolicyFactory | None = None,
     group_sizes: Sequence[int] | None = None,
+    slots: threading.Semaphore | None = None,
 ) -> list[Trajectory]:
     """Roll out `group_size` episodes for each task (`group_sizes[i]` for task i, when given); return the
     trajectories in task-then-sample order.
@@ -427,7 +428,8 @@ async def collect(
     the episode's `MaskedSequence` (whose `messages` the engine keeps current), and that episode plays
     with the policy it returns instead of `policy`. Scripted agents use it (`agentrl.kit.demonstrations`: oracle
     demonstrations through this very loop); they need the task and the conversation as messages,
-    which a sampling policy never sees.
+    which a sampling policy never sees. `slots`, a semaphore shared by calls running at the same time on
+    other threads, bounds their episodes together (each episode holds one of its permits).
     """
     cfg = config or RolloutConfig()
     # Environments and their sandboxes are made on worker threads below; the handlers that remove
@@ -458,7 +460,15 @@ async def collect(
 
     async def one(spec: _EpisodeSpec) -> list[Trajectory]:
         async with semaphore:
-            trajs = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
+            # A shared permit is polled, not waited for on a thread: waiting threads would take the
+            # default executor that the environments' calls run on.
+            while slots is not None and not slots.acquire(blocking=False):
+                await asyncio.sleep(0.005)
+            try:
+                trajs = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
+            finally:
+                if slots is not None:
+                    slots.release()
         if on_trajectory is not None:
             for traj in trajs:
                 on_trajectory(traj)

@@ -278,6 +278,14 @@ class AsyncSettings(_Strict):
         description="Async: what happens to a trajectory found older than max_staleness when trained on "
         "(none is, by admission; a safety net): dropped, or kept with the TIS correction.",
     )
+    overlap: bool = Field(
+        False,
+        description="Async: build the batches the staleness bound admits at the same time instead of one "
+        "after another, so the slowest episodes of one batch no longer hold back the next one's (continuous "
+        "generation; `rollout.concurrency` bounds the episodes of all of them together). The curriculum "
+        "learns from each batch in batch order when it is handed to the trainer; a checkpoint records the "
+        "estimates of the batches trained, and a resume draws the untrained ones anew (not the same tasks).",
+    )
 
 
 class EvalSettings(_Strict):

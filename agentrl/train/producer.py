@@ -14,6 +14,13 @@ trains at version n), so no trajectory is more than k policy versions behind whe
 (episodes that straddle a weight push are younger still); k = 0 is the synchronous mode. The
 curriculum is only ever touched by the thread building a batch, and each batch carries the
 curriculum's state right after it, so a checkpoint taken after training on it records exactly that.
+
+With `asynchronous.overlap`, every batch the same admission lets start is built at once, each on a
+thread of its own, its episodes sharing the `rollout.concurrency` permits with the others': a batch's
+slowest episodes no longer keep the engines from the next batch's. The batches draw from the curriculum
+one at a time (a lock) and it learns from each batch only when the batch is handed on, in batch order,
+so the state a batch carries holds the estimates of exactly the batches handed on so far (and the draws
+of those still being built, which a resume does not replay).
 """
 
 from __future__ import annotations
@@ -67,34 +74,54 @@ class RolloutProducer:
     def __post_init__(self) -> None:
         # Batches the thread may build ahead of the trainer: each is one version more behind when trained.
         self.ahead = self.cfg.asynchronous.max_staleness if self.cfg.asynchronous.mode == "async" else 0
-        self._prefetch = queue.Queue(maxsize=max(1, self.ahead))
+        self.overlap = self.ahead > 0 and self.cfg.asynchronous.overlap
+        # Unbounded: the slots bound the batches built ahead, and a failure must never wait for room.
+        self._prefetch = queue.Queue()
         self._slot = threading.Semaphore(max(1, self.ahead))
+        self._local = threading.local()  # the stats of the batch this thread is building
+        self._calls_lock = threading.Lock()
+        # Overlapping batches: the curriculum's lock, the builders, the finished batches waiting for
+        # their turn, the episode permits they share, and when the engines last had nothing to do.
+        self._curriculum_lock = threading.Lock()
+        self._emit_lock = threading.Lock()
+        self._busy_lock = threading.Lock()
+        self._builders: list[threading.Thread] = []
+        self._finished: dict[int, tuple[DynamicBatch, dict[str, float]]] = {}
+        self._next_emit = 0
+        self._episode_slots = threading.Semaphore(self.cfg.rollout.concurrency)
+        self._active = 0
+        self._idle_since: float | None = None
+        self._idle_s = 0.0
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
         from agentrl.rollout.loop import collect_sync
 
         # A new seed per call: the rollout derives episode k's sampling seed from (seed, k, turn),
         # so reusing one seed every step would replay the same random stream for every batch.
-        self.calls += 1
+        with self._calls_lock:
+            self.calls += 1
+            call = self.calls
+        stats = getattr(self._local, "stats", self.stats)
         t0 = time.perf_counter()
         trajs = collect_sync(
             self.cfg.env,
             [d.task for d in draws],
             self.policy,
             self.cfg.rollout,
-            seed=self.cfg.seed * 1_000_003 + self.calls,
+            seed=self.cfg.seed * 1_000_003 + call,
             env_kwargs=self.cfg.env_kwargs,
             on_trajectory=self.on_trajectory,
             group_sizes=[d.group_size or self.cfg.rollout.group_size for d in draws],
+            slots=self._episode_slots if self.overlap else None,
         )
-        self.stats["time/rollout_s"] = self.stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
-        self.stats["rollout/drifted"] = self.stats.get("rollout/drifted", 0.0) + sum(
+        stats["time/rollout_s"] = stats.get("time/rollout_s", 0.0) + time.perf_counter() - t0
+        stats["rollout/drifted"] = stats.get("rollout/drifted", 0.0) + sum(
             1 for t in trajs if t.drift is not None and t.drift.drifted
         )
-        self.stats["rollout/env_errors"] = self.stats.get("rollout/env_errors", 0.0) + sum(
+        stats["rollout/env_errors"] = stats.get("rollout/env_errors", 0.0) + sum(
             1 for t in trajs if t.finish_reason == "env_error"
         )
-        self.stats["rollout/engine_errors"] = self.stats.get("rollout/engine_errors", 0.0) + sum(
+        stats["rollout/engine_errors"] = stats.get("rollout/engine_errors", 0.0) + sum(
             1 for t in trajs if t.finish_reason == "engine_error"
         )
         # Harness episodes (agentrl.gateway): extra branches (one episode, several trajectories), the calls
@@ -107,11 +134,11 @@ class RolloutProducer:
                 sum(1 for t in trajs if t.finish_reason == "agent_error" and t.branch == 0),
             ),
         ):
-            self.stats[key] = self.stats.get(key, 0.0) + value
+            stats[key] = stats.get(key, 0.0) + value
         if hasattr(self.policy, "engine_of"):  # several engines: how the groups spread over them
             for t in {t.group_id: t for t in trajs}.values():
                 key = f"rollout/engine{self.policy.engine_of(t.group_id)}_groups"
-                self.stats[key] = self.stats.get(key, 0.0) + 1
+                stats[key] = stats.get(key, 0.0) + 1
         return group_by_id(trajs)
 
     def batch(self, curriculum: Curriculum) -> RolloutBatch:
@@ -120,7 +147,7 @@ class RolloutProducer:
         Metrics and state are taken here, in the thread that changed the curriculum, so the
         async producer and the trainer never touch the curriculum at the same time.
         """
-        self.stats = {}
+        self.stats = self._local.stats = {}
         start = time.perf_counter()
         # The engines had nothing to generate since the last batch was done: the trainer's update and
         # push in synchronous mode; in asynchronous mode, the wait for the trainer to take that batch.
@@ -128,6 +155,15 @@ class RolloutProducer:
         builder = DynamicBatch(curriculum)
         while not builder.done:
             builder.add(self.groups(builder.request()))
+        batch = self._hand_on(builder, curriculum, self.stats)
+        batch.metrics["time/engine_idle_s"] = idle
+        self._last_end = time.perf_counter()
+        return batch
+
+    def _hand_on(
+        self, builder: DynamicBatch, curriculum: Curriculum, stats: dict[str, float]
+    ) -> RolloutBatch:
+        """The finished batch as the trainer takes it: loss weights set, its metrics, the state after it."""
         result = builder.result()
         # The sampler's factor on each trained group's advantages (1 but for loss-weighting samplers).
         weigh = getattr(curriculum, "group_weight", None)
@@ -135,11 +171,9 @@ class RolloutProducer:
         for group, weight in zip(result.groups, weights, strict=True):
             for traj in group:
                 traj.loss_weight = weight
-        metrics = {**batch_metrics(result, curriculum), **self.stats}
+        metrics = {**batch_metrics(result, curriculum), **stats}
         if weights:
             metrics["curriculum/loss_weight_mean"] = sum(weights) / len(weights)
-        metrics["time/engine_idle_s"] = idle
-        self._last_end = time.perf_counter()
         return RolloutBatch(result, metrics, curriculum.state_dict(), self.calls)
 
     def next_batch(self, curriculum: Curriculum) -> RolloutBatch:
@@ -165,18 +199,30 @@ class RolloutProducer:
         return batch
 
     def stop(self, wait: bool = False) -> None:
-        """No further batch; with `wait`, the batch in flight finishes first (its groups are not
-        trained on: a resume generates them again)."""
+        """No further batch; with `wait`, the batches in flight end first: a batch stops asking for
+        groups, waits for those it started, and is never handed on (not trained on, never taught to the
+        curriculum: a resume generates it again)."""
         self._stop.set()
         if wait and self._worker is not None:
             self._worker.join()
+            for builder in list(self._builders):
+                builder.join()
 
     def _produce(self, curriculum: Curriculum) -> None:
+        index = 0
         while not self._stop.is_set():
             if not self._slot.acquire(timeout=0.5):
                 continue
             if self._stop.is_set():
                 break
+            if self.overlap:  # start it, and go on to the next one the admission lets start
+                thread = threading.Thread(
+                    target=self._build, args=(index, curriculum), daemon=True, name=f"rollout-{index}"
+                )
+                self._builders = [t for t in self._builders if t.is_alive()] + [thread]
+                thread.start()
+                index += 1
+                continue
             try:
                 self._prefetch.put(self.batch(curriculum))
             except Exception as exc:  # raised in the trainer's thread, which waits on the queue
@@ -184,6 +230,65 @@ class RolloutProducer:
                     return  # the run is ending (Ctrl-C, a stop): the engine closed under the batch
                 self._prefetch.put(exc)
                 return
+
+    def _build(self, index: int, curriculum: Curriculum) -> None:
+        """Batch `index`, built beside the others (`asynchronous.overlap`), then handed on in turn."""
+        self._local.stats = stats = {}
+        self._busy(+1)
+        try:
+            builder = DynamicBatch(_Shared(curriculum, self._curriculum_lock), learn=False)
+            while not builder.done and not self._stop.is_set():
+                builder.add(self.groups(builder.request()))
+            if self._stop.is_set():
+                return  # never handed on, never taught: a resume builds it again
+            with self._emit_lock:
+                self._finished[index] = (builder, stats)
+                while self._next_emit in self._finished:
+                    done, done_stats = self._finished.pop(self._next_emit)
+                    with self._curriculum_lock:
+                        for group in done.arrived:  # what it learns from each batch, in batch order
+                            curriculum.update(group)
+                        batch = self._hand_on(done, curriculum, done_stats)
+                    batch.metrics["time/engine_idle_s"] = self._take_idle()
+                    batch.metrics["async/batches_building"] = float(self._active)
+                    self._prefetch.put(batch)
+                    self._next_emit += 1
+        except Exception as exc:  # raised in the trainer's thread, which waits on the queue
+            if not self._stop.is_set():
+                self._stop.set()
+                self._prefetch.put(exc)
+        finally:
+            self._busy(-1)
+
+    def _busy(self, change: int) -> None:
+        """Counts the batches being built; the time with none is the engines' idle time."""
+        with self._busy_lock:
+            now = time.perf_counter()
+            if change > 0 and self._active == 0 and self._idle_since is not None:
+                self._idle_s += now - self._idle_since
+            self._active += change
+            if self._active == 0:
+                self._idle_since = now
+
+    def _take_idle(self) -> float:
+        """The engines' idle seconds since the last batch was handed on."""
+        with self._busy_lock:
+            idle, self._idle_s = self._idle_s, 0.0
+        return idle
+
+
+class _Shared:
+    """The curriculum as overlapping batches share it: one draw at a time; the rest reads through."""
+
+    def __init__(self, curriculum: Curriculum, lock: threading.Lock):
+        self._curriculum, self._lock = curriculum, lock
+
+    def sample(self, *args: Any, **kwargs: Any) -> list[TaskDraw]:
+        with self._lock:
+            return self._curriculum.sample(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._curriculum, name)
 
 
 def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[str, float]:

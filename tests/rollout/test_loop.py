@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -367,3 +368,41 @@ def test_group_sizes_give_each_task_its_own_number_of_episodes(tokenizer) -> Non
     assert sorted(sizes.values()) == [1, 3] and len(trajs) == 4
     with pytest.raises(ValueError, match="group_sizes must give a positive size for each of the 2 tasks"):
         collect_sync("agentrl/guess-number-v0", [0, 1], pol, cfg, tokenizer=tokenizer, group_sizes=[2])
+
+
+def test_calls_on_several_threads_share_the_episode_permits(tokenizer) -> None:
+    """`slots`: collect calls running at once on different threads (overlapping training batches) hold
+    one permit per episode, so together they never play more episodes than the permits allow."""
+
+    class Counting(ScriptedPolicy):
+        lock = threading.Lock()
+        now = peak = 0
+
+        async def generate(self, prompt_ids, sampling):
+            with Counting.lock:
+                Counting.now += 1
+                Counting.peak = max(Counting.peak, Counting.now)
+            try:
+                await asyncio.sleep(0.02)
+                return await super().generate(prompt_ids, sampling)
+            finally:
+                with Counting.lock:
+                    Counting.now -= 1
+
+    cfg = RolloutConfig(group_size=2, max_tokens_per_turn=64, concurrency=8)
+    slots = threading.Semaphore(3)
+    results: list[list[Trajectory]] = []
+
+    def call() -> None:
+        pol = Counting(tokenizer, _guess_script)
+        results.append(
+            collect_sync("agentrl/guess-number-v0", [0, 1, 2, 3], pol, cfg, tokenizer=tokenizer, slots=slots)
+        )
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [len(r) for r in results] == [8, 8]
+    assert 2 <= Counting.peak <= 3  # 16 episodes asked for at once, 3 permits

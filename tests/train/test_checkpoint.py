@@ -100,6 +100,55 @@ def test_resume_after_ctrl_c_reproduces_the_uninterrupted_run_exactly(tiny_model
     assert sha(whole / "final" / "model.safetensors") != sha(tiny_model_dir / "model.safetensors")
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_resume_after_ctrl_c_with_overlapping_batches_keeps_the_curriculum_to_what_was_trained(
+    tiny_model_dir,  # noqa: F811
+    tmp_path,
+):
+    """Asynchronous, two batches built at once: Ctrl-C while the batches ahead are in flight saves the
+    last trained step; the resumed run finishes, and its curriculum has learned from exactly the groups
+    of the batches trained (every generated group of each, dropped ones included), none of the batches
+    that were in flight when the run was stopped."""
+    cfg = tmp_path / "coin.yaml"
+    cfg.write_text(
+        f"env: tests.coin_env:test/Coin-v0\nmodel: {tiny_model_dir}\nsteps: 3\nseed: 3\ncheckpoint_every: 1\n"
+        "rollout: {group_size: 4, max_tokens_per_turn: 12, max_total_tokens: 512, concurrency: 8}\n"
+        "curriculum: {batch_groups: 2}\noptim: {lr: 1.0e-3, micro_batch_size: 4}\n"
+        "asynchronous: {mode: async, max_staleness: 2, overlap: true}\n"
+    )
+    out = tmp_path / "cut"
+    proc = subprocess.Popen(
+        train_cmd(cfg, out),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 600
+    while not ((out / "metrics.jsonl").exists() and len(rows(out)) >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # the batches of steps 2 and 3 are being built
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "interrupted at step" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr
+    resumed = subprocess.run(
+        train_cmd(cfg, out), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming checkpoint-" in resumed.stderr
+    trained = rows(out)
+    assert [r["step"] for r in trained] == [1, 2, 3]
+    state = json.loads((out / "checkpoint-3" / STATE_DIR / "state.json").read_text())
+    learned = sum(t["samples"] for t in state["curriculum"]["tasks"])
+    generated = sum(r["batch/generated_groups"] for r in trained)
+    assert learned == 4 * generated, (learned, generated)  # coin episodes never break: all are evidence
+    assert all(r["async/staleness_max"] <= 2 for r in trained)
+
+
 # --- the run directory: resume, refuse a changed config, --force ---------------------------------------
 
 

@@ -172,3 +172,94 @@ def test_each_async_batch_carries_the_curriculum_state_right_after_it_as_the_syn
         assert [g[0].task_id for g in got.result.groups] == [g[0].task_id for g in want.result.groups]
     assert ahead_cur.state_dict() != sync_cur.state_dict()  # it did draw ahead
     ahead.stop(wait=True)
+
+
+class Overlapping(RolloutProducer):
+    """Scripted groups of random duration on the overlap path; each group records the trainer's version
+    when it started, and each call when it ran (to see batches being built at the same time)."""
+
+    def __init__(self, k: int, seed: int, concurrency: int = 64):
+        import random
+        import threading
+
+        cfg = TrainConfig(
+            model="m",
+            asynchronous={"mode": "async", "max_staleness": k, "overlap": True},
+            curriculum={"batch_groups": 2, "min_band_tasks": 1},
+            rollout={"concurrency": concurrency},
+        )
+        super().__init__(cfg, None)
+        self.version = 0  # the trainer's: one more after each batch it trains
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.spans: list[tuple[str, float, float]] = []  # (thread, start, end) of each call
+
+    def groups(self, draws):  # type: ignore[override]
+        import threading
+
+        from tests.train.test_curriculum import group
+
+        started, t0 = self.version, time.perf_counter()
+        with self.lock:
+            pause = self.rng.uniform(0.0, 0.03) * (10 if self.rng.random() < 0.1 else 1)  # a long tail
+        time.sleep(pause)
+        out = []
+        for d in draws:
+            g = group(d.task_id, [1.0, 0.0] if d.index % 3 else [1.0, 1.0], group_id=f"{d.task_id}@{t0}")
+            for t in g:
+                t.policy_version = started
+            out.append(g)
+        with self.lock:
+            self.spans.append((threading.current_thread().name, t0, time.perf_counter()))
+        return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_overlapping_batches_keep_the_staleness_bound_and_come_in_order(k):
+    """`asynchronous.overlap`: the batches the admission lets start are built at the same time, on
+    threads of their own, and handed on in order; a group started at version v is trained at a version
+    at most v + k, whatever the episodes' durations."""
+    from agentrl.train.curriculum import Curriculum
+    from tests.train.test_curriculum import make_task
+
+    for seed in range(2):
+        producer = Overlapping(k, seed)
+        curriculum = Curriculum(make_task)
+        ages, building = [], []
+        for _ in range(10):
+            batch = producer.next_batch(curriculum)
+            ages += [producer.version - t.policy_version for g in batch.result.groups for t in g]
+            building.append(batch.metrics["async/batches_building"])
+            time.sleep(producer.rng.uniform(0.0, 0.02))  # the update
+            producer.version += 1
+        producer.stop(wait=True)
+        assert ages and max(ages) <= k, ages
+        threads = {name for name, _, _ in producer.spans}
+        assert len(threads) >= 10  # a thread per batch
+        if k > 1:  # two batches' calls ran at the same time at least once
+            spans = sorted(producer.spans, key=lambda s: s[1])
+            assert any(a[0] != b[0] and b[1] < a[2] for i, a in enumerate(spans) for b in spans[i + 1 :]), (
+                spans
+            )
+            assert max(building) >= 2
+        assert not any(t.is_alive() for t in producer._builders)
+
+
+def test_overlapping_batches_teach_the_curriculum_in_batch_order_and_only_what_was_handed_on():
+    """The state a batch carries holds the evidence of exactly the batches handed on up to it (every
+    group they generated, dropped ones included), none of a batch still being built; one stopped
+    mid-way teaches nothing."""
+    from agentrl.train.curriculum import Curriculum
+    from tests.train.test_curriculum import make_task
+
+    producer = Overlapping(3, seed=0)
+    curriculum = Curriculum(make_task)
+    seen = 0
+    for _ in range(6):
+        batch = producer.next_batch(curriculum)
+        result = batch.result
+        seen += sum(len(g) for g in (*result.groups, *result.dropped, *result.surplus))
+        time.sleep(0.05)  # the batches behind it are being built meanwhile
+        assert sum(t["samples"] for t in batch.curriculum_state["tasks"]) == seen
+    producer.stop(wait=True)
+    assert sum(s.samples for s in curriculum.tasks.values()) >= seen  # those handed on after the last take

@@ -120,9 +120,18 @@ class DynamicBatch:
     """
 
     def __init__(
-        self, curriculum: Curriculum, batch_groups: int | None = None, max_gen_factor: float | None = None
+        self,
+        curriculum: Curriculum,
+        batch_groups: int | None = None,
+        max_gen_factor: float | None = None,
+        *,
+        learn: bool = True,
     ):
         self.curriculum = curriculum
+        # False: the groups only fill the batch, and whoever hands the batch on calls
+        # `curriculum.update` on `arrived` (batches built at the same time teach the curriculum in order).
+        self.learn = learn
+        self.arrived: list[Group] = []  # every group handed back, in arrival order
         self.batch_groups = batch_groups if batch_groups is not None else curriculum.config.batch_groups
         factor = max_gen_factor if max_gen_factor is not None else curriculum.config.max_gen_factor
         if self.batch_groups < 1 or factor < 1.0:
@@ -175,7 +184,9 @@ class DynamicBatch:
         threshold = self.curriculum.config.success_threshold
         for group in groups:
             self.generated += 1
-            self.curriculum.update(group)
+            self.arrived.append(group)
+            if self.learn:
+                self.curriculum.update(group)
             trainable = [t for t in group if t.trainable]
             self.untrainable += len(group) - len(trainable)
             if trainable and all(t.reward >= threshold for t in trainable):
