@@ -146,10 +146,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     arms = [a["arm"] for a in result["arms"]]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    left.bar(arms, [a["steps_per_hour"] for a in result["arms"]], color="#4c72b0")
-    left.set_ylabel("steps per hour")
-    left.set_title(f"{result['env']}: {result['steps']} steps, {result['nproc']} processes")
+    passes = result.get("eval", {}).get("pass_at_1", {})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    bars = left.bar(arms, [a["steps_per_hour"] for a in result["arms"]], color="#4c72b0")
+    for bar, arm in zip(bars, arms, strict=True):  # what each arm learned, at equal trained samples
+        if arm in passes:
+            left.annotate(f"pass@1 {passes[arm]:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                          ha="center", va="bottom", fontsize=8)  # fmt: skip
+    left.set_ylabel("training steps per hour")
+    left.set_title(
+        f"{result['env'].rpartition(':')[2]}, {result['steps']} steps, {result['nproc']} processes"
+    )
     width = 0.38
     xs = range(len(arms))
     right.bar(
@@ -159,11 +166,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         [x + width / 2 for x in xs], [a["engine_idle_frac"] for a in result["arms"]], width, label="engines"
     )
     right.set_xticks(list(xs), arms)
-    right.set_ylabel("idle share of the run")
+    right.set_ylabel("share of the run spent waiting")
+    right.set_title("who waited")
     right.legend()
-    passes = result.get("eval", {}).get("pass_at_1", {})
-    if passes:
-        right.set_title("held-out pass@1: " + ", ".join(f"{a} {passes[a]:.2f}" for a in arms if a in passes))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

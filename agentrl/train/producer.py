@@ -25,9 +25,11 @@ of those still being built, which a resume does not replay).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +71,6 @@ class RolloutProducer:
     _slot: threading.Semaphore = field(init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _worker: threading.Thread | None = field(default=None, init=False, repr=False)
-    _last_end: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Batches the thread may build ahead of the trainer: each is one version more behind when trained.
@@ -81,17 +82,15 @@ class RolloutProducer:
         self._local = threading.local()  # the stats of the batch this thread is building
         self._calls_lock = threading.Lock()
         # Overlapping batches: the curriculum's lock, the builders, the finished batches waiting for
-        # their turn, the episode permits they share, and when the engines last had nothing to do.
+        # their turn, the episode permits they share.
         self._curriculum_lock = threading.Lock()
         self._emit_lock = threading.Lock()
-        self._busy_lock = threading.Lock()
         self._builders: list[threading.Thread] = []
         self._finished: dict[int, tuple[DynamicBatch, dict[str, float]]] = {}
         self._next_emit = 0
         self._episode_slots = threading.Semaphore(self.cfg.rollout.concurrency)
-        self._active = 0
-        self._idle_since: float | None = None
-        self._idle_s = 0.0
+        self._building = _Occupancy()  # batches being built
+        self._requests = _Occupancy()  # generation requests in the engines: none, and the engines idle
 
     def groups(self, draws: list[TaskDraw]) -> list[list[Trajectory]]:
         from agentrl.rollout.loop import collect_sync
@@ -106,7 +105,7 @@ class RolloutProducer:
         trajs = collect_sync(
             self.cfg.env,
             [d.task for d in draws],
-            self.policy,
+            _Counted(self.policy, self._requests),
             self.cfg.rollout,
             seed=self.cfg.seed * 1_000_003 + call,
             env_kwargs=self.cfg.env_kwargs,
@@ -148,17 +147,11 @@ class RolloutProducer:
         async producer and the trainer never touch the curriculum at the same time.
         """
         self.stats = self._local.stats = {}
-        start = time.perf_counter()
-        # The engines had nothing to generate since the last batch was done: the trainer's update and
-        # push in synchronous mode; in asynchronous mode, the wait for the trainer to take that batch.
-        idle = 0.0 if self._last_end is None else start - self._last_end
         builder = DynamicBatch(curriculum)
-        while not builder.done:
-            builder.add(self.groups(builder.request()))
-        batch = self._hand_on(builder, curriculum, self.stats)
-        batch.metrics["time/engine_idle_s"] = idle
-        self._last_end = time.perf_counter()
-        return batch
+        with self._building.held():
+            while not builder.done:
+                builder.add(self.groups(builder.request()))
+        return self._hand_on(builder, curriculum, self.stats)
 
     def _hand_on(
         self, builder: DynamicBatch, curriculum: Curriculum, stats: dict[str, float]
@@ -174,6 +167,9 @@ class RolloutProducer:
         metrics = {**batch_metrics(result, curriculum), **stats}
         if weights:
             metrics["curriculum/loss_weight_mean"] = sum(weights) / len(weights)
+        # The engines had no request to serve since the last batch was handed on: the update and push
+        # when synchronous, the episodes' tool calls and the long tail's waits in any mode.
+        metrics["time/engine_idle_s"] = self._requests.take_idle()
         return RolloutBatch(result, metrics, curriculum.state_dict(), self.calls)
 
     def next_batch(self, curriculum: Curriculum) -> RolloutBatch:
@@ -234,7 +230,7 @@ class RolloutProducer:
     def _build(self, index: int, curriculum: Curriculum) -> None:
         """Batch `index`, built beside the others (`asynchronous.overlap`), then handed on in turn."""
         self._local.stats = stats = {}
-        self._busy(+1)
+        self._building.enter()
         try:
             builder = DynamicBatch(_Shared(curriculum, self._curriculum_lock), learn=False)
             while not builder.done and not self._stop.is_set():
@@ -249,8 +245,7 @@ class RolloutProducer:
                         for group in done.arrived:  # what it learns from each batch, in batch order
                             curriculum.update(group)
                         batch = self._hand_on(done, curriculum, done_stats)
-                    batch.metrics["time/engine_idle_s"] = self._take_idle()
-                    batch.metrics["async/batches_building"] = float(self._active)
+                    batch.metrics["async/batches_building"] = float(self._building.count)
                     self._prefetch.put(batch)
                     self._next_emit += 1
         except Exception as exc:  # raised in the trainer's thread, which waits on the queue
@@ -258,23 +253,61 @@ class RolloutProducer:
                 self._stop.set()
                 self._prefetch.put(exc)
         finally:
-            self._busy(-1)
+            self._building.leave()
 
-    def _busy(self, change: int) -> None:
-        """Counts the batches being built; the time with none is the engines' idle time."""
-        with self._busy_lock:
+
+class _Occupancy:
+    """How many of something are under way, and the time none was (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self._idle_since: float | None = None  # None: nothing has started yet, no idle time counted
+        self._idle_s = 0.0
+
+    def enter(self) -> None:
+        with self._lock:
+            if self.count == 0 and self._idle_since is not None:
+                self._idle_s += time.perf_counter() - self._idle_since
+            self.count += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.count -= 1
+            if self.count == 0:
+                self._idle_since = time.perf_counter()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def take_idle(self) -> float:
+        """Seconds with none under way since the last call."""
+        with self._lock:
             now = time.perf_counter()
-            if change > 0 and self._active == 0 and self._idle_since is not None:
+            if self.count == 0 and self._idle_since is not None:
                 self._idle_s += now - self._idle_since
-            self._active += change
-            if self._active == 0:
                 self._idle_since = now
-
-    def _take_idle(self) -> float:
-        """The engines' idle seconds since the last batch was handed on."""
-        with self._busy_lock:
             idle, self._idle_s = self._idle_s, 0.0
         return idle
+
+
+class _Counted:
+    """The policy as the producer's episodes use it: each generation request is counted while in the engine."""
+
+    def __init__(self, policy: Any, requests: _Occupancy):
+        self._policy, self._requests = policy, requests
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with self._requests.held():
+            return await self._policy.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
 
 
 class _Shared:

@@ -75,19 +75,22 @@ class Scripted(RolloutProducer):
     def groups(self, draws):  # type: ignore[override]
         from tests.train.test_curriculum import group
 
-        time.sleep(self.rollout_s)
+        with self._requests.held():  # generation in the engine the whole time
+            time.sleep(self.rollout_s)
         return [group(d.task_id, [1.0, 0.0]) for d in draws]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_engine_idle_and_trainer_wait_are_logged_per_batch(mode):
+    """The engines' idle time is the time with no generation request in them since the last batch was
+    handed on; the trainer's, its wait for the batch."""
     from agentrl.train.curriculum import Curriculum
     from tests.train.test_curriculum import make_task
 
     producer = Scripted(mode, rollout_s=0.3)
     curriculum = Curriculum(make_task)
     first = producer.next_batch(curriculum)
-    assert first.metrics["time/engine_idle_s"] == 0.0 and first.metrics["time/trainer_wait_s"] >= 0.3
+    assert first.metrics["time/engine_idle_s"] < 0.1 and first.metrics["time/trainer_wait_s"] >= 0.3
     time.sleep(1.2)  # the trainer's update (long against the rollout: a loaded box delays the thread)
     second = producer.next_batch(curriculum)
     if mode == "sync":  # the engine idled through the update, the trainer waits for the whole rollout
@@ -263,3 +266,34 @@ def test_overlapping_batches_teach_the_curriculum_in_batch_order_and_only_what_w
         assert sum(t["samples"] for t in batch.curriculum_state["tasks"]) == seen
     producer.stop(wait=True)
     assert sum(s.samples for s in curriculum.tasks.values()) >= seen  # those handed on after the last take
+
+
+def test_the_engines_idle_time_counts_only_the_time_without_a_request_in_them():
+    """Requests from episodes of two overlapping batches: idle is only where none of them is in the
+    engine (the episodes' tool calls, waits in the long tail), whichever batch the requests came from."""
+    import asyncio
+
+    from agentrl.train.producer import _Counted, _Occupancy
+
+    class Engine:
+        version = 3
+
+        async def generate(self, seconds):
+            await asyncio.sleep(seconds)
+            return seconds
+
+    requests = _Occupancy()
+    policy = _Counted(Engine(), requests)
+    assert policy.version == 3  # everything but generate reads through
+    assert requests.take_idle() == 0.0  # nothing has run yet: no idle time to count
+
+    async def episodes():
+        await asyncio.gather(policy.generate(0.2), policy.generate(0.3))  # busy 0.3 s
+        await asyncio.sleep(0.4)  # a tool call: the engine idles
+        await policy.generate(0.1)
+
+    asyncio.run(episodes())
+    idle = requests.take_idle()
+    assert 0.35 <= idle < 0.6, idle
+    time.sleep(0.2)
+    assert 0.15 <= requests.take_idle() < 0.4  # idle since, with nothing in flight
