@@ -794,14 +794,26 @@ class VLLMPolicy:
 
                 self._call_inproc(apply)
             else:
+                # The engine core keeps stepping between these calls: a request in flight would run on
+                # half-reloaded layers (their weights on the meta device between begin and finish). Its
+                # scheduler is paused meanwhile, keeping the requests; they go on under the new
+                # weights. (The in-process engine runs the calls in one go on its step thread; a
+                # sleeping engine schedules nothing.)
+                pause = not self._sleeping
 
                 async def apply_async() -> None:
                     rpc = self._engine.collective_rpc
-                    await rpc("agentrl_begin_weight_update")
-                    for bucket in chunks:
-                        await rpc("agentrl_load_weights", args=(bucket,))
-                    await rpc("agentrl_finish_weight_update")
-                    await self._engine.reset_prefix_cache(reset_running_requests=True)
+                    if pause:
+                        await self._engine.pause_generation(mode="keep", clear_cache=False)
+                    try:
+                        await rpc("agentrl_begin_weight_update")
+                        for bucket in chunks:
+                            await rpc("agentrl_load_weights", args=(bucket,))
+                        await rpc("agentrl_finish_weight_update")
+                        await self._engine.reset_prefix_cache(reset_running_requests=True)
+                    finally:
+                        if pause:
+                            await self._engine.resume_generation()
 
                 self._call_async(apply_async())
             self._version = self._version + 1 if version is None else version

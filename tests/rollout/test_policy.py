@@ -8,6 +8,7 @@ model into the running engine: its greedy tokens and log-probs must then be that
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import psutil
@@ -197,6 +198,60 @@ def test_async_engine_in_its_own_process_takes_weight_updates(
         assert gen.policy_version == 1
         assert gen.token_ids == HFPolicy(other_model_dir).generate_sync(PROMPTS[0], greedy).token_ids
         assert max_diff(other_model_dir, PROMPTS[0], gen, 1.0) < TOL
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_push_reaches_requests_in_flight_between_decode_steps(
+    tiny_model_dir: Path, other_model_dir: Path
+) -> None:
+    """In-flight weight updates, the engine core in its own process: pushes land while long generations
+    run (the scheduler is paused around the update, so no step sees half-loaded layers), every request
+    finishes, and a generation that straddles a push reports both versions; each of its tokens carries
+    the log-prob of the weights it was sampled with: the old model's up to the push, the new one's
+    (its context recomputed) after it."""
+    import threading
+
+    with VLLMPolicy(
+        tiny_model_dir, dtype="float32", max_model_len=1024, weight_bucket_bytes=1 << 20
+    ) as policy:
+        sampling = SamplingConfig(temperature=1.0, max_tokens=300, seed=7)
+        new = load_file(other_model_dir / "model.safetensors")
+        started = threading.Event()
+
+        def push() -> None:
+            started.wait(60)
+            time.sleep(1.5)  # decode steps under the first weights (300 tokens take ~5 s here)
+            policy.update_weights(new)
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+
+        async def run():
+            tasks = [asyncio.create_task(policy.generate(p, sampling)) for p in PROMPTS * 4]
+            started.set()
+            return await asyncio.gather(*tasks)
+
+        gens = asyncio.run(run())
+        pusher.join()
+        assert policy.version == 1
+        straddling = [
+            (p, g) for p, g in zip(PROMPTS * 4, gens, strict=True) if g.policy_version != g.policy_version_end
+        ]
+        assert straddling, [(g.policy_version, g.policy_version_end, len(g.token_ids)) for g in gens]
+        switches = []
+        for prompt, gen in straddling:
+            # The version a request was submitted under, and the newest when it ended.
+            assert (gen.policy_version, gen.policy_version_end) == (0, 1)
+            ids = prompt + gen.token_ids
+            old = score_logprobs(tiny_model_dir, ids)[len(prompt) :]
+            fresh = score_logprobs(other_model_dir, ids)[len(prompt) :]
+            by_old = [abs(a - b) < TOL for a, b in zip(old, gen.logprobs, strict=True)]
+            by_new = [abs(a - b) < TOL for a, b in zip(fresh, gen.logprobs, strict=True)]
+            switch = next(i for i, ok in enumerate(by_old) if not ok)  # the first token of the new weights
+            assert all(by_new[switch:]), (switch, by_new)
+            switches.append(switch)
+        assert any(0 < s < sampling.max_tokens for s in switches), switches  # a push mid-way through one
 
 
 def test_checkpoint_dtype_reads_config_and_defaults_to_float32(tmp_path) -> None:
