@@ -8,7 +8,8 @@ Arms: `sync`; `kN`: `asynchronous.max_staleness: N` with `overlap: true` (every 
 built at once); `kN-seq`: the same bound, batches built one after another. Every arm runs the real
 `agentrl train` (curriculum, vLLM rollouts, FSDP2 update under torchrun, weight push) from the same model,
 seed and settings, on the long-tailed env (`benchmarks/longtail_env.py`: each step waits a Pareto time)
-or on calc-v0 (which needs a model that already solves some tasks: `--model`, the demo's warm start).
+or on calc-v0 (which needs a model that already solves some tasks: `--model`, the demo's warm start; the arms run
+the demo's recipe, examples/calc_grpo.yaml, with their own asynchronous settings).
 
 Per arm, from its metrics.jsonl: the time to N steps (the sum of the step times, engine start-up left
 out) and steps per hour; the trainer's idle share (its waits for a batch) and the engines' (the time no
@@ -47,29 +48,35 @@ def arm_settings(arm: str) -> dict[str, Any]:
 
 
 def train_config(args: argparse.Namespace, arm: str, model: str, out: Path) -> dict[str, Any]:
-    longtail = args.env == "longtail"
-    return {
-        "env": LONGTAIL if longtail else "agentrl/calc-v0",
-        "env_kwargs": (
-            {"scale_s": args.scale_s, "alpha": args.alpha, "cap_s": args.cap_s}
-            if longtail
-            else {"backend": args.backend}
-        ),
+    """An arm's `agentrl train` config. calc-v0 runs the demo's recipe (examples/calc_grpo.yaml: its
+    batch, loss and optimizer) with the steps and the asynchronous section of the arm."""
+    per_arm = {
         "model": model,
         "out": str(out),
         "steps": args.steps,
         "seed": args.seed,
+        "asynchronous": arm_settings(arm),
+        "stop_uninformative_after": 0,
+        "resume": False,
+    }
+    if args.env == "calc":
+        import yaml
+
+        recipe = yaml.safe_load((ROOT / "examples" / "calc_grpo.yaml").read_text())
+        recipe["env_kwargs"] = {**recipe.get("env_kwargs", {}), "backend": args.backend}
+        return {**recipe, **per_arm}
+    return {
+        "env": LONGTAIL,
+        "env_kwargs": {"scale_s": args.scale_s, "alpha": args.alpha, "cap_s": args.cap_s},
         "rollout": {
             "group_size": args.group_size,
-            "max_tokens_per_turn": 16 if longtail else 64,
-            "max_total_tokens": 512 if longtail else 1024,
+            "max_tokens_per_turn": 16,
+            "max_total_tokens": 512,
             "concurrency": args.concurrency,
         },
         "curriculum": {"batch_groups": args.batch_groups, "max_gen_factor": 2.0},
         "optim": {"lr": args.lr, "micro_batch_size": 8},
-        "asynchronous": arm_settings(arm),
-        "stop_uninformative_after": 0,
-        "resume": False,
+        **per_arm,
     }
 
 
@@ -183,10 +190,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--batch-groups", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--group-size", type=int, default=4, help="Long-tailed env (calc-v0: the demo's recipe).")
+    ap.add_argument("--batch-groups", type=int, default=4, help="Long-tailed env.")
+    ap.add_argument("--concurrency", type=int, default=32, help="Long-tailed env.")
+    ap.add_argument("--lr", type=float, default=1e-4, help="Long-tailed env.")
     ap.add_argument("--scale-s", type=float, default=0.2, help="Long-tailed env: Pareto scale (seconds).")
     ap.add_argument("--alpha", type=float, default=1.3, help="Long-tailed env: Pareto shape.")
     ap.add_argument("--cap-s", type=float, default=4.0, help="Long-tailed env: the longest step (seconds).")
@@ -222,14 +229,14 @@ def main() -> int:
     out = {
         "benchmark": "async",
         "env": LONGTAIL if args.env == "longtail" else "agentrl/calc-v0",
-        "env_kwargs": train_config(args, arms[0], "m", Path("."))["env_kwargs"],
         "steps": args.steps,
         "nproc": args.nproc,
         "seed": args.seed,
-        "batch": {
-            "groups": args.batch_groups,
-            "group_size": args.group_size,
-            "concurrency": args.concurrency,
+        # What every arm ran with, its asynchronous section aside.
+        "config": {
+            k: v
+            for k, v in train_config(args, "sync", "m", Path(".")).items()
+            if k not in ("model", "out", "asynchronous")
         },
         "arms": results,
         "eval": {"tasks": args.eval_tasks, "samples": args.eval_samples, **evaluation},
