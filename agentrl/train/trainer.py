@@ -30,8 +30,9 @@ run with the reason (`stop_uninformative_after`; both in `agentrl.train.stopping
 
 Step 1 is rank 0's `agentrl.train.producer.RolloutProducer`. Asynchronous mode overlaps 1 with 2-3:
 the producer's background thread generates up to `max_staleness` batches ahead with the weights it has
-while the trainer updates, so no trajectory is more than that many versions behind when trained on;
-the truncated importance-sampling correction weighs the stale tokens.
+while the trainer updates (with `overlap`, all of them at once), so no trajectory is more than that
+many versions behind when trained on; the truncated importance-sampling correction weighs the stale
+tokens, and a push reaches the episodes in flight between two decode steps.
 
 Losses and advantages are the pure functions of `agentrl.train.grpo`; batching is `agentrl.train.batch`
 and `agentrl.train.packing`; the curriculum is `agentrl.train.curriculum`; distribution is

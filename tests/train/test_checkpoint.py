@@ -45,6 +45,29 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def ctrl_c_after_step_1(cfg: Path, out: Path) -> str:
+    """`agentrl train cfg out=out`, Ctrl-C as soon as step 1 is in metrics.jsonl; its stderr (exit 130)."""
+    proc = subprocess.Popen(
+        train_cmd(cfg, out),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A suite started as a background job inherits Ctrl-C ignored, and `agentrl train` keeps an
+        # ignored Ctrl-C ignored (as under nohup): give the run a terminal's default disposition.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 600
+    while not ((out / "metrics.jsonl").exists() and len(rows(out)) >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    return stderr
+
+
 @pytest.mark.docker
 @pytest.mark.vllm
 @pytest.mark.slow
@@ -61,24 +84,7 @@ def test_resume_after_ctrl_c_reproduces_the_uninterrupted_run_exactly(tiny_model
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
-    proc = subprocess.Popen(
-        train_cmd(cfg, cut),
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A suite started as a background job inherits Ctrl-C ignored, and `agentrl train` keeps an
-        # ignored Ctrl-C ignored (as under nohup): give the run a terminal's default disposition.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.monotonic() + 600
-    while not ((cut / "metrics.jsonl").exists() and len(rows(cut)) >= 1):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C while step 2's episodes are being generated
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 130, stderr[-3000:]
+    stderr = ctrl_c_after_step_1(cfg, cut)  # while step 2's episodes are being generated
     said = [line for line in stderr.splitlines() if "interrupted at step" in line]
     assert said and f"interrupted at step 2/3: saved {cut}/checkpoint-1 (step 1 done" in said[0], stderr[
         -3000:
@@ -118,22 +124,8 @@ def test_resume_after_ctrl_c_with_overlapping_batches_keeps_the_curriculum_to_wh
         "asynchronous: {mode: async, max_staleness: 2, overlap: true}\n"
     )
     out = tmp_path / "cut"
-    proc = subprocess.Popen(
-        train_cmd(cfg, out),
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.monotonic() + 600
-    while not ((out / "metrics.jsonl").exists() and len(rows(out)) >= 1):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # the batches of steps 2 and 3 are being built
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 130 and "interrupted at step" in stderr, stderr[-3000:]
+    stderr = ctrl_c_after_step_1(cfg, out)  # while the batches of steps 2 and 3 are being built
+    assert "interrupted at step" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr
     resumed = subprocess.run(
         train_cmd(cfg, out), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600
