@@ -23,6 +23,8 @@ def test_quick_mode_trains_each_arm_and_pairs_their_evaluations(tmp_path: Path) 
             sys.executable,
             str(SCRIPT),
             "--quick",
+            "--nproc",  # one training process: no torchrun, and the engine in the trainer's process
+            "1",
             "--scale-s",
             "0.02",
             "--cap-s",
