@@ -127,6 +127,9 @@ class ToolEnv(gymnasium.Env[list, str]):
     default_max_tool_calls_per_step: ClassVar[int] = DEFAULT_MAX_TOOL_CALLS_PER_STEP
     #: The procedural task supply of a subclass, `task_generator(seed)`, used when no `tasks` are given.
     task_generator: ClassVar[Callable[[int], TaskGenerator] | None] = None
+    #: Maps a task's image to the one its sandbox starts from (a harness env's: the image with its agent
+    #: installed, `agentrl.gateway.images`); None: the task's own.
+    sandbox_image: Callable[[str], str] | None = None
 
     split = _setting("split")
     backend = _setting("backend")
@@ -322,8 +325,9 @@ class ToolEnv(gymnasium.Env[list, str]):
 
     def _acquire_sandbox(self, task: Task) -> Sandbox:
         labels = {"agentrl.env_id": self.env_id}
+        image = task.image if self.sandbox_image is None else self.sandbox_image(task.image)
         kwargs = dict(
-            image=task.image, limits=self.limits, workdir=DEFAULT_WORKDIR, env=self.sandbox_env, labels=labels
+            image=image, limits=self.limits, workdir=DEFAULT_WORKDIR, env=self.sandbox_env, labels=labels
         )
         if self.use_pool and self.backend == "docker":
             from agentrl.sandbox.hosts import default_host_pool

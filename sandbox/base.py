@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol, TypedDict, Unpack, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypedDict, Unpack, runtime_checkable
 
 from agentrl.sandbox.spec import (
     DEFAULT_IMAGE,
@@ -486,6 +486,15 @@ class SandboxBase:
 
     def alive(self) -> bool:
         raise NotImplementedError
+
+    def attach(self, argv: Sequence[str]) -> Any:
+        """Start `argv` in the sandbox as the agent, and hold its stdin, stdout and stderr open: a
+        `Transport` (`agentrl.sandbox.executor`: `send`, `read_loop`, `close`). A long-lived link into
+        the sandbox (a harness command's relay to its gateway session, `agentrl.gateway.relay`);
+        `kill_agent_processes` and `close` end it. Closing the transport sends the process EOF."""
+        raise SandboxError(
+            f"the {self.backend} sandbox backend cannot attach a process; use the docker, bwrap or local backend"
+        )
 
     @property
     def resident_executor(self) -> object | None:

@@ -137,7 +137,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, Unpack
@@ -996,6 +996,33 @@ class BwrapSandbox(SandboxBase):
         self._residents.current = _Resident(proc, pid, process_start_ticks(pid))
         self._write_meta()
         return executor
+
+    def attach(self, argv: Sequence[str]) -> Pipes:
+        """`argv` as the agent in a bwrap of its own (its own pid and network namespaces, the
+        sandbox's files), its pipes held (`SandboxBase.attach`)."""
+        self._check_open()
+        options = self._options(self._base_env(), "agent", None)
+        options_fd = os.memfd_create("agentrl-bwrap-args", 0)
+        try:
+            os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")
+            os.lseek(options_fd, 0, os.SEEK_SET)
+            proc = subprocess.Popen(
+                self._argv(list(argv), options_fd),
+                cwd="/",
+                env={},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(options_fd,),
+            )
+        except OSError as exc:
+            raise SandboxError(f"bwrap sandbox {self.id}: could not start {argv[0]!r}: {exc}") from exc
+        finally:
+            os.close(options_fd)
+        with self._lock:  # killed with the agent's processes, waited for at close
+            self._running.add(proc)
+        return Pipes(proc)
 
     def _agent_executor(self) -> ResidentExecutor | None:
         try:

@@ -65,7 +65,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn, Unpack
@@ -502,6 +502,17 @@ class DockerSandbox(SandboxBase):
             executor.close()
             raise ExecutorUnavailable(exc.why) from exc
         return executor
+
+    def attach(self, argv: Sequence[str]) -> DockerStream:
+        """`argv` as the agent in its own `docker exec`, its stdio attached (`SandboxBase.attach`)."""
+        self._check_open()
+        with self._docker_errors():
+            exec_id = self._api.exec_create(
+                self._cid, list(argv), stdin=True, user=AGENT_USER, workdir=self.workdir
+            )["Id"]
+            sio = self._api.exec_start(exec_id, socket=True)
+        sio._sock.setblocking(False)
+        return DockerStream(sio, _buffered_prefix(sio))
 
     def _agent_executor(self) -> ResidentExecutor | None:
         """The executor for an agent command or file (None: this sandbox runs without one)."""

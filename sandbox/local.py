@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Unpack
 
@@ -43,6 +44,7 @@ from agentrl.sandbox.base import (
     SandboxSpec,
     SpecFields,
 )
+from agentrl.sandbox.executor import Pipes
 from agentrl.sandbox.hostfs import HostView, Mount
 from agentrl.sandbox.process import kill_group, kill_marked, run_capped
 
@@ -119,6 +121,28 @@ class LocalSandbox(SandboxBase):
             output_limit=request.output_limit,
             kill_tree=kill_tree,
         )
+
+    def attach(self, argv: Sequence[str]) -> Pipes:
+        """`argv` as a host process in the workspace, its pipes held (`SandboxBase.attach`)."""
+        self._check_open()
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": str(self.host_workdir),
+            "TMPDIR": str(self.host_tmp),
+            "LANG": "C.UTF-8",
+            **self.env,
+            SANDBOX_MARKER: self.id,
+        }
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=str(self.host_workdir),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        return Pipes(proc)
 
     def kill_agent_processes(self) -> None:
         kill_marked(SANDBOX_MARKER, self.id)

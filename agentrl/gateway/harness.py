@@ -41,7 +41,7 @@ import contextlib
 import dataclasses
 import importlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.gateway.protocol import ChatMessage, normal_message
@@ -89,13 +89,82 @@ async def tool_loop_agent(client: Any, task: HarnessTask) -> None:
         messages += await task.step(message)
 
 
+class SandboxCommand:
+    """A harness that is a command inside the episode's sandbox: the agent's own tool calls run there, in
+    its container, and its model calls reach the episode's gateway session through a relay
+    (`agentrl.gateway.relay`); the sandbox keeps no network.
+
+    command: a shell command (`/bin/sh -c`) or an argv, run in the workspace as the agent, with
+        `OPENAI_BASE_URL` (and `OPENAI_API_BASE`) the session's URL inside the sandbox, `OPENAI_API_KEY`
+        set, `AGENTRL_MODEL` the model name to ask for, `AGENTRL_TASK` the task's statement (also in the
+        file `AGENTRL_TASK_FILE`), and `env` on top; python: the image's python that runs the relay.
+
+    It returns when the command exits 0; another exit is `agent_error` with the end of its output.
+    """
+
+    TASK_FILE = "/tmp/agentrl-task.md"
+
+    def __init__(
+        self, command: str | Sequence[str], *, env: Mapping[str, str] | None = None, python: str = "python3"
+    ):
+        if isinstance(command, str):
+            if not command.strip():
+                raise ValueError("command must be a non-empty shell command or argv")
+            self.argv = ["/bin/sh", "-c", command]
+        else:
+            self.argv = [str(a) for a in command]
+            if not self.argv:
+                raise ValueError("command must be a non-empty shell command or argv")
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.python = python
+        self.output = ""
+        """The last run's output (stdout and stderr together, its first 64 KiB)."""
+
+    async def __call__(self, client: Any, task: HarnessTask) -> None:
+        from urllib.parse import urlsplit
+
+        from agentrl.gateway.relay import CommandRelay, relay_argv
+
+        ep = task._episode
+        sandbox = getattr(ep.env.env, "sandbox", None)
+        session = ep.session
+        if sandbox is None or session is None:
+            raise RuntimeError(f"{ep.env.env_id} has no sandbox for a harness command to run in")
+        env = {
+            "OPENAI_API_KEY": "agentrl-session",  # the session URL is the credential
+            "AGENTRL_MODEL": task.model,
+            "AGENTRL_TASK": task.prompt,
+            "AGENTRL_TASK_FILE": self.TASK_FILE,
+            **self.env,
+        }
+        await ep.env_call(sandbox.write_file, self.TASK_FILE, task.prompt)
+        transport = await ep.env_call(sandbox.attach, relay_argv(self.python))
+        relay = CommandRelay(transport, connect=ep.gateway.connect)
+        try:
+            relay.start(self.argv, env=env, cwd=sandbox.workdir, path=urlsplit(session.url).path)
+            # A thread waits; cancelling this task (the episode ended first) closes the relay below,
+            # which kills the command's process group and lets that thread go.
+            code = await asyncio.to_thread(relay.wait)
+        finally:
+            relay.close()
+            self.output = relay.output
+        if relay.broken is not None:
+            raise RuntimeError(relay.broken)
+        if code != 0:
+            tail = relay.output.strip()[-800:]
+            raise RuntimeError(f"the harness command exited {code}" + (f"; its output ends: {tail}" if tail else ""))
+
+
 class HarnessEnv:
     """An environment whose episodes a harness agent plays (see the module docstring).
 
     env: the environment that poses the tasks, runs the tools and scores (an id for `agentrl.make`, or an
-        instance); agent: the harness, a callable or a `"module:function"` string; max_calls: the most
-        completions an episode may ask for (default: the environment's `max_turns`). Other keyword
-        arguments (`max_turns`, `verifier`, settings) go to `agentrl.make(env, ...)`.
+        instance); agent: the harness, a callable or a `"module:function"` string; command: instead of
+        `agent`, a command run inside the episode's sandbox (`SandboxCommand`), with `command_env` added to
+        its environment; install: packages (pip requirement strings) the command needs, installed into a
+        layer on each task's image (`agentrl.gateway.images`, docker); max_calls: the most completions an
+        episode may ask for (default: the environment's `max_turns`). Other keyword arguments
+        (`max_turns`, `verifier`, settings) go to `agentrl.make(env, ...)`.
 
     Everything else (`reset`, `step`, `tasks`, `toolbox`, `episode`, ...) is the wrapped environment's,
     so the checks (`agentrl env check`, `agentrl verifier audit`) run on it unchanged.
@@ -104,12 +173,19 @@ class HarnessEnv:
     def __init__(
         self,
         env: str | AgentEnv,
-        agent: str | AgentFn,
+        agent: str | AgentFn | None = None,
         *,
+        command: str | Sequence[str] | None = None,
+        command_env: Mapping[str, str] | None = None,
+        install: Sequence[str] | None = None,
         env_id: str | None = None,
         max_calls: int | None = None,
         **env_kwargs: Any,
     ):
+        if (agent is None) == (command is None):
+            raise ValueError("a harness env takes one of agent= (a callable or 'module:function') and command=")
+        if install and command is None:
+            raise ValueError("install= is for a harness command (it installs into the sandbox's image)")
         if isinstance(env, str):
             from agentrl.registry import make
 
@@ -120,7 +196,17 @@ class HarnessEnv:
                 f"HarnessEnv got settings {sorted(env_kwargs)} for an environment instance; pass an id to build it"
             )
         self.env = env
-        self.agent = load_agent(agent)
+        self.install = tuple(install or ())
+        if command is not None:
+            from agentrl.gateway.images import harness_env, harness_image
+
+            extra = {**(harness_env() if self.install else {}), **(command_env or {})}
+            self.agent: AgentFn = SandboxCommand(command, env=extra)
+            if self.install:
+                packages = self.install
+                env.sandbox_image = lambda image: harness_image(image, packages)
+        else:
+            self.agent = load_agent(agent)
         self.max_calls = max_calls
         self.env_id = env_id or env.env_id
 
@@ -303,6 +389,9 @@ class HarnessEpisode:
             return [base]
         out = []
         cfg = self.rollout
+        if isinstance(self.env.agent, SandboxCommand):
+            # The environment never stepped: its turns are the command's completions.
+            base = dataclasses.replace(base, turns=session.calls)
         for i, b in enumerate(branches):
             seq = b.seq
             drift = None

@@ -185,6 +185,21 @@ class Gateway:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.uds)
 
+    def connect(self) -> socket.socket:
+        """A new connection to this server: where a sandbox's relay (`agentrl.gateway.relay`) carries
+        each connection its harness command opens, and nowhere else."""
+        if self.uds is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.uds)
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        sock = socket.create_connection((self.host, self.port), timeout=10)
+        sock.settimeout(None)
+        return sock
+
     def __enter__(self) -> Gateway:
         return self.start()
 

@@ -1,0 +1,151 @@
+"""The in-sandbox end of a harness command's link to its gateway session (standard library only).
+
+Sent over the stdin of one attached process in the sandbox (`agentrl.gateway.relay`), it
+
+- listens on the sandbox's own loopback (127.0.0.1, a free port): the sandbox has no network, and this
+  socket is the only way out, to the gateway session and nothing else;
+- starts the harness command as its child, in a session of its own, with `OPENAI_BASE_URL` (and the
+  other variables the host names) set to `http://127.0.0.1:<port>/s/<token>/v1`;
+- carries each connection to the host over its own stdin and stdout, in frames of
+  `kind (1 byte), connection (4), length (4), payload`; the host connects each one to the gateway;
+- forwards the command's output (stdout and stderr together) and, once it exits, its exit code.
+
+Its stdout carries frames only: the command's output never reaches it unframed, so nothing the command
+prints can pose as a frame. EOF on stdin (the host gave up on the episode) kills the command's group.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+HEADER = struct.Struct(">BII")
+OPEN, DATA, CLOSE, OUT, EXIT = 1, 2, 3, 4, 5
+CHUNK = 1 << 16
+
+
+def read_exact(stream, n):
+    buf = b""
+    while len(buf) < n:
+        part = stream.read(n - len(buf))
+        if not part:
+            return None
+        buf += part
+    return buf
+
+
+def main():
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    out_lock = threading.Lock()
+
+    def send(kind, conn, payload=b""):
+        with out_lock:
+            out.write(HEADER.pack(kind, conn, len(payload)) + payload)
+            out.flush()
+
+    head = read_exact(inp, 4)
+    if head is None:
+        return
+    cfg = json.loads(read_exact(inp, struct.unpack(">I", head)[0]))
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    url = f"http://127.0.0.1:{server.getsockname()[1]}{cfg['path']}"
+    env = dict(os.environ)  # the sandbox's own (PATH, its settings), then the harness's
+    env.update(cfg["env"])
+    for name in cfg["url_vars"]:
+        env[name] = url
+    try:
+        child = subprocess.Popen(
+            cfg["argv"],
+            env=env,
+            cwd=cfg["cwd"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        send(OUT, 0, f"could not start {cfg['argv']!r}: {exc}\n".encode())
+        send(EXIT, 0, b"127")
+        return
+    conns = {}
+    lock = threading.Lock()
+
+    def kill_group():
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+    def upstream(conn_id, sock):
+        # What the command sends on one connection, to the host.
+        try:
+            while True:
+                data = sock.recv(CHUNK)
+                if not data:
+                    break
+                send(DATA, conn_id, data)
+        except OSError:
+            pass
+        send(CLOSE, conn_id)
+
+    def accept():
+        next_id = 0
+        while True:
+            try:
+                sock, _ = server.accept()
+            except OSError:
+                return
+            next_id += 1
+            with lock:
+                conns[next_id] = sock
+            send(OPEN, next_id)
+            threading.Thread(target=upstream, args=(next_id, sock), daemon=True).start()
+
+    def downstream():
+        # The gateway's replies, from the host; EOF: the host ended the episode.
+        while True:
+            head = read_exact(inp, HEADER.size)
+            if head is None:
+                kill_group()
+                os._exit(0)
+            kind, conn_id, size = HEADER.unpack(head)
+            payload = read_exact(inp, size) if size else b""
+            with lock:
+                sock = conns.get(conn_id)
+                if kind == CLOSE:
+                    conns.pop(conn_id, None)
+            if sock is None:
+                continue
+            try:
+                if kind == DATA:
+                    sock.sendall(payload)
+                elif kind == CLOSE:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+            except OSError:
+                pass
+
+    def output():
+        while True:
+            data = child.stdout.read1(CHUNK)
+            if not data:
+                return
+            send(OUT, 0, data)
+
+    threading.Thread(target=accept, daemon=True).start()
+    threading.Thread(target=downstream, daemon=True).start()
+    pump = threading.Thread(target=output, daemon=True)
+    pump.start()
+    code = child.wait()
+    kill_group()  # what it left running in the background ends with it
+    pump.join(timeout=2)
+    send(EXIT, 0, str(code).encode())
+
+
+if __name__ == "__main__":  # run as `python3 -c <this source>`; never on import
+    main()
