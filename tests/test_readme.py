@@ -52,6 +52,7 @@ PYTHON_BLOCKS = {
     "# mylab/envs.py": "test_your_own_environment_snippet",
     "# mylab/verifiers.py": "test_verifier_snippet",
     "# mylab/agents.py": "test_agent_snippet",
+    '"mylab/repair-mini-v0"': "test_agent_in_the_sandbox_snippet",
     "# mylab/samplers.py": "test_sampler_snippet",
     "class MazeSettings": "test_settings_model_snippet",
     "class ComputeThenSubmit": "test_scripted_oracle_snippet",
@@ -178,6 +179,30 @@ def test_agent_snippet(mylab, tiny_model_dir):  # noqa: F811
         "mylab/Lookup-agent-v0", [0], record, RolloutConfig(group_size=1, max_tokens_per_turn=64)
     )
     assert traj.finish_reason == "submitted" and traj.reward == 1.0 and traj.tool_calls == 2
+    assert traj.branches == 1 and assert_all_sampled(traj, record) == 2
+
+
+@pytest.mark.docker
+def test_agent_in_the_sandbox_snippet(toolz_repair_task, tiny_model_dir):  # noqa: F811
+    """docs/AGENTS.md's mini-swe-agent harness, registered as it is there, runs in docker through the gateway:
+    its CLI from the harness layer's PATH, its commands in the container, its calls token-exact."""
+    from transformers import AutoTokenizer
+
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
+    from tests.gateway.scripted import RecordingPolicy, ToolCallPolicy, assert_all_sampled
+    from tests.gateway.test_command import bash_call
+
+    exec(compile(block('"mylab/repair-mini-v0"'), "docs/AGENTS.md", "exec"), {})
+    steps = ["ls", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    record = RecordingPolicy(ToolCallPolicy(tok, lambda _prompt, n: bash_call(steps[min(n, 1)])))
+    cfg = RolloutConfig(group_size=1, max_tokens_per_turn=256, max_total_tokens=8192, episode_timeout_s=300)
+    (traj,) = collect_sync(
+        lambda: agentrl.make("mylab/repair-mini-v0", tasks=[toolz_repair_task]), [0], record, cfg
+    )
+    assert traj.finish_reason == "submitted", traj.error
+    assert traj.turns == 2 and traj.reward == 0.0 and traj.verdict_details
     assert traj.branches == 1 and assert_all_sampled(traj, record) == 2
 
 

@@ -28,6 +28,8 @@ HEADER = struct.Struct(">BII")
 OPEN, DATA, CLOSE, OUT, EXIT = 1, 2, 3, 4, 5
 # A frame the relay never sends (its reads are 64 KiB): larger means the stream is not the relay's.
 MAX_FRAME = 1 << 20
+# Connections one command may hold open to the gateway at once (a harness needs one or a few).
+MAX_CONNECTIONS = 64
 URL_VARS = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
 """Set to the session's URL inside the sandbox (the SDK's name, and the older one litellm also reads)."""
 
@@ -199,6 +201,10 @@ class CommandRelay:
         with self._conns_lock:
             if conn in self._conns or self._closed:
                 return
+            full = len(self._conns) >= MAX_CONNECTIONS
+        if full:  # a command opening connections without end gets no more gateway sockets
+            self._frame(CLOSE, conn)
+            return
         try:
             sock = self.connect()
         except OSError:

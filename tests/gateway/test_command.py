@@ -106,7 +106,7 @@ MINI_ENV = {
 MINI_INSTALL = ["mini-swe-agent==2.4.6"]
 
 
-def _bash(command: str) -> str:
+def bash_call(command: str) -> str:
     call = json.dumps({"name": "bash", "arguments": {"command": command}})
     return f"Next step.\n<tool_call>\n{call}\n</tool_call>"
 
@@ -128,7 +128,7 @@ def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_mode
         fix,
         "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
     ]
-    record = RecordingPolicy(ToolCallPolicy(_tok(tiny_model_dir), lambda _p, n: _bash(steps[min(n, 2)])))
+    record = RecordingPolicy(ToolCallPolicy(_tok(tiny_model_dir), lambda _p, n: bash_call(steps[min(n, 2)])))
     # Room for the whole fix in one reply (a cut one is dropped by mini-swe-agent: a branch of its own).
     cfg = CFG.model_copy(
         update={"episode_timeout_s": 300.0, "max_tokens_per_turn": 4096, "max_total_tokens": 32768}
