@@ -5,7 +5,10 @@ the OpenAI API play (and are trained on) episodes, token-exact.
 - `session`: `Session`, one episode's calls captured (prompt ids, sampled ids, log-probs, policy
   version) and stitched into trajectories, with branches where the history drifted;
 - `protocol`: the OpenAI request and error formats;
-- `harness`: `HarnessEnv`, an environment whose episodes a user's agent plays through a session.
+- `harness`: `HarnessEnv`, an environment whose episodes a user's agent plays through a session: a
+  callable on the host, or a command inside the sandbox (`SandboxCommand`);
+- `relay`: a sandbox command's only way out, to its session, over the sandbox's own stdio;
+- `images`: sandbox images with a harness's packages installed from the package index.
 
 Names are imported lazily: `import agentrl.gateway` does not load the web server.
 """
@@ -23,6 +26,7 @@ _EXPORTS = {
     "GatewayError": "agentrl.gateway.protocol",
     "HarnessEnv": "agentrl.gateway.harness",
     "HarnessTask": "agentrl.gateway.harness",
+    "SandboxCommand": "agentrl.gateway.harness",
     "tool_loop_agent": "agentrl.gateway.harness",
 }
 
