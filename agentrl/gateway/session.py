@@ -104,6 +104,8 @@ class Sample:
     stop_reason: StopReason
     policy_version: int
     policy_version_end: int
+    token_versions: list[int]
+    """The weights version of each of `sampled_ids` (`Generation.versions()`)."""
     action_text: str
     """What the policy wrote, as the environment reads it (the sampled text, end-of-turn token excluded)."""
     reply: dict[str, Any]
@@ -406,6 +408,7 @@ class Session:
                 stop_reason=reason,
                 policy_version=gen.policy_version,
                 policy_version_end=gen.policy_version_end,
+                token_versions=gen.versions()[: len(ids)],  # a stop string may have cut the ids
                 action_text=action,
                 reply=_normal_reply(message),
                 drifted=plan.drifted,
@@ -503,7 +506,7 @@ class Session:
                 seq.messages.extend(dict(m) for m in s.forced_messages)
                 seq.ends_in_generation_prompt = True
             seq.notes.extend(s.notes)
-            seq.append_sampled(s.sampled_ids, s.logprobs, s.stop_reason)
+            seq.append_sampled(s.sampled_ids, s.logprobs, s.stop_reason, s.token_versions)
             seq.messages.append({"role": "assistant", "content": s.action_text})
         return seq
 

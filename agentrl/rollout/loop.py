@@ -251,7 +251,7 @@ class _Episode:
             self.generate_s += time.perf_counter() - t0
             self.versions += [gen.policy_version, gen.policy_version_end]
             turn += 1
-            action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason)
+            action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason, gen.versions())
             if gen.stop_reason == "length" and len(seq) >= cfg.max_total_tokens:
                 # Cut by the context budget mid-turn: the text is incomplete, so it is not acted on.
                 await self.end(
@@ -319,6 +319,7 @@ class _Episode:
             token_ids=list(seq.token_ids) if seq else [],
             loss_mask=list(seq.loss_mask) if seq else [],
             behavior_logprobs=list(seq.behavior_logprobs) if seq else [],
+            token_versions=seq.versions_per_token() if seq else [],
             prompt_len=seq.prompt_len if seq else 0,
             reward=float(verdict.reward) if verdict is not None else 0.0,
             passed=bool(verdict.passed) if verdict is not None else False,

@@ -69,24 +69,49 @@ class MaskedSequence:
     last_stop_reason: StopReason = "stop"
     notes: list[str] = field(default_factory=list)
     """Template problems met while appending (non-prefix renderings), for the drift report."""
+    token_versions: list[int] = field(default_factory=list)
+    """The weights version each sampled id came from; -1 for ids not sampled (filled as ids are appended)."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def append_sampled(self, token_ids: list[int], logprobs: list[float], stop_reason: StopReason) -> None:
+    def _align_versions(self) -> None:
+        # Ids given at construction (the prompt) were not sampled.
+        if len(self.token_versions) < len(self.token_ids):
+            self.token_versions.extend([-1] * (len(self.token_ids) - len(self.token_versions)))
+
+    def append_sampled(
+        self,
+        token_ids: list[int],
+        logprobs: list[float],
+        stop_reason: StopReason,
+        versions: list[int] | None = None,
+    ) -> None:
+        """`versions`: the weights version of each id (`Generation.versions()`); None: unknown (-1)."""
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} sampled ids but {len(logprobs)} log-probs")
+        if versions is not None and len(versions) != len(token_ids):
+            raise ValueError(f"{len(token_ids)} sampled ids but {len(versions)} versions")
+        self._align_versions()
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([1] * len(token_ids))
         self.behavior_logprobs.extend(logprobs)
+        self.token_versions.extend(versions if versions is not None else [-1] * len(token_ids))
         self.ends_in_generation_prompt = False
         self.last_stop_reason = stop_reason
 
     def append_forced(self, token_ids: list[int]) -> None:
         """Ids the policy did not sample (glue, observations, generation prompt): mask 0."""
+        self._align_versions()
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([0] * len(token_ids))
         self.behavior_logprobs.extend([0.0] * len(token_ids))
+        self.token_versions.extend([-1] * len(token_ids))
+
+    def versions_per_token(self) -> list[int]:
+        """`token_versions`, one per id."""
+        self._align_versions()
+        return list(self.token_versions)
 
 
 class ChatMasker:
@@ -180,10 +205,15 @@ class ChatMasker:
         return self.turn_close
 
     def add_turn(
-        self, seq: MaskedSequence, sampled_ids: list[int], logprobs: list[float], stop_reason: StopReason
+        self,
+        seq: MaskedSequence,
+        sampled_ids: list[int],
+        logprobs: list[float],
+        stop_reason: StopReason,
+        versions: list[int] | None = None,
     ) -> str:
         """Append one sampled turn (mask 1); return the action text for the environment."""
-        seq.append_sampled(sampled_ids, logprobs, stop_reason)
+        seq.append_sampled(sampled_ids, logprobs, stop_reason, versions)
         text = self.action_text(sampled_ids, stop_reason)
         seq.messages.append({"role": "assistant", "content": text})
         return text

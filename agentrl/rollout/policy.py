@@ -126,6 +126,17 @@ class Generation:
     policy_version_end: int
     """Weights version when it finished (differs when weights were pushed mid-request); a request that
     carried a pushed adapter kept it to the end: its version again."""
+    token_versions: tuple[int, ...] | None = None
+    """The weights version each id was sampled with (a push mid-request switches it between two decode
+    steps); None from a policy that does not say, which sampled every id with `policy_version` unless
+    the two versions differ (see `versions`)."""
+
+    def versions(self) -> list[int]:
+        """The weights version of each sampled id: `token_versions`, or, from a policy that does not give
+        them, `policy_version` for every id (the oldest it may have been: what staleness is measured by)."""
+        if self.token_versions is not None:
+            return list(self.token_versions)
+        return [self.policy_version] * len(self.token_ids)
 
 
 @runtime_checkable
@@ -344,6 +355,11 @@ class VLLMPolicy:
         self._version = version
         self._update_lock = threading.Lock()
         self._sleeping = False
+        # Per request in flight: (ids sampled before a push, the version it loaded), per push
+        # (`Generation.token_versions`). Written by the engine's thread, read once the request is done.
+        self._pushes: dict[str, list[tuple[int, int]]] = {}
+        self._running: set[str] = set()  # the AsyncLLM's requests in flight (its loop's thread only)
+        self._sampled: dict[str, int] = {}  # the in-process engine's: ids sampled so far
         on_gpu = _has_cuda()
         if not on_gpu and (devices or sleep_mode or weight_transfer != "rpc"):
             raise ValueError(
@@ -472,6 +488,7 @@ class VLLMPolicy:
                     try:
                         engine.add_request(rid, prompt, params, lora_request=lora)
                         pending[rid] = (loop, fut)
+                        self._sampled[rid] = 0
                     except Exception as exc:
                         _deliver(loop, _set_exception, fut, exc)
                 elif kind == "noop":
@@ -480,6 +497,8 @@ class VLLMPolicy:
                     if cmd[1] in pending:
                         engine.abort_request([cmd[1]])
                         pending.pop(cmd[1])
+                    self._sampled.pop(cmd[1], None)
+                    self._pushes.pop(cmd[1], None)
                 elif kind == "call":  # weight updates run here, between engine steps
                     _, fn, cfut = cmd
                     try:
@@ -500,9 +519,14 @@ class VLLMPolicy:
                 pending.clear()
                 continue
             for out in outputs:
-                if out.finished and out.request_id in pending:
+                if out.request_id not in pending:
+                    continue
+                if out.finished:
+                    self._sampled.pop(out.request_id, None)
                     loop, fut = pending.pop(out.request_id)
                     _deliver(loop, _set_result, fut, out)
+                elif out.outputs:  # cumulative outputs: the ids so far
+                    self._sampled[out.request_id] = len(out.outputs[0].token_ids)
 
     def _call_inproc(self, fn: Any) -> Any:
         cfut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -569,15 +593,47 @@ class VLLMPolicy:
         finally:
             if adapter is not None:
                 self._release(adapter)
+            pushes = self._pushes.pop(rid, [])
         # A request that carried a pushed adapter sampled every token with it, whatever was pushed meanwhile.
-        return _to_generation(out, version, version if pushed else self._version)
+        if pushed:
+            return _to_generation(out, version, version)
+        return _to_generation(out, version, self._version, pushes)
 
     async def _async_generate(self, rid: str, prompt: Any, params: Any, lora: Any = None) -> Any:
         final = None
-        # Cancelling this coroutine (the caller's timeout) aborts the request inside vLLM.
-        async for out in self._engine.generate(prompt, params, request_id=rid, lora_request=lora):
-            final = out
+        self._running.add(rid)
+        try:
+            # Cancelling this coroutine (the caller's timeout) aborts the request inside vLLM.
+            async for out in self._engine.generate(prompt, params, request_id=rid, lora_request=lora):
+                final = out
+        finally:
+            self._running.discard(rid)
         return final
+
+    def _mark_push(self, counts: dict[str, int], version: int) -> None:
+        """Record, for each request in flight, how many ids it had sampled when `version` was loaded."""
+        for rid, n in counts.items():
+            self._pushes.setdefault(rid, []).append((n, version))
+
+    async def _sampled_counts_async(self) -> dict[str, int]:
+        """Ids sampled so far by each request in flight, read once the engine core is paused: its outputs
+        up to the pause are all processed (they arrive after the pause's own reply, hence the wait)."""
+        processor = self._engine.output_processor
+        queue_ = getattr(self._engine.engine_core, "outputs_queue", None)
+        previous: dict[str, int] | None = None
+        for _ in range(200):  # at most ~1 s; a paused core sends nothing new, so this settles at once
+            await asyncio.sleep(0.005)
+            if queue_ is not None and not queue_.empty():
+                continue
+            counts = {}
+            for state in list(processor.request_states.values()):
+                rid = getattr(state, "external_req_id", None) or state.request_id
+                if rid in self._running:
+                    counts[rid] = len(state.detokenizer.output_token_ids)
+            if counts == previous:
+                return counts
+            previous = counts
+        return previous or {}
 
     # --- LoRA adapters ----------------------------------------------------------------------------
 
@@ -783,6 +839,7 @@ class VLLMPolicy:
         """
         with self._update_lock:
             chunks = buckets(named_tensors(weights), self.weight_bucket_bytes, serialize=not self.in_process)
+            new_version = self._version + 1 if version is None else version
             if self.in_process:
 
                 def apply(engine: Any) -> None:
@@ -791,6 +848,8 @@ class VLLMPolicy:
                         engine.collective_rpc("agentrl_load_weights", args=(bucket,))
                     engine.collective_rpc("agentrl_finish_weight_update")
                     engine.reset_prefix_cache(reset_running_requests=True)
+                    # Between two steps: every id sampled so far came from the old weights.
+                    self._mark_push(dict(self._sampled), new_version)
 
                 self._call_inproc(apply)
             else:
@@ -811,12 +870,13 @@ class VLLMPolicy:
                             await rpc("agentrl_load_weights", args=(bucket,))
                         await rpc("agentrl_finish_weight_update")
                         await self._engine.reset_prefix_cache(reset_running_requests=True)
+                        self._mark_push(await self._sampled_counts_async(), new_version)
                     finally:
                         if pause:
                             await self._engine.resume_generation()
 
                 self._call_async(apply_async())
-            self._version = self._version + 1 if version is None else version
+            self._version = new_version
             return self._version
 
     # --- GPU placement: sleep mode and vLLM's weight transfer --------------------------------------
@@ -894,6 +954,16 @@ class VLLMPolicy:
             yield
             self.reset_prefix_cache(running=True)
             self._version += 1
+            # The transfer ran beside the engine's steps: the ids counted now are those of the old
+            # weights up to a step or so (`update_weights` pauses the engine and is exact).
+            if self.in_process:
+                self._call_inproc(lambda _engine: self._mark_push(dict(self._sampled), self._version))
+            else:
+
+                async def mark() -> None:
+                    self._mark_push(await self._sampled_counts_async(), self._version)
+
+                self._call_async(mark())
 
     def reset_prefix_cache(self, *, running: bool = False) -> None:
         """Drop the engine's cached prefixes; `running`: requests in flight recompute theirs too (after
@@ -972,7 +1042,10 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _to_generation(out: Any, version: int, version_end: int) -> Generation:
+def _to_generation(
+    out: Any, version: int, version_end: int, pushes: Sequence[tuple[int, int]] = ()
+) -> Generation:
+    """`pushes`: (ids sampled before it, version after it) for each push that landed while the request ran."""
     if out is None or not out.outputs:
         raise RuntimeError("vLLM returned no output for the request (was it aborted?)")
     sample = out.outputs[0]
@@ -983,7 +1056,10 @@ def _to_generation(out: Any, version: int, version_end: int) -> Generation:
     reason = sample.finish_reason
     if reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished the request with {reason!r}, expected 'stop' or 'length'")
-    return Generation(token_ids, logprobs, reason, version, version_end)
+    versions = [version] * len(token_ids)
+    for before, after in pushes:
+        versions[before:] = [after] * (len(token_ids) - before)
+    return Generation(token_ids, logprobs, reason, version, version_end, tuple(versions))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -81,6 +81,9 @@ class Trajectory:
     """Calls of its episode whose conversation did not extend the tokens already sampled (each began a branch)."""
     loss_weight: float = 1.0
     """A factor on its advantage, set by the curriculum's sampler for its group (`mgpo`); 1: GRPO's own."""
+    token_versions: list[int] = field(default_factory=list)
+    """Per id, the weights version that sampled it (a push mid-episode, even mid-turn, changes it); -1
+    for ids not sampled (prompt, observations) and where the policy did not say. Empty: not recorded."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -89,6 +92,8 @@ class Trajectory:
                 f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and behavior_logprobs "
                 f"({len(self.behavior_logprobs)}) must have the same length"
             )
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"token_ids ({n}) and token_versions ({len(self.token_versions)}) differ in length")
         if self.policy_version_max is None:
             self.policy_version_max = self.policy_version
 

@@ -981,6 +981,15 @@ def _apply_staleness(
     for age in range(bound + 1):
         metrics[f"async/staleness_{age}"] = float(sum(a == age for a in ages))
     metrics["async/staleness_over_bound"] = float(sum(a > bound for a in ages))
+    # Per sampled token (the version each was sampled with): pushes mid-episode make tokens of one
+    # trajectory younger than its oldest.
+    token_ages = [
+        version - v for t in trajs for v, m in zip(t.token_versions, t.loss_mask, strict=False) if m and v >= 0
+    ]
+    if token_ages:
+        metrics["async/token_staleness_mean"] = sum(token_ages) / len(token_ages)
+        newer = sum(v > t.policy_version for t in trajs for v in t.token_versions)
+        metrics["async/tokens_after_push"] = newer / len(token_ages)
     if cfg.asynchronous.mode != "async" or cfg.asynchronous.stale == "importance-weight":
         return trajs
     kept = [t for t, a in zip(trajs, ages, strict=True) if a <= cfg.asynchronous.max_staleness]

@@ -13,6 +13,7 @@ same ids within 1e-4 (float32 on CPU; measured about 1e-6).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import threading
 import time
@@ -406,3 +407,37 @@ def test_calls_on_several_threads_share_the_episode_permits(tokenizer) -> None:
         t.join()
     assert [len(r) for r in results] == [8, 8]
     assert 2 <= Counting.peak <= 3  # 16 episodes asked for at once, 3 permits
+
+
+def test_each_sampled_token_keeps_the_version_it_was_sampled_with(tokenizer) -> None:
+    """A push in the middle of turn 2 (as the engine reports it in `Generation.token_versions`): the
+    trajectory's ids of turn 1 are version 0, turn 2 switches where the push landed, later turns are
+    version 1; ids the policy did not sample (prompt, observations) are -1."""
+
+    class Pushed(ScriptedPolicy):
+        calls = 0
+
+        async def generate(self, prompt_ids, sampling):
+            gen = await super().generate(prompt_ids, sampling)
+            self.calls += 1
+            n = len(gen.token_ids)
+            versions = {1: [0] * n, 2: [0] * (n // 2) + [1] * (n - n // 2)}.get(self.calls, [1] * n)
+            return dataclasses.replace(
+                gen, policy_version=versions[0], policy_version_end=versions[-1], token_versions=tuple(versions)
+            )
+
+    pol = Pushed(tokenizer, _guess_script)
+    [t] = collect_sync(
+        "agentrl/guess-number-v0",
+        [0],
+        pol,
+        RolloutConfig(group_size=1, max_tokens_per_turn=64),
+        tokenizer=tokenizer,
+    )
+    assert t.turns >= 3 and len(t.token_versions) == len(t.token_ids)
+    assert all(v == -1 for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m == 0)
+    turns = [[t.token_versions[i] for i in range(start, start + len(ids))] for start, ids in mask_runs(t, 1)]
+    n2 = len(turns[1])
+    assert turns[0] == [0] * len(turns[0]) and turns[1] == [0] * (n2 // 2) + [1] * (n2 - n2 // 2)
+    assert all(v == 1 for turn in turns[2:] for v in turn)
+    assert (t.policy_version, t.policy_version_max) == (0, 1)

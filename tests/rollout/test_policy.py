@@ -202,18 +202,23 @@ def test_async_engine_in_its_own_process_takes_weight_updates(
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.parametrize("in_process", [False, True], ids=["engine-process", "in-process"])
 def test_a_push_reaches_requests_in_flight_between_decode_steps(
-    tiny_model_dir: Path, other_model_dir: Path
+    in_process: bool, tiny_model_dir: Path, other_model_dir: Path
 ) -> None:
-    """In-flight weight updates, the engine core in its own process: pushes land while long generations
-    run (the scheduler is paused around the update, so no step sees half-loaded layers), every request
-    finishes, and a generation that straddles a push reports both versions; each of its tokens carries
-    the log-prob of the weights it was sampled with: the old model's up to the push, the new one's
-    (its context recomputed) after it."""
+    """In-flight weight updates, with the engine core in its own process and in this one: pushes land
+    while long generations run (the scheduler is paused around the update, so no step sees half-loaded
+    layers), every request finishes, and a generation that straddles a push reports both versions; each
+    of its tokens carries the version and the log-prob of the weights it was sampled with: the old
+    model's up to the push, the new one's (its context recomputed) after it."""
     import threading
 
     with VLLMPolicy(
-        tiny_model_dir, dtype="float32", max_model_len=1024, weight_bucket_bytes=1 << 20
+        tiny_model_dir,
+        dtype="float32",
+        max_model_len=1024,
+        weight_bucket_bytes=1 << 20,
+        in_process=in_process,
     ) as policy:
         sampling = SamplingConfig(temperature=1.0, max_tokens=300, seed=7)
         new = load_file(other_model_dir / "model.safetensors")
@@ -250,6 +255,8 @@ def test_a_push_reaches_requests_in_flight_between_decode_steps(
             by_new = [abs(a - b) < TOL for a, b in zip(fresh, gen.logprobs, strict=True)]
             switch = next(i for i, ok in enumerate(by_old) if not ok)  # the first token of the new weights
             assert all(by_new[switch:]), (switch, by_new)
+            # The versions the engine reported switch exactly there.
+            assert gen.versions() == [0] * switch + [1] * (len(gen.token_ids) - switch), (switch, gen.versions())
             switches.append(switch)
         assert any(0 < s < sampling.max_tokens for s in switches), switches  # a push mid-way through one
 

@@ -160,6 +160,27 @@ def test_staleness_is_a_histogram_and_the_bound_drops_what_is_past_it():
         2.0,
     )
     assert metrics["async/dropped_stale"] == 2.0
+    assert "async/token_staleness_mean" not in metrics  # no per-token versions recorded
+
+
+def test_token_staleness_counts_each_sampled_token_by_the_version_it_came_from():
+    from agentrl.train.trainer import _apply_staleness
+
+    trajs = grpo_batch(vocab=16, groups=1, group_size=2)
+    for t, (start, switch) in zip(trajs, [(4, None), (3, 2)], strict=True):
+        sampled = [i for i, m in enumerate(t.loss_mask) if m]
+        t.token_versions = [-1] * len(t.token_ids)
+        for k, i in enumerate(sampled):  # the second: pushed after its first two sampled ids
+            t.token_versions[i] = start if switch is None or k < switch else start + 1
+        t.policy_version, t.policy_version_max = start, max(t.token_versions)
+    cfg = TrainConfig(model="m", asynchronous={"mode": "async", "max_staleness": 2})
+    metrics: dict[str, float] = {}
+    _apply_staleness(trajs, 5, cfg, metrics)
+    ages = [5 - v for t in trajs for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m]
+    newer = sum(len([m for m in t.loss_mask if m]) - 2 for t in trajs[1:])
+    assert metrics["async/token_staleness_mean"] == pytest.approx(sum(ages) / len(ages))
+    assert metrics["async/tokens_after_push"] == pytest.approx(newer / len(ages))
+    assert metrics["async/staleness_max"] == 2.0  # a trajectory's age is still its oldest token's
 
 
 def test_learning_rate_warms_up_linearly_over_optimizer_steps():
