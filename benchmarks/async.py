@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/async.py --quick                 # smoke: 2 steps, sync and k2 (CI)
 
 Arms: `sync`; `kN`: `asynchronous.max_staleness: N` with `overlap: true` (every batch the bound admits is
-built at once); `kN-seq`: the same bound, batches built one after another. Every arm runs the real
+built at once); `kN-seq`: the same bound, batches built one after another; `kN-restart`: kN with
+`rollout.on_push: restart` (an episode a push reaches is played again, all its tokens from one version). Every arm runs the real
 `agentrl train` (curriculum, vLLM rollouts, FSDP2 update under torchrun, weight push) from the same model,
 seed and settings, on the long-tailed env (`benchmarks/longtail_env.py`: each step waits a Pareto time)
 or on calc-v0 (which needs a model that already solves some tasks: `--model`, the demo's warm start; the arms run
@@ -38,13 +39,18 @@ LONGTAIL = "benchmarks.longtail_env:bench/LongTail-v0"
 
 
 def arm_settings(arm: str) -> dict[str, Any]:
-    """The `asynchronous` section of an arm: sync, kN (overlapping batches) or kN-seq."""
+    """The `asynchronous` section of an arm: sync, kN (overlapping batches), kN-seq or kN-restart."""
     if arm == "sync":
         return {"mode": "sync"}
-    k, _, seq = arm[1:].partition("-")
-    if not arm.startswith("k") or not k.isdigit() or seq not in ("", "seq"):
-        raise SystemExit(f"unknown arm {arm!r}: sync, kN or kN-seq (N the staleness bound)")
-    return {"mode": "async", "max_staleness": int(k), "overlap": seq != "seq"}
+    k, _, kind = arm[1:].partition("-")
+    if not arm.startswith("k") or not k.isdigit() or kind not in ("", "seq", "restart"):
+        raise SystemExit(f"unknown arm {arm!r}: sync, kN, kN-seq or kN-restart (N the staleness bound)")
+    return {"mode": "async", "max_staleness": int(k), "overlap": kind != "seq"}
+
+
+def arm_rollout(arm: str) -> dict[str, Any]:
+    """The rollout settings an arm changes: kN-restart plays an episode again when a push reaches it."""
+    return {"on_push": "restart"} if arm.endswith("-restart") else {}
 
 
 def train_config(args: argparse.Namespace, arm: str, model: str, out: Path) -> dict[str, Any]:
@@ -64,6 +70,7 @@ def train_config(args: argparse.Namespace, arm: str, model: str, out: Path) -> d
 
         recipe = yaml.safe_load((ROOT / "examples" / "calc_grpo.yaml").read_text())
         recipe["env_kwargs"] = {**recipe.get("env_kwargs", {}), "backend": args.backend}
+        recipe["rollout"] = {**recipe.get("rollout", {}), **arm_rollout(arm)}
         return {**recipe, **per_arm}
     return {
         "env": LONGTAIL,
@@ -73,6 +80,7 @@ def train_config(args: argparse.Namespace, arm: str, model: str, out: Path) -> d
             "max_tokens_per_turn": 16,
             "max_total_tokens": 512,
             "concurrency": args.concurrency,
+            **arm_rollout(arm),
         },
         "curriculum": {"batch_groups": args.batch_groups, "max_gen_factor": 2.0},
         "optim": {"lr": args.lr, "micro_batch_size": 8},
@@ -118,6 +126,9 @@ def summarize(arm: str, rows: list[dict[str, Any]], wall: float) -> dict[str, An
         "train_s": round(total("time/train_s"), 1),
         "staleness_mean": round(statistics.fmean(r.get("async/staleness_mean", 0.0) for r in rows), 3),
         "staleness_max": max((r.get("async/staleness_max", 0.0) for r in rows), default=0.0),
+        # Sampled tokens that came from weights newer than their episode's first token (pushes mid-episode).
+        "tokens_after_push": round(statistics.fmean(r.get("async/tokens_after_push", 0.0) for r in rows), 3),
+        "restarts": int(total("rollout/restarts")),
         "trained_samples": int(total("batch/sequences")),
         "reward_mean": round(statistics.fmean(r.get("charts/reward_mean", 0.0) for r in rows), 3),
     }
@@ -183,7 +194,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", choices=("longtail", "calc"), default="longtail")
-    ap.add_argument("--arms", default="sync,k1,k2,k4", help="Comma-separated: sync, kN, kN-seq.")
+    ap.add_argument("--arms", default="sync,k1,k2,k4", help="Comma-separated: sync, kN, kN-seq, kN-restart.")
     ap.add_argument(
         "--model", default=None, help="Start model (default: a fresh tiny model; calc needs one)."
     )

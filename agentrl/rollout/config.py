@@ -11,7 +11,7 @@ each episode's key).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,13 @@ class RolloutConfig(BaseModel):
     concurrency: int = Field(32, ge=1, description="Episodes in flight at once (each holds one environment).")
     end_timeout_s: float = Field(60.0, gt=0)
     """How long ending a timed-out episode (its verifier, its sandbox release) may take."""
+    on_push: Literal["continue", "restart"] = "continue"
+    """What an episode in flight does when new weights reach the engine (asynchronous training):
+    `continue` under them, each sampled token keeping the version it came from
+    (`Trajectory.token_versions`); or `restart`: it is abandoned and played again from reset, so that
+    all of its tokens come from one version, at the price of the work thrown away (`Trajectory.restarts`,
+    `rollout/restarts`). After `max_restarts` restarts an episode continues."""
+    max_restarts: int = Field(2, ge=0, description="Restarts of one episode at most (`on_push: restart`).")
     drift_check: bool = Field(
         True, description="Re-render every finished conversation and report token drift (`Trajectory.drift`)."
     )

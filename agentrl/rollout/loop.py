@@ -175,6 +175,10 @@ def _factory(envs: str | EnvFactory, env_kwargs: dict[str, Any]) -> EnvFactory:
     )
 
 
+class _Restart(Exception):
+    """Weights were pushed while the episode ran, and `RolloutConfig.on_push` says to play it again."""
+
+
 class _Episode:
     """The state of one episode in flight; `run` fills it, whatever ends it."""
 
@@ -199,6 +203,16 @@ class _Episode:
         self.generate_s = self.env_s = 0.0
         self.env_busy = False  # an environment call is running on a thread right now
         self.harness: HarnessEpisode | None = None
+        self.restarts = 0
+
+    def may_restart(self) -> bool:
+        return self.cfg.on_push == "restart" and self.restarts < self.cfg.max_restarts
+
+    def restart(self) -> None:
+        """Forget what this attempt sampled: the next `run` resets the environment and plays again."""
+        self.restarts += 1
+        self.seq, self.harness, self.versions = None, None, []
+        self.finish_reason, self.error, self.verdict = None, None, None
 
     async def env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -250,6 +264,8 @@ class _Episode:
             )
             self.generate_s += time.perf_counter() - t0
             self.versions += [gen.policy_version, gen.policy_version_end]
+            if self.may_restart() and len({*self.versions, *gen.versions()}) > 1:
+                raise _Restart  # pushed since its first token: every token from one version, or none
             turn += 1
             action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason, gen.versions())
             if gen.stop_reason == "length" and len(seq) >= cfg.max_total_tokens:
@@ -291,6 +307,11 @@ class _Episode:
             env_call=self.env_call,
         )
         await self.harness.play(seed=self.spec.env_seed, options=options)
+        if self.may_restart():
+            session = self.harness.session
+            versions = {v for s in (session.samples if session is not None else []) for v in s.token_versions}
+            if len(versions) > 1:  # its calls are over: the check comes after the fact
+                raise _Restart
         episode = self.env.episode
         self.task_id, self.split = self.env.task.id, self.env.task.split
         self.finish_reason, self.error, self.verdict = episode.finish_reason, episode.error, episode.verdict
@@ -343,6 +364,7 @@ class _Episode:
             drift=drift,
             messages=list(episode.messages if episode is not None else seq.messages if seq else []),
             error=self.error,
+            restarts=self.restarts,
         )
 
 
@@ -363,7 +385,12 @@ async def _run_one(
         async with asyncio.timeout(cfg.episode_timeout_s):
             ep.env = await pool.acquire()
             with episode_group(spec.group_id):
-                await ep.run()
+                while True:
+                    try:
+                        await ep.run()
+                        break
+                    except _Restart:  # the next run's reset releases this attempt's sandbox
+                        ep.restart()
     except TimeoutError:
         healthy = not ep.env_busy  # a step still running on its thread owns the env: never reuse it
         ep.finish_reason = "timeout"

@@ -81,6 +81,9 @@ class Trajectory:
     """Calls of its episode whose conversation did not extend the tokens already sampled (each began a branch)."""
     loss_weight: float = 1.0
     """A factor on its advantage, set by the curriculum's sampler for its group (`mgpo`); 1: GRPO's own."""
+    restarts: int = 0
+    """Times its episode was abandoned and started again because weights were pushed while it ran
+    (`RolloutConfig.on_push: restart`)."""
     token_versions: list[int] = field(default_factory=list)
     """Per id, the weights version that sampled it (a push mid-episode, even mid-turn, changes it); -1
     for ids not sampled (prompt, observations) and where the policy did not say. Empty: not recorded."""

@@ -123,6 +123,10 @@ class RolloutProducer:
         stats["rollout/engine_errors"] = stats.get("rollout/engine_errors", 0.0) + sum(
             1 for t in trajs if t.finish_reason == "engine_error"
         )
+        # Episodes played again because weights were pushed while they ran (`rollout.on_push: restart`).
+        stats["rollout/restarts"] = stats.get("rollout/restarts", 0.0) + sum(
+            t.restarts for t in trajs if t.branch == 0
+        )
         # Harness episodes (agentrl.gateway): extra branches (one episode, several trajectories), the calls
         # that drifted from the sampled tokens (counted once per episode, on its branch 0), agent failures.
         for key, value in (

@@ -409,23 +409,32 @@ def test_calls_on_several_threads_share_the_episode_permits(tokenizer) -> None:
     assert 2 <= Counting.peak <= 3  # 16 episodes asked for at once, 3 permits
 
 
+class Pushed(ScriptedPolicy):
+    """Reports a weight push in the middle of its second generation (as the engine does, in
+    `Generation.token_versions`), or, with `every`, a push in every generation after the first."""
+
+    def __init__(self, tokenizer, script, every: bool = False):
+        super().__init__(tokenizer, script)
+        self.calls, self.every = 0, every
+
+    async def generate(self, prompt_ids, sampling):
+        gen = await super().generate(prompt_ids, sampling)
+        self.calls += 1
+        n, k = len(gen.token_ids), self.calls
+        if k == 1 or (not self.every and k > 2):  # no push during this one
+            versions = [0 if k == 1 else 1] * n
+        else:  # a push halfway through: from the version before it to the one after
+            before = k - 2 if self.every else 0
+            versions = [before] * (n // 2) + [before + 1] * (n - n // 2)
+        self.version = versions[-1]
+        return dataclasses.replace(
+            gen, policy_version=versions[0], policy_version_end=versions[-1], token_versions=tuple(versions)
+        )
+
+
 def test_each_sampled_token_keeps_the_version_it_was_sampled_with(tokenizer) -> None:
-    """A push in the middle of turn 2 (as the engine reports it in `Generation.token_versions`): the
-    trajectory's ids of turn 1 are version 0, turn 2 switches where the push landed, later turns are
-    version 1; ids the policy did not sample (prompt, observations) are -1."""
-
-    class Pushed(ScriptedPolicy):
-        calls = 0
-
-        async def generate(self, prompt_ids, sampling):
-            gen = await super().generate(prompt_ids, sampling)
-            self.calls += 1
-            n = len(gen.token_ids)
-            versions = {1: [0] * n, 2: [0] * (n // 2) + [1] * (n - n // 2)}.get(self.calls, [1] * n)
-            return dataclasses.replace(
-                gen, policy_version=versions[0], policy_version_end=versions[-1], token_versions=tuple(versions)
-            )
-
+    """A push in the middle of turn 2: the trajectory's ids of turn 1 are version 0, turn 2 switches where
+    the push landed, later turns are version 1; ids the policy did not sample (prompt, observations) are -1."""
     pol = Pushed(tokenizer, _guess_script)
     [t] = collect_sync(
         "agentrl/guess-number-v0",
@@ -441,3 +450,19 @@ def test_each_sampled_token_keeps_the_version_it_was_sampled_with(tokenizer) -> 
     assert turns[0] == [0] * len(turns[0]) and turns[1] == [0] * (n2 // 2) + [1] * (n2 - n2 // 2)
     assert all(v == 1 for turn in turns[2:] for v in turn)
     assert (t.policy_version, t.policy_version_max) == (0, 1)
+
+
+def test_on_push_restart_plays_the_episode_again_under_one_version(tokenizer) -> None:
+    """`on_push: restart`: the episode the push reached mid-turn is abandoned and played again from reset;
+    every token of what is trained comes from the new weights. Pushes without end: restarted
+    `max_restarts` times, then it goes on (never a live-lock)."""
+    cfg = RolloutConfig(group_size=1, max_tokens_per_turn=64, on_push="restart")
+    [t] = collect_sync("agentrl/guess-number-v0", [0], Pushed(tokenizer, _guess_script), cfg, tokenizer=tokenizer)
+    assert t.restarts == 1 and t.finish_reason == "submitted" and t.passed
+    assert {v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m} == {1}
+    assert (t.policy_version, t.policy_version_max) == (1, 1)
+
+    always = Pushed(tokenizer, _guess_script, every=True)
+    [t] = collect_sync("agentrl/guess-number-v0", [0], always, cfg, tokenizer=tokenizer)
+    assert t.restarts == cfg.max_restarts and t.finish_reason == "submitted"
+    assert t.policy_version < t.policy_version_max  # the last attempt straddled pushes, and says so
