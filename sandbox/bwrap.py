@@ -964,25 +964,10 @@ class BwrapSandbox(SandboxBase):
 
     def _start_executor(self) -> ResidentExecutor:
         """One long-lived bwrap whose PID 1 is the executor, over the agent's view of the sandbox."""
-        options = self._options(self._base_env(), "agent", None, resident=True)
-        options_fd = os.memfd_create("agentrl-bwrap-args", 0)
         try:
-            os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")
-            os.lseek(options_fd, 0, os.SEEK_SET)
-            proc = subprocess.Popen(
-                self._argv(launch_argv(), options_fd),
-                cwd="/",
-                env={},
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=(options_fd,),
-            )
+            proc = self._spawn_piped(launch_argv(), resident=True)
         except OSError as exc:
             raise ExecutorUnavailable(f"could not start bwrap for it: {exc}") from exc
-        finally:
-            os.close(options_fd)
         executor = ResidentExecutor(Pipes(proc), name=self.id, workdir=self.workdir)
         try:
             executor.start(reap=True)
@@ -997,17 +982,15 @@ class BwrapSandbox(SandboxBase):
         self._write_meta()
         return executor
 
-    def attach(self, argv: Sequence[str]) -> Pipes:
-        """`argv` as the agent in a bwrap of its own (its own pid and network namespaces, the
-        sandbox's files), its pipes held (`SandboxBase.attach`)."""
-        self._check_open()
-        options = self._options(self._base_env(), "agent", None)
+    def _spawn_piped(self, argv: list[str], *, resident: bool) -> subprocess.Popen[bytes]:
+        """A bwrap running `argv` as the agent, its stdin, stdout and stderr ours (`resident`: as PID 1)."""
+        options = self._options(self._base_env(), "agent", None, resident=resident)
         options_fd = os.memfd_create("agentrl-bwrap-args", 0)
         try:
             os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")
             os.lseek(options_fd, 0, os.SEEK_SET)
-            proc = subprocess.Popen(
-                self._argv(list(argv), options_fd),
+            return subprocess.Popen(
+                self._argv(argv, options_fd),
                 cwd="/",
                 env={},
                 stdin=subprocess.PIPE,
@@ -1016,10 +999,17 @@ class BwrapSandbox(SandboxBase):
                 start_new_session=True,
                 pass_fds=(options_fd,),
             )
-        except OSError as exc:
-            raise SandboxError(f"bwrap sandbox {self.id}: could not start {argv[0]!r}: {exc}") from exc
         finally:
             os.close(options_fd)
+
+    def attach(self, argv: Sequence[str]) -> Pipes:
+        """`argv` as the agent in a bwrap of its own (its own pid and network namespaces, the
+        sandbox's files), its pipes held (`SandboxBase.attach`)."""
+        self._check_open()
+        try:
+            proc = self._spawn_piped(list(argv), resident=False)
+        except OSError as exc:
+            raise SandboxError(f"bwrap sandbox {self.id}: could not start {argv[0]!r}: {exc}") from exc
         with self._lock:  # killed with the agent's processes, waited for at close
             self._running.add(proc)
         return Pipes(proc)

@@ -94,19 +94,20 @@ class LocalSandbox(SandboxBase):
         )
         self._exec_ids = itertools.count()
 
-    def _exec(self, request: ExecRequest) -> ExecResult:
-        # One user, no isolation: the request's identity changes nothing here.
-        exec_id = f"{self.id}-{next(self._exec_ids)}"
-        full_env = {
+    def _env(self) -> dict[str, str]:
+        """What every command starts with: the host's PATH, this sandbox's home and temp, its settings."""
+        return {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(self.host_workdir),
             "TMPDIR": str(self.host_tmp),
             "LANG": "C.UTF-8",
             **self.env,
-            **request.env,
-            SANDBOX_MARKER: self.id,
-            EXEC_MARKER: exec_id,
         }
+
+    def _exec(self, request: ExecRequest) -> ExecResult:
+        # One user, no isolation: the request's identity changes nothing here.
+        exec_id = f"{self.id}-{next(self._exec_ids)}"
+        full_env = {**self._env(), **request.env, SANDBOX_MARKER: self.id, EXEC_MARKER: exec_id}
 
         def kill_tree(proc: subprocess.Popen[bytes]) -> None:
             kill_group(proc)
@@ -125,18 +126,10 @@ class LocalSandbox(SandboxBase):
     def attach(self, argv: Sequence[str]) -> Pipes:
         """`argv` as a host process in the workspace, its pipes held (`SandboxBase.attach`)."""
         self._check_open()
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(self.host_workdir),
-            "TMPDIR": str(self.host_tmp),
-            "LANG": "C.UTF-8",
-            **self.env,
-            SANDBOX_MARKER: self.id,
-        }
         proc = subprocess.Popen(
             list(argv),
             cwd=str(self.host_workdir),
-            env=env,
+            env={**self._env(), SANDBOX_MARKER: self.id},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
