@@ -661,7 +661,9 @@ def train_cmd(
         RolloutConfig,
         into="rollout",
         flat=True,
-        exclude={"group_size"},  # each episode is its own rollout: `--samples` sets the episodes per task
+        # Each episode is its own rollout (`--samples` sets the episodes per task); no weights are
+        # pushed during an evaluation.
+        exclude={"group_size", "on_push", "max_restarts"},
         panel="rollout: sampling and limits (the budget), episodes in flight",
     ),
 )
@@ -693,7 +695,9 @@ def eval_cmd(
     typer.echo(f"report: {cfg.out}/report.md")
 
 
-@settings_command(app, "rollout", model_options(RolloutConfig, flat=True))
+@settings_command(
+    app, "rollout", model_options(RolloutConfig, flat=True, exclude={"on_push", "max_restarts"})  # no pushes here
+)
 def rollout_cmd(
     settings: dict[str, Any],
     env: str = typer.Option(..., "--env", help="Environment id, e.g. agentrl/calc-v0."),
