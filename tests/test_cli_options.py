@@ -68,13 +68,16 @@ def test_train_help_lists_every_section_and_every_key_with_its_description():
 )
 def test_each_command_shows_every_field_of_its_models(command, expected):
     text = help_text(command)
-    skipped = {"rollout", "group_size"} if command == "eval" else set()  # eval: rollout's fields, flat
+    # eval: rollout's fields, flat; neither eval nor rollout pushes weights (no on_push, max_restarts).
+    skipped = {"on_push", "max_restarts"} | ({"rollout", "group_size"} if command == "eval" else set())
     for name, info in expected.items():
         if name not in skipped:
             assert squeeze(info.description) in text, (command, name)
     if command == "eval":
         # Each episode of an evaluation is its own rollout: no group size; `--n` stays `--samples`' alias.
         assert "--group-size" not in text and "--samples,--n" in text
+    if command in ("eval", "rollout"):
+        assert "--on-push" not in text and "--max-restarts" not in text
 
 
 class Knobs(BaseModel):
