@@ -5,6 +5,8 @@
 - `StopUninformative`: several steps in a row without an informative group (`stop_uninformative_after`);
   `no_update_reason` says what kind, `stop_advice` what to do about it. The trainer saves and raises
   `TrainingStopped`, or, when every group passed, ends the run as a finished one.
+- `EngineLost`: the rollout engine died (its process killed, out of memory) and a push found it gone:
+  the trainer saves the step just trained and raises `TrainingStopped`, saying how to resume.
 """
 
 from __future__ import annotations
@@ -167,3 +169,17 @@ class StopUninformative(Exception):
     def __init__(self, kind: str, advice: str, step: int):
         super().__init__(kind)
         self.kind, self.advice, self.step = kind, advice, step
+
+
+class EngineLost(Exception):
+    """Raised on every rank at once when rank 0 found the rollout engine dead while pushing weights."""
+
+    def __init__(self, why: str, step: int):
+        super().__init__(why)
+        self.why, self.step = why, step
+
+
+def engine_dead(exc: BaseException) -> bool:
+    """Whether `exc` says the rollout engine itself is gone (vLLM's engine process died; a Ray engine
+    that died), not that a request or a push was wrong."""
+    return type(exc).__name__ == "EngineDeadError" or getattr(exc, "finish_reason", None) == "engine_error"

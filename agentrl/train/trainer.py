@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from agentrl.errors import UserError, check_model_dir, check_nonempty_file, visible_gpus
+from agentrl.errors import UserError, check_model_dir, check_nonempty_file, one_line, visible_gpus
 from agentrl.rollout.adapters import is_adapter_dir
 from agentrl.rollout.engine import make_policy
 from agentrl.rollout.placement import Placement, plan_placement
@@ -106,11 +106,13 @@ from agentrl.train.producer import RolloutProducer
 from agentrl.train.stopping import (
     ENGINE_OUT_OF_DATE,
     INTERRUPTED,
+    EngineLost,
     Sigint,
     StopUninformative,
     TrainingInterrupted,
     TrainingStopped,
     check_engine_versions,
+    engine_dead,
     no_update_reason,
     stop_advice,
 )
@@ -366,9 +368,19 @@ def update(run: Run, trajs: list[Trajectory], step: int, metrics: dict[str, floa
 
 
 def push_weights(run: Run, metrics: dict[str, float]) -> None:
-    """Every rank: wake the engine's weights, push the new ones (a collective), wake its KV cache."""
+    """Every rank: wake the engine's weights, push the new ones (a collective), wake its KV cache. An
+    engine found dead stops every rank together (`EngineLost`): the step just trained is saved."""
     t0 = time.perf_counter()
-    version = run.sync.after_update()
+    lost: list[str | None] = [None]
+    try:
+        version = run.sync.after_update()
+    except Exception as exc:
+        if not engine_dead(exc):
+            raise
+        version, lost[0] = None, one_line(f"{type(exc).__name__}: {exc}")
+    dist.broadcast_object_list(lost, src=0)  # only rank 0 holds the engine
+    if lost[0] is not None:
+        raise EngineLost(lost[0], run.step + 1)
     if version is not None:
         run.pushed_version += 1
         metrics["policy/version"] = float(version)
@@ -428,6 +440,16 @@ def stopped_early(run: Run, exc: BaseException) -> bool:
             log(f"stopping early at step {exc.step}: {exc.advice}")
         run.step = exc.step
         return True
+    if isinstance(exc, EngineLost):
+        # The update of that step is done: it is kept.
+        where = run.checkpoint(exc.step) if run.saved_at != exc.step else run.out / f"checkpoint-{exc.step}"
+        close(run, ok=False)
+        log_file = run.out / "engine.log"
+        raise TrainingStopped(
+            f"the rollout engine died (found by the weight push after step {exc.step}/{cfg.steps}: {exc.why}); "
+            f"its log: {log_file}. Saved {where}; once the engine can start again, the same command resumes "
+            f"from there: {_command()}"
+        ) from None
     if isinstance(exc, StopUninformative):
         where = run.checkpoint(exc.step)
         close(run)

@@ -217,3 +217,59 @@ def test_checkpoints_are_huggingface_directories_and_only_the_last_ones_are_kept
             AutoTokenizer.from_pretrained(path).pad_token_id is not None and model.config.vocab_size == vocab
         )
     assert sha(out / "checkpoint-4" / "model.safetensors") == sha(out / "final" / "model.safetensors")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_an_engine_that_dies_stops_the_run_with_a_checkpoint_and_the_run_resumes(tiny_model_dir, tmp_path):  # noqa: F811
+    """The vLLM engine process killed mid-run (two training processes: the engine core is a process of its
+    own): its episodes end with a recorded error, the next weight push finds it gone, every rank stops
+    together after saving the step just trained, with one line saying where and how to resume; the same
+    command then finishes the run."""
+    import psutil
+
+    cfg = tmp_path / "coin.yaml"
+    cfg.write_text(
+        f"env: tests.coin_env:test/Coin-v0\nmodel: {tiny_model_dir}\nsteps: 4\nseed: 5\n"
+        "rollout: {group_size: 4, max_tokens_per_turn: 12, max_total_tokens: 512, concurrency: 8}\n"
+        "curriculum: {batch_groups: 2, max_gen_factor: 2.0}\noptim: {lr: 1.0e-4, micro_batch_size: 4}\n"
+        "stop_uninformative_after: 0\n"
+    )
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*train_cmd(cfg, out), "--nproc", "2"],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 600
+    while not ((out / "metrics.jsonl").exists() and len(rows(out)) >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    cores = [
+        p for p in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())
+    ]
+    assert cores, "no engine core process under the run"
+    for p in cores:
+        p.kill()
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2, stderr[-3000:]
+    said = [line for line in stderr.splitlines() if line.startswith("error: the rollout engine died")]
+    assert said and "Traceback" not in stderr, stderr[-3000:]
+    step = int(said[0].split("after step ")[1].split("/")[0])
+    assert f"Saved {out}/checkpoint-{step}" in said[0] and f"agentrl train {cfg} out={out}" in said[0]
+    assert (out / f"checkpoint-{step}" / STATE_DIR / "state.json").exists()
+
+    resumed = subprocess.run(
+        [*train_cmd(cfg, out), "--nproc", "2"],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming checkpoint-{step}" in resumed.stderr
+    assert [r["step"] for r in rows(out)][-1] == 4 and (out / "final" / "model.safetensors").exists()
