@@ -204,6 +204,7 @@ class _Episode:
         self.env_busy = False  # an environment call is running on a thread right now
         self.harness: HarnessEpisode | None = None
         self.restarts = 0
+        self.sampled_versions: set[int] = set()  # the weights versions of the ids sampled so far
 
     def may_restart(self) -> bool:
         return self.cfg.on_push == "restart" and self.restarts < self.cfg.max_restarts
@@ -211,7 +212,7 @@ class _Episode:
     def restart(self) -> None:
         """Forget what this attempt sampled: the next `run` resets the environment and plays again."""
         self.restarts += 1
-        self.seq, self.harness, self.versions = None, None, []
+        self.seq, self.harness, self.versions, self.sampled_versions = None, None, [], set()
         self.finish_reason, self.error, self.verdict = None, None, None
 
     async def env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -264,7 +265,8 @@ class _Episode:
             )
             self.generate_s += time.perf_counter() - t0
             self.versions += [gen.policy_version, gen.policy_version_end]
-            if self.may_restart() and len({*self.versions, *gen.versions()}) > 1:
+            self.sampled_versions.update(gen.versions())
+            if self.may_restart() and len(self.sampled_versions) > 1:
                 raise _Restart  # pushed since its first token: every token from one version, or none
             turn += 1
             action = masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason, gen.versions())
