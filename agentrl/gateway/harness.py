@@ -12,6 +12,12 @@ against its session URL.
     agentrl.register("me/calc-agent-v0", entry_point="agentrl.gateway:HarnessEnv",
                      env="agentrl/calc-v0", agent="my_pkg.agents:agent")
 
+An agent that is a program of its own runs inside the episode's sandbox instead (`SandboxCommand`):
+
+    agentrl.register("me/repair-mini-v0", entry_point="agentrl.gateway:HarnessEnv",
+                     env="agentrl/python-repair-v0", command="mini -y ... -t \"$AGENTRL_TASK\"",
+                     install=["mini-swe-agent==2.4.6"])
+
 `HarnessEnv(env, agent)` wraps an environment: its tasks, tools, limits and verifier are the wrapped
 environment's (built with `tools_in_prompt=False`: the tools reach the model through the chat
 template's `tools`, as OpenAI's API passes them). The rollout (`agentrl.rollout.loop`, so `agentrl
