@@ -177,6 +177,17 @@ def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentr
     env.close()
 
 
+def _played(env: Any, env_id: str) -> Any:
+    """The environment the checks exercise: a harness env's (`agentrl.gateway.HarnessEnv`) is the one its
+    agent plays (its tasks, tools, sandbox and verifier); the harness adds nothing they could check."""
+    from agentrl.gateway.harness import is_harness_env
+
+    if not is_harness_env(env):
+        return env
+    typer.echo(f"{env_id} is a harness: checking the environment it plays, {env.env.env_id}")
+    return env.env
+
+
 @env_app.command("check")
 def env_check(
     env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
@@ -191,7 +202,7 @@ def env_check(
     from agentrl.protocols import has_oracle
     from agentrl.registry import make
 
-    env = make(env_id, backend=backend, **_format_override(parser))
+    env = _played(make(env_id, backend=backend, **_format_override(parser)), env_id)
     try:
         try:
             check_env(env)
@@ -305,7 +316,7 @@ def verifier_audit(
         typer.echo("error: give an environment id (agentrl envs list shows them), or --list", err=True)
         raise typer.Exit(2)
     try:
-        env = make(env_id, backend=backend, **_format_override(parser))
+        env = _played(make(env_id, backend=backend, **_format_override(parser)), env_id)
     except KeyError as exc:
         typer.echo(f"error: {exc.args[0]}", err=True)
         raise typer.Exit(2) from None

@@ -94,3 +94,11 @@ class PickEnv(ToolEnv):
 
 
 agentrl.register("test/Pick-v0", "tests.coin_env:PickEnv", max_turns=1, description="pick the word asked for")
+
+agentrl.register(
+    "test/PickHarness-v0",
+    "agentrl.gateway:HarnessEnv",
+    env="test/Pick-v0",
+    agent="agentrl.gateway:tool_loop_agent",
+    description="the pick env played by an openai-SDK harness (the checks run on the pick env)",
+)

@@ -96,3 +96,12 @@ def test_env_check_finishes_on_a_hanging_verifier():
     assert "check_env passed" in res.stdout
     assert "verifier 'hanging' exceeded its 1s deadline" in res.stdout
     assert elapsed < 120, elapsed
+
+
+def test_env_check_of_a_harness_env_checks_the_environment_it_plays():
+    """`agentrl env check` on a harness env (`agentrl.gateway:HarnessEnv`): the contract and the oracle of the
+    environment its agent plays; the harness itself is not a gymnasium env and is not what is checked."""
+    res, _ = run_env_check("tests.coin_env:test/PickHarness-v0", "--tasks", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "is a harness: checking the environment it plays, test/Pick-v0" in res.stdout
+    assert "check_env passed" in res.stdout and "[ok] oracle solved 2/2 tasks" in res.stdout
