@@ -79,7 +79,14 @@ _STDERR_KEEP = 8192
 # a command, not the executor (which would end the episode).
 _COMMAND_OOM_ADJ = 500
 
-_BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read({n}),'agentrl-executor','exec'))"
+_BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read({n}),{name!r},'exec'))"
+
+
+def stdin_program_argv(source: bytes, name: str, python: str = "python3") -> list[str]:
+    """A python program that runs `source`, sent first on its stdin: the image's python, isolated
+    (`-I`: no user site, no PYTHON* variables; `-S`: no site). What follows the source on stdin is
+    the program's own input."""
+    return [python, "-I", "-S", "-c", _BOOTSTRAP.format(n=len(source), name=name)]
 
 
 @cache
@@ -88,9 +95,8 @@ def _script() -> bytes:
 
 
 def launch_argv(python: str = "python3") -> list[str]:
-    """The command that starts an executor: the image's python, isolated (`-I`: no user site, no
-    PYTHON* variables; `-S`: no site), reading the executor's source from its stdin."""
-    return [python, "-I", "-S", "-c", _BOOTSTRAP.format(n=len(_script()))]
+    """The command that starts an executor, reading its source from its stdin (`stdin_program_argv`)."""
+    return stdin_program_argv(_script(), "agentrl-executor", python)
 
 
 class ExecutorUnavailable(Exception):

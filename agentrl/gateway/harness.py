@@ -409,7 +409,7 @@ class HarnessEpisode:
                     token_ids=list(seq.token_ids),
                     loss_mask=list(seq.loss_mask),
                     behavior_logprobs=list(seq.behavior_logprobs),
-                    token_versions=seq.versions_per_token(),
+                    token_versions=list(seq.token_versions),
                     prompt_len=seq.prompt_len,
                     policy_version=min(b.versions),
                     policy_version_max=max(b.versions),

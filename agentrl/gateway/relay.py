@@ -24,6 +24,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from agentrl.sandbox.executor import stdin_program_argv
+
 HEADER = struct.Struct(">BII")
 OPEN, DATA, CLOSE, OUT, EXIT = 1, 2, 3, 4, 5
 # A frame the relay never sends (its reads are 64 KiB): larger means the stream is not the relay's.
@@ -33,17 +35,14 @@ MAX_CONNECTIONS = 64
 URL_VARS = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
 """Set to the session's URL inside the sandbox (the SDK's name, and the older one litellm also reads)."""
 
-_BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read({n}),'agentrl-relay','exec'))"
-
-
 @cache
 def _script() -> bytes:
     return (Path(__file__).parent / "relay_inside.py").read_bytes()
 
 
 def relay_argv(python: str = "python3") -> list[str]:
-    """The process to attach: the image's python, isolated, reading the relay's source from its stdin."""
-    return [python, "-I", "-S", "-c", _BOOTSTRAP.format(n=len(_script()))]
+    """The process to attach: the image's python, reading the relay's source from its stdin."""
+    return stdin_program_argv(_script(), "agentrl-relay", python)
 
 
 class RelayBroken(Exception):

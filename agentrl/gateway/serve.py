@@ -68,7 +68,7 @@ def session_trajectories(session: Any, *, task_id: str) -> list[Trajectory]:
                 token_ids=list(seq.token_ids),
                 loss_mask=list(seq.loss_mask),
                 behavior_logprobs=list(seq.behavior_logprobs),
-                token_versions=seq.versions_per_token(),
+                token_versions=list(seq.token_versions),
                 prompt_len=seq.prompt_len,
                 reward=0.0,
                 passed=False,

@@ -342,7 +342,7 @@ class _Episode:
             token_ids=list(seq.token_ids) if seq else [],
             loss_mask=list(seq.loss_mask) if seq else [],
             behavior_logprobs=list(seq.behavior_logprobs) if seq else [],
-            token_versions=seq.versions_per_token() if seq else [],
+            token_versions=list(seq.token_versions) if seq else [],
             prompt_len=seq.prompt_len if seq else 0,
             reward=float(verdict.reward) if verdict is not None else 0.0,
             passed=bool(verdict.passed) if verdict is not None else False,

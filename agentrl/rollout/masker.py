@@ -70,15 +70,14 @@ class MaskedSequence:
     notes: list[str] = field(default_factory=list)
     """Template problems met while appending (non-prefix renderings), for the drift report."""
     token_versions: list[int] = field(default_factory=list)
-    """The weights version each sampled id came from; -1 for ids not sampled (filled as ids are appended)."""
+    """The weights version each id was sampled with; -1 for ids not sampled (the prompt, observations)."""
+
+    def __post_init__(self) -> None:
+        # Ids given at construction (the prompt) were not sampled.
+        self.token_versions.extend([-1] * (len(self.token_ids) - len(self.token_versions)))
 
     def __len__(self) -> int:
         return len(self.token_ids)
-
-    def _align_versions(self) -> None:
-        # Ids given at construction (the prompt) were not sampled.
-        if len(self.token_versions) < len(self.token_ids):
-            self.token_versions.extend([-1] * (len(self.token_ids) - len(self.token_versions)))
 
     def append_sampled(
         self,
@@ -92,7 +91,6 @@ class MaskedSequence:
             raise ValueError(f"{len(token_ids)} sampled ids but {len(logprobs)} log-probs")
         if versions is not None and len(versions) != len(token_ids):
             raise ValueError(f"{len(token_ids)} sampled ids but {len(versions)} versions")
-        self._align_versions()
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([1] * len(token_ids))
         self.behavior_logprobs.extend(logprobs)
@@ -102,16 +100,10 @@ class MaskedSequence:
 
     def append_forced(self, token_ids: list[int]) -> None:
         """Ids the policy did not sample (glue, observations, generation prompt): mask 0."""
-        self._align_versions()
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([0] * len(token_ids))
         self.behavior_logprobs.extend([0.0] * len(token_ids))
         self.token_versions.extend([-1] * len(token_ids))
-
-    def versions_per_token(self) -> list[int]:
-        """`token_versions`, one per id."""
-        self._align_versions()
-        return list(self.token_versions)
 
 
 class ChatMasker:
