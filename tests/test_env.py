@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import tracemalloc
 
 import docker
@@ -15,6 +16,7 @@ import agentrl
 from agentrl.agents import tool_call
 from agentrl.env import ToolEnv
 from agentrl.parsers import ToolCallFormat
+from agentrl.sandbox import pool as pool_module
 from agentrl.task import Task
 from agentrl.tools import MAX_OBSERVATION_CHARS, ToolContext, tool
 
@@ -230,7 +232,11 @@ def any_env(request):
 
 
 def step_traced(env, action: str):
-    """`env.step(action)` and the peak of Python memory allocated during it, in bytes."""
+    """`env.step(action)` and the peak of Python memory allocated during it, in bytes.
+
+    tracemalloc counts every thread's allocations: the pool's background starts and resets (each
+    a docker exec with 256 KiB read buffers) are waited out first, or they land in the step's peak."""
+    wait_for_quiet_pool()
     tracemalloc.start()
     try:
         out = env.step(action)
@@ -238,6 +244,18 @@ def step_traced(env, action: str):
     finally:
         tracemalloc.stop()
     return out, peak
+
+
+def wait_for_quiet_pool(timeout_s: float = 60.0) -> None:
+    if pool_module._default_pool is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = pool_module._default_pool.stats()
+        if stats.starting == stats.resetting == stats.closing == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the sandbox pool was still busy after {timeout_s:.0f} s: {stats}")
 
 
 @pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom", "zero-link", "fifo"])
