@@ -40,8 +40,11 @@ def one_rank_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[DistInfo]:
             dist.destroy_process_group()
 
 
-def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajectory]) -> tuple[dict, dict]:
-    """One `grpo_step` on a fresh copy of the tiny model; the gradients it stepped with, and its metrics."""
+def grpo_step_gradients(
+    model_dir, info, cfg: TrainConfig, trajs: list[Trajectory], every_step: list[dict] | None = None
+) -> tuple[dict, dict]:
+    """One `grpo_step` on a fresh copy of the tiny model; the gradients its last optimizer step applied
+    (those of every step appended to `every_step`), and its metrics."""
     from transformers import AutoModelForCausalLM
 
     from agentrl.train.distributed import shard_model
@@ -57,6 +60,8 @@ def grpo_step_gradients(model_dir, info, cfg: TrainConfig, trajs: list[Trajector
         for name, p in model.named_parameters():
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             grads[name.replace("_checkpoint_wrapped_module.", "")] = g.detach().clone()
+        if every_step is not None:
+            every_step.append(dict(grads))
 
     opt.register_step_pre_hook(record)
     ref_model = None

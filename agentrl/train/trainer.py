@@ -61,7 +61,7 @@ from agentrl.rollout.placement import Placement, plan_placement
 from agentrl.rollout.trajectory import Trajectory, load_trajectories
 from agentrl.rollout.weight_sync import WeightSync
 from agentrl.runlog import quiet_libraries
-from agentrl.train.batch import collate
+from agentrl.train.batch import Batch, collate
 from agentrl.train.checkpoint import (
     export_model,
     latest_resumable,
@@ -100,7 +100,7 @@ from agentrl.train.lora import (
     merged_state_dict,
     trainable_parameters,
 )
-from agentrl.train.packing import plan_micro_batches, resolve_packing
+from agentrl.train.packing import filler, plan_micro_batches, resolve_packing
 from agentrl.train.plot import plot_training
 from agentrl.train.producer import RolloutProducer
 from agentrl.train.stopping import (
@@ -668,10 +668,10 @@ def grpo_step(
     `updates_done` (optimizer steps taken before this batch) drives the learning-rate warm-up;
     `seed` fixes the mini-batch shuffle, identically on every rank.
     """
-    batch = _BatchContext.build(model, trajectories, cfg, info, pad_id, ref_model)
+    totals = _Totals()
+    batch = _BatchContext.build(model, trajectories, cfg, info, pad_id, ref_model, totals)
     order = list(range(len(trajectories)))
     shuffle = torch.Generator().manual_seed(seed)
-    totals = _Totals()
     for epoch in range(cfg.optim.epochs):
         if epoch > 0:  # the first pass keeps the batch's order: one update reproduces the plain step
             order = torch.randperm(len(trajectories), generator=shuffle).tolist()
@@ -686,7 +686,11 @@ def grpo_step(
     # Each rank's loss is world · (its sum) / (global count), so the mean over ranks is the global loss.
     out = all_reduce_mean(totals.weighted, info.device)
     w = max(out.pop("_w", 0.0), 1e-9)
-    out = {k: v if k == "losses/policy_loss" else v / w for k, v in out.items()}
+    mw = max(out.pop("_mw", 0.0), 1e-9)
+    out = {
+        k: v if k == "losses/policy_loss" else v / (mw if k.startswith("mismatch/") else w)
+        for k, v in out.items()
+    }
     # Quantiles of the importance ratio trainer/engine over every rank's action tokens: its tails are what
     # the TIS cap and the clip act on (histograms add over ranks, quantiles do not).
     if totals.ratio_hist is not None:
@@ -707,7 +711,9 @@ def grpo_step(
 class _Totals:
     """Sums over the optimizer steps of one `grpo_step`."""
 
-    weighted: dict[str, float] = field(default_factory=dict)  # metrics times action tokens; "_w": the tokens
+    weighted: dict[str, float] = field(default_factory=dict)
+    """Metrics times action tokens. "_w": the tokens the loss metrics saw (the trained trajectories'),
+    "_mw": those the mismatch metrics saw (every trajectory of the batch)."""
     loss: float = 0.0
     grad_norm: float = 0.0
     tokens: float = 0.0
@@ -731,6 +737,14 @@ class _BatchContext:
     """The ratio is taken against the trainer's own log-probs from before the first update."""
     before: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]
     """The policy's and the reference's log-probs before the first update, where needed."""
+    zero_when_zero_advantage: bool
+    """Every loss term of a trajectory is a multiple of its advantage (no KL term): a trajectory whose
+    advantage is 0 (a negative under `loss.negative_weight: 0`, a reward equal to its group's mean)
+    adds exactly nothing to the gradient, so the optimizer steps do not run it."""
+
+    def trains(self, t: Trajectory) -> bool:
+        """Whether trajectory `t` can add anything to the gradient."""
+        return not self.zero_when_zero_advantage or self.advantage_of.get(id(t), 0.0) != 0.0
 
     @classmethod
     def build(
@@ -741,6 +755,7 @@ class _BatchContext:
         info: DistInfo,
         pad_id: int,
         ref_model: torch.nn.Module | None,
+        totals: _Totals,
     ) -> _BatchContext:
         rewards = torch.tensor([t.reward for t in trajectories])  # [N]
         # A harness episode's branches share its reward: each weighs 1/branches, so a group's
@@ -762,7 +777,7 @@ class _BatchContext:
         before: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         if n_updates > 1 or ref_model is not None:
             before = _logprobs_before_update(
-                model if n_updates > 1 else None, ref_model, trajectories, cfg, info, pad_id
+                model if n_updates > 1 else None, ref_model, trajectories, cfg, info, pad_id, totals
             )
         return cls(
             cfg,
@@ -774,6 +789,7 @@ class _BatchContext:
             advantage_of={id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)},
             anchored=cfg.loss.tis_cap is not None or n_updates > 1,
             before=before,
+            zero_when_zero_advantage=ref_model is None or cfg.loss.kl_coef == 0.0,
         )
 
 
@@ -796,6 +812,12 @@ def _optimizer_step(
     # FSDP2 averages gradients over ranks, so each rank divides its sum by global count / world.
     denom = (global_tokens if cfg.loss.agg == "token-mean" else global_seqs) / info.world_size
     totals.tokens += global_tokens
+    # The denominators above count every trajectory; the passes run only those that add to the
+    # gradient (with positives-only updates, about half). A mini-batch with none still runs one
+    # zero-mask filler, so the optimizer sees zero gradients (Adam's momentum moves) as before.
+    trained = [t for t in mini if batch.trains(t)]
+    if len(trained) < len(mini):
+        micro = trainer_micro_batches(trained or [filler(mini[0])], cfg, info, batch.packed)
     for i, mb in enumerate(micro):
         model.set_requires_gradient_sync(i == len(micro) - 1)
         _micro_batch_backward(model, mb, batch, max(denom, 1e-9), totals)
@@ -826,13 +848,8 @@ def _micro_batch_backward(
         )  # [B, T]
     if batch.ref_model is not None:
         ref = _rows([batch.before.get(id(t), (None, None))[1] for t in mb], width, logp)  # [B, T]
-    # The trainer's log-probs with the weights the batch was sampled with, against the engine's: the
-    # engine must be sampling from this policy (the newest weights or adapter); staleness adds to it in async.
-    before = logp.detach() if batch.n_updates == 1 else old  # [B, T]
-    mismatch = logprob_mismatch(before, rows.behavior_logprobs, rows.loss_mask) if before is not None else {}
-    if before is not None:
-        hist = ratio_histogram(before, rows.behavior_logprobs, rows.loss_mask).cpu()  # [2K+1]
-        totals.ratio_hist = hist if totals.ratio_hist is None else totals.ratio_hist + hist
+    if batch.n_updates == 1:  # with more, the pass before the first update measured every trajectory
+        _add_mismatch(totals, logp.detach(), rows)
     loss, metrics = policy_loss(
         logp,
         rows.behavior_logprobs,
@@ -857,10 +874,21 @@ def _micro_batch_backward(
     for k, v in metrics.as_dict().items():
         if isinstance(v, int | float) and v is not None:
             totals.weighted[k] = totals.weighted.get(k, 0.0) + float(v) * w
+    totals.weighted["_w"] = totals.weighted.get("_w", 0.0) + w
+
+
+def _add_mismatch(totals: _Totals, trainer_logprobs: torch.Tensor, rows: Batch) -> None:
+    """The trainer's log-probs with the weights the batch was sampled with ([B, T]), against the
+    engine's: the engine must be sampling from this policy (the newest weights or adapter);
+    staleness adds to it in async."""
+    mismatch = logprob_mismatch(trainer_logprobs, rows.behavior_logprobs, rows.loss_mask)
+    hist = ratio_histogram(trainer_logprobs, rows.behavior_logprobs, rows.loss_mask).cpu()  # [2K+1]
+    totals.ratio_hist = hist if totals.ratio_hist is None else totals.ratio_hist + hist
+    w = float(rows.loss_mask.sum().item())
     for k in ("logprob_abs_diff", "kl"):
         if k in mismatch:
             totals.weighted[f"mismatch/{k}"] = totals.weighted.get(f"mismatch/{k}", 0.0) + mismatch[k] * w
-    totals.weighted["_w"] = totals.weighted.get("_w", 0.0) + w
+    totals.weighted["_mw"] = totals.weighted.get("_mw", 0.0) + w
 
 
 def trainer_packs(cfg: TrainConfig, info: DistInfo) -> bool:
@@ -897,10 +925,12 @@ def _logprobs_before_update(
     cfg: TrainConfig,
     info: DistInfo,
     pad_id: int,
+    totals: _Totals,
 ) -> dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
     """Per trajectory (keyed by id): the policy's and the reference's log-probs before any update,
     each [len(token_ids)]. Every rank computes its own share (the shards are what it trains on)
-    plus the zero-mask fillers, so the FSDP collectives of the forward passes match."""
+    plus the zero-mask fillers, so the FSDP collectives of the forward passes match. The policy's
+    log-probs against the engine's go into `totals` (the mismatch metrics), for every trajectory."""
     out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
     packed = trainer_packs(cfg, info)
     micro = trainer_micro_batches(trajectories, cfg, info, packed)
@@ -918,6 +948,8 @@ def _logprobs_before_update(
                 rows.append(
                     action_logprobs(m, batch, temperature=cfg.rollout.temperature, packed=packed).logprobs
                 )  # [B, T], 0 off the loss mask (the only positions the loss reads)
+            if rows[0] is not None:
+                _add_mismatch(totals, rows[0], batch)
             for b, t in enumerate(mb):
                 n = len(t.token_ids)
                 out[id(t)] = tuple(None if r is None else r[b, :n].cpu() for r in rows)  # type: ignore[assignment]

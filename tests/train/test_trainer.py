@@ -289,6 +289,49 @@ def test_activation_checkpointing_on_and_off_give_equal_gradients(
     assert_same_gradients(off, on, rel=1e-6)
 
 
+def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    monkeypatch,
+):
+    """Positives only (`loss.negative_weight: 0`): a negative trajectory adds exactly nothing to the
+    gradient, so the optimizer steps do not run it. Every step's gradients, the loss and the mismatch
+    metrics (still over every trajectory) are those of running the whole batch; a mini-batch with no
+    positive at all still steps, with zero gradients."""
+    from agentrl.train import trainer
+
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    trajs = grpo_batch(vocab, groups=3, group_size=4)  # rewards 0, 1, 0, 1 in each group
+    cfg = TrainConfig(
+        model=str(tiny_model_dir),
+        loss={"negative_weight": 0.0},
+        # The first pass's first mini-batch is every other trajectory: the negatives only.
+        optim={"grad_clip": 1e9, "epochs": 2, "mini_batches": 2, "micro_batch_size": 2},
+    )
+    ran: list[int] = []
+    real = trainer._micro_batch_backward
+
+    def counting(model, mb, *args, **kwargs):
+        ran.append(sum(1 for t in mb if any(t.loss_mask)))
+        return real(model, mb, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_micro_batch_backward", counting)
+    lean_steps: list[dict] = []
+    _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, lean_steps)
+    lean_rows, ran[:] = sum(ran), []
+    monkeypatch.setattr(trainer._BatchContext, "trains", lambda self, t: True)
+    full_steps: list[dict] = []
+    _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, full_steps)
+    assert (lean_rows, sum(ran)) == (2 * 6, 2 * 12)  # 2 passes over 6 positives, against 12 trajectories
+    assert len(lean_steps) == len(full_steps) == 4
+    assert all(not g.any() for g in lean_steps[0].values())  # the negatives-only mini-batch
+    for a, b in zip(full_steps[1:], lean_steps[1:], strict=True):
+        assert_same_gradients(a, b, rel=1e-5)
+    for key in ("losses/policy_loss", "mismatch/logprob_abs_diff", "mismatch/kl", "mismatch/is_ratio_p50"):
+        assert lean[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
+    assert lean["batch/action_tokens"] == full["batch/action_tokens"]
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async", "overlap"])
