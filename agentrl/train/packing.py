@@ -64,6 +64,7 @@ def filler(like: Trajectory) -> Trajectory:
         token_ids=ids,
         loss_mask=[0, 0],
         behavior_logprobs=[0.0, 0.0],
+        token_versions=[-1, -1] if like.token_versions else [],
         prompt_len=min(like.prompt_len, 2),
         task_id=f"{like.task_id}#filler",
         messages=[],

@@ -4,6 +4,7 @@ through the real `grpo_step`, padded by length bucket or packed, for every loss 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.batch import collate
 from agentrl.train.config import TrainConfig
-from agentrl.train.packing import micro_batch_cost, packed_inputs, plan_micro_batches, resolve_packing
+from agentrl.train.packing import filler, micro_batch_cost, packed_inputs, plan_micro_batches, resolve_packing
 from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
@@ -78,6 +79,13 @@ def test_a_rank_with_fewer_micro_batches_runs_a_two_token_zero_loss_filler() -> 
     assert lengths(plan.for_rank(0)) == [[30], [2]]
     (fill,) = plan.for_rank(0)[1]
     assert fill.loss_mask == [0, 0] and fill.behavior_logprobs == [0.0, 0.0]
+
+
+def test_the_filler_of_a_trajectory_with_per_token_versions_is_a_valid_trajectory() -> None:
+    like = replace(traj(30), token_versions=[3] * 30)  # what every trajectory of a real rollout carries
+    fill = filler(like)
+    assert (fill.token_versions, filler(traj(30)).token_versions) == ([-1, -1], [])
+    assert Trajectory.from_dict(fill.to_dict()) == fill
 
 
 def test_every_trajectory_is_trained_exactly_once_and_fillers_carry_no_loss() -> None:

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -301,7 +302,9 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     from agentrl.train import trainer
 
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
-    trajs = grpo_batch(vocab, groups=3, group_size=4)  # rewards 0, 1, 0, 1 in each group
+    trajs = [  # rewards 0, 1, 0, 1 in each group; versions per token, as a real rollout records them
+        replace(t, token_versions=[0 if m else -1 for m in t.loss_mask]) for t in grpo_batch(vocab, groups=3)
+    ]
     cfg = TrainConfig(
         model=str(tiny_model_dir),
         loss={"negative_weight": 0.0},
