@@ -817,6 +817,9 @@ def _optimizer_step(
     # zero-mask filler, so the optimizer sees zero gradients (Adam's momentum moves) as before.
     trained = [t for t in mini if batch.trains(t)]
     if len(trained) < len(mini):
+        if batch.n_updates == 1:  # no pass before the update measured the mismatch: a forward for the rest
+            skipped = [t for t in mini if not batch.trains(t)]
+            _logprobs_before_update(model, None, skipped, cfg, info, batch.pad_id, totals)
         micro = trainer_micro_batches(trained or [filler(mini[0])], cfg, info, batch.packed)
     for i, mb in enumerate(micro):
         model.set_requires_gradient_sync(i == len(micro) - 1)

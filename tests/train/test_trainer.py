@@ -333,6 +333,18 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     for key in ("losses/policy_loss", "mismatch/logprob_abs_diff", "mismatch/kl", "mismatch/is_ratio_p50"):
         assert lean[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
     assert lean["batch/action_tokens"] == full["batch/action_tokens"]
+    # One update per batch (no pass before it): the skipped trajectories still get a forward pass for
+    # the mismatch metrics, even when no trajectory trains at all.
+    monkeypatch.undo()
+    one = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"epochs": 1, "mini_batches": 1})})
+    negatives = [t for t in trajs if t.reward == 0]
+    for batch in (trajs, negatives + trajs[1:2], negatives):  # one positive in all; then none
+        _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
+        monkeypatch.setattr(trainer._BatchContext, "trains", lambda self, t: True)
+        _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
+        monkeypatch.undo()
+        for key in ("losses/policy_loss", "mismatch/logprob_abs_diff", "mismatch/is_ratio_p50"):
+            assert lean[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
 
 
 @pytest.mark.vllm
