@@ -243,7 +243,7 @@ class LossSettings(_Strict):
         le=1,
         description="Scale on negative advantages: 1 is GRPO, 0 positive-sample reinforcement only "
         "(Zhu et al. 2025); agentrl.train.grpo.weight_negatives. At 0 (and no KL term) the updates skip the "
-        "negatives, which add nothing to the gradient: about half the update's compute.",
+        "negatives, which add nothing to the gradient, and their share of the update's compute.",
     )
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the k3 KL penalty to the starting model (0: no reference model)."

@@ -813,7 +813,7 @@ def _optimizer_step(
     denom = (global_tokens if cfg.loss.agg == "token-mean" else global_seqs) / info.world_size
     totals.tokens += global_tokens
     # The denominators above count every trajectory; the passes run only those that add to the
-    # gradient (with positives-only updates, about half). A mini-batch with none still runs one
+    # gradient (with positives-only updates, every negative is left out). A mini-batch with none still runs one
     # zero-mask filler, so the optimizer sees zero gradients (Adam's momentum moves) as before.
     trained = [t for t in mini if batch.trains(t)]
     if len(trained) < len(mini):
