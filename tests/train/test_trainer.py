@@ -318,13 +318,15 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
         ran.append(sum(1 for t in mb if any(t.loss_mask)))
         return real(model, mb, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "_micro_batch_backward", counting)
-    lean_steps: list[dict] = []
-    _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, lean_steps)
-    lean_rows, ran[:] = sum(ran), []
-    monkeypatch.setattr(trainer._BatchContext, "trains", lambda self, t: True)
-    full_steps: list[dict] = []
-    _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, full_steps)
+    everything = lambda self, t: True  # noqa: E731  (the step before the skip: every trajectory runs)
+    with monkeypatch.context() as m:
+        m.setattr(trainer, "_micro_batch_backward", counting)
+        lean_steps: list[dict] = []
+        _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, lean_steps)
+        lean_rows, ran[:] = sum(ran), []
+        m.setattr(trainer._BatchContext, "trains", everything)
+        full_steps: list[dict] = []
+        _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, full_steps)
     assert (lean_rows, sum(ran)) == (2 * 6, 2 * 12)  # 2 passes over 6 positives, against 12 trajectories
     assert len(lean_steps) == len(full_steps) == 4
     assert all(not g.any() for g in lean_steps[0].values())  # the negatives-only mini-batch
@@ -335,14 +337,13 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     assert lean["batch/action_tokens"] == full["batch/action_tokens"]
     # One update per batch (no pass before it): the skipped trajectories still get a forward pass for
     # the mismatch metrics, even when no trajectory trains at all.
-    monkeypatch.undo()
     one = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"epochs": 1, "mini_batches": 1})})
     negatives = [t for t in trajs if t.reward == 0]
     for batch in (trajs, negatives + trajs[1:2], negatives):  # one positive in all; then none
         _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
-        monkeypatch.setattr(trainer._BatchContext, "trains", lambda self, t: True)
-        _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
-        monkeypatch.undo()
+        with monkeypatch.context() as m:
+            m.setattr(trainer._BatchContext, "trains", everything)
+            _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
         for key in ("losses/policy_loss", "mismatch/logprob_abs_diff", "mismatch/is_ratio_p50"):
             assert lean[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
 
