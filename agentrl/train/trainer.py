@@ -737,14 +737,14 @@ class _BatchContext:
     """The ratio is taken against the trainer's own log-probs from before the first update."""
     before: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]
     """The policy's and the reference's log-probs before the first update, where needed."""
-    zero_when_zero_advantage: bool
-    """Every loss term of a trajectory is a multiple of its advantage (no KL term): a trajectory whose
-    advantage is 0 (a negative under `loss.negative_weight: 0`, a reward equal to its group's mean)
-    adds exactly nothing to the gradient, so the optimizer steps do not run it."""
 
     def trains(self, t: Trajectory) -> bool:
-        """Whether trajectory `t` can add anything to the gradient."""
-        return not self.zero_when_zero_advantage or self.advantage_of.get(id(t), 0.0) != 0.0
+        """Whether trajectory `t` can add anything to the gradient. Without a KL term every loss term is
+        a multiple of the advantage: a trajectory whose advantage is 0 (a negative under
+        `loss.negative_weight: 0`, a reward equal to its group's mean) adds exactly nothing, so the
+        optimizer steps do not run it."""
+        with_kl = self.ref_model is not None and self.cfg.loss.kl_coef != 0.0
+        return with_kl or self.advantage_of.get(id(t), 0.0) != 0.0
 
     @classmethod
     def build(
@@ -789,7 +789,6 @@ class _BatchContext:
             advantage_of={id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)},
             anchored=cfg.loss.tis_cap is not None or n_updates > 1,
             before=before,
-            zero_when_zero_advantage=ref_model is None or cfg.loss.kl_coef == 0.0,
         )
 
 
