@@ -3,6 +3,7 @@
     python3 -P benchmarks/train_gpu.py                     # H100: Qwen2.5-0.5B and -1.5B shapes, ~5 min
     python3 -P benchmarks/train_gpu.py --shapes 1.5B --out $OUT/train_gpu.json
     .venv/bin/python benchmarks/train_gpu.py --tiny        # CPU: the tiny model, the same JSON (CI runs it)
+    python3 -P benchmarks/train_gpu.py --shapes 1.5B --quick --max-tokens-per-micro-batch 12288 --profile $OUT/prof
 
 Random-init models of the Qwen2.5 shapes, built from a config (no hub, no vLLM, no Docker), bf16
 compute with fp32 master weights, one process (FSDP2 on a one-rank group, as `agentrl train` runs).
@@ -25,6 +26,9 @@ timed steps), MFU (model FLOPs: 6 x matmul parameters x tokens plus causal atten
 6 x layers x heads x head_dim x length^2 per sequence, over the GPU's dense bf16 peak), and
 peak memory (`torch.cuda.max_memory_allocated` from model creation on; on the CPU, the process
 heap the variant takes, `agentrl.train.peak_memory.HeapPeak`, in a separate untimed pass). Prints ONE JSON object.
+`--max-tokens-per-micro-batch` sets our token budget (the trainer's default otherwise); `--profile P`
+profiles one more step of `ours` per shape and writes its operator table to `P.<shape>.txt`, with the
+GPU's kernel time and the matrix products' share of it in the JSON.
 Targets (H100): 1.5B `ours` >= 1.3x `plain` tokens/s and MFU >= 30%; `long` fits;
 activation checkpointing cuts peak memory >= 40%.
 """
@@ -272,6 +276,38 @@ def measure_interleaved(
     return out
 
 
+def profile_step(v: Variant, device: torch.device, path: str) -> dict[str, Any]:
+    """One more step of `v` under torch.profiler after a warm-up: its operator table (by GPU time; CPU
+    time on a CPU) to `path`, and how much of the step the GPU spent in kernels and in matrix products."""
+    from torch.profiler import ProfilerActivity, profile
+
+    free(device)
+    model, opt = v.build()
+    v.step(model, opt)  # warm-up: kernels chosen, allocator and optimizer state in place
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        step_s = _timed_step(v, model, opt, device)
+    del model, opt
+    free(device)
+    table = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    with open(path, "w") as f:
+        f.write(table.table(sort_by=key, row_limit=45, max_name_column_width=70) + "\n")
+    # An operator's self GPU time includes its kernels, which are listed again on their own: the total
+    # counts the kernels (events on the device), as the profiler's own table does.
+    on_device = [
+        e for e in table if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation
+    ]
+    total = sum(getattr(e, key) for e in (on_device if cuda else table)) / 1e6
+    matmul = sum(getattr(e, key) for e in table if e.key in ("aten::mm", "aten::addmm", "aten::bmm")) / 1e6
+    return {
+        "table": path,
+        "profiled_step_s": round(step_s, 3),  # the profiler's own overhead included
+        "busy_s": round(total, 3),  # GPU kernel time (CPU: operator time)
+        "matmul_share": round(matmul / total, 3) if total else None,
+    }
+
+
 # --- the variants -----------------------------------------------------------------------------------
 
 
@@ -298,7 +334,12 @@ def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: An
     from agentrl.train.distributed import shard_model
     from agentrl.train.trainer import grpo_step
 
-    cfg = TrainConfig(model="(random init)", optim={"lr": 1e-6, **optim})
+    budget = (
+        {"max_tokens_per_micro_batch": args.max_tokens_per_micro_batch}
+        if args.max_tokens_per_micro_batch
+        else {}
+    )
+    cfg = TrainConfig(model="(random init)", optim={"lr": 1e-6, **budget, **optim})
 
     def build() -> tuple[Any, Any]:
         model = new_model(shape, info.device, args.seed)
@@ -383,6 +424,7 @@ def run_shape(name: str, info: Any, args: Any) -> dict[str, Any]:
             "bf16": bf16,
         },
         "plain_micro_batch": args.plain_micro_batch,
+        "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch or defaults.max_tokens_per_micro_batch,
         "variants": {},
     }
     variants = [ours("ours", shape, trajs, info, args), plain(shape, trajs, device, args)]
@@ -408,6 +450,10 @@ def run_shape(name: str, info: Any, args: Any) -> dict[str, Any]:
     if ac.get("ok") and got["ours"].get("ok"):
         result["activation_checkpointing_memory_cut"] = round(
             1 - ac["peak_memory_gib"] / got["ours"]["peak_memory_gib"], 3
+        )
+    if args.profile:
+        result["profile"] = profile_step(
+            ours("ours", shape, trajs, info, args), device, f"{args.profile}.{name}.txt"
         )
     if not args.skip_long:
         long = synthesize(
@@ -469,6 +515,17 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Step the variants in turn, all built at once (default: on with --tiny, off on a GPU).",
+    )
+    ap.add_argument(
+        "--max-tokens-per-micro-batch",
+        type=int,
+        default=None,
+        help="Token budget of our micro-batches (default: the trainer's, optim.max_tokens_per_micro_batch).",
+    )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="Profile one more step of `ours` per shape: the operator table to PROFILE.<shape>.txt.",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="Also write the JSON to this file.")

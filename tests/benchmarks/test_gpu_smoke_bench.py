@@ -67,3 +67,13 @@ def test_tiny_mode_runs_every_step_and_fills_the_numbers_a_cpu_can_measure(tmp_p
     assert numbers["agentrl_train/weight_sync_s_median"] > 0 and numbers["agentrl_train/step_s_median"] > 0
     assert numbers["agentrl_train/peak_gpu_memory_gib"] is None  # nvidia-smi has nothing to say here
     assert set(result["gpu_numbers"]) >= {n.replace("/tiny/", "/1.5B/") for n in numbers}
+
+
+def test_only_the_modules_with_gpu_tests_are_collected() -> None:
+    """A GPU machine may lack what other modules import (openai, datasets): collecting the whole suite
+    there stopped at those imports before any gpu test ran."""
+    files = smoke_module().gpu_test_files()
+    assert "tests/train/test_gpu.py" in files and "tests/rollout/test_ray_policy.py" in files
+    assert "tests/gateway/test_server.py" not in files and "tests/test_tasksource.py" not in files
+    for name in files:
+        assert "mark.gpu" in (SCRIPT.parents[1] / name).read_text()

@@ -53,3 +53,24 @@ def test_tiny_mode_prints_throughput_mfu_memory_and_the_ratio_to_plain(tmp_path:
     assert tiny["speedup_vs_plain"] > 0
     assert 0 < tiny["activation_checkpointing_memory_cut"] < 1
     assert tiny["long"]["ok"] and tiny["long"]["tokens"] == 256
+
+
+@pytest.mark.slow
+def test_a_token_budget_and_a_profile_of_our_step(tmp_path: Path) -> None:
+    """`--max-tokens-per-micro-batch` reaches our variants (a budget below one trajectory runs each
+    alone), and `--profile` writes the operator table of one more step of `ours`."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--quick", "--skip-long", "--steps", "1", "--warmup", "0",
+         "--trajectories", "8", "--max-tokens-per-micro-batch", "64", "--profile", str(tmp_path / "prof")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    tiny = json.loads(proc.stdout)["shapes"]["tiny"]
+    assert tiny["max_tokens_per_micro_batch"] == 64 and tiny["variants"]["ours"]["ok"]
+    prof = tiny["profile"]
+    assert prof["table"] == str(tmp_path / "prof") + ".tiny.txt"
+    assert "aten::mm" in Path(prof["table"]).read_text()
+    assert prof["busy_s"] > 0 and 0 < prof["matmul_share"] < 1
