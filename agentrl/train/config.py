@@ -202,6 +202,18 @@ class StepSettings(_Strict):
     activation_checkpointing: bool = Field(
         False, description="Recompute decoder-layer activations in backward (less memory, the same numbers)."
     )
+    share_prefix: PackingMode = Field(
+        "auto",
+        description="In a packed micro-batch, run the tokens every sequence starts with (the system prompt and "
+        "tool schemas, a GRPO group's prompt) once; the rest of each sequence attends to that one copy. auto: "
+        "on where packed attention runs its reference (CPU, fp32), off with the varlen flash kernel. Needs packing.",
+    )
+
+    @model_validator(mode="after")
+    def _prefix_needs_packing(self) -> StepSettings:
+        if self.share_prefix == "on" and self.packing == "off":
+            raise ValueError("share_prefix: on needs packing (packing: on or auto), or set share_prefix: off")
+        return self
 
 
 class OptimSettings(StepSettings):

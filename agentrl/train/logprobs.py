@@ -280,6 +280,7 @@ def action_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     packed: bool = False,
+    share_prefix: bool = False,
     positions: Tensor | None = None,
 ) -> TokenLogProbs:
     """Log-probs (and entropies) of the action tokens of `batch` under `model`, never [B, T, V] in fp32.
@@ -288,9 +289,10 @@ def action_logprobs(
     `packed`, the sequences run as one row with position ids restarting per sequence and
     cumulative lengths for the varlen attention (`agentrl.train.packing`, `agentrl.train.varlen`): no
     compute on padding. Padded or packed, the result is in the padded [B, T] layout, so the
-    losses of `agentrl.train.grpo` read it unchanged.
+    losses of `agentrl.train.grpo` read it unchanged. With `share_prefix` as well, the tokens every
+    sequence starts with run once (`agentrl.train.packing.shared_prefix_inputs`): the same log-probs.
     """
-    from agentrl.train.packing import packed_inputs
+    from agentrl.train.packing import packed_inputs, shared_prefix_inputs, shared_prefix_length
 
     want = (batch.loss_mask > 0) if positions is None else positions.bool()  # [B, T]
     want = want.clone()
@@ -302,8 +304,14 @@ def action_logprobs(
         from agentrl.train import varlen
 
         varlen.enable(model)
-        row_inputs, offsets = packed_inputs(batch)
-        rows = offsets[b_idx] + t_idx - 1  # [N] index of the predicting position in the packed row
+        prefix = shared_prefix_length(batch) if share_prefix and bsz > 1 else 0
+        if prefix:
+            row_inputs, offsets = shared_prefix_inputs(batch, prefix)
+            # [N] the predicting position: in the one copy of the prefix, or in the sequence's remainder
+            rows = torch.where(t_idx - 1 < prefix, t_idx - 1, offsets[b_idx] + t_idx - 1)
+        else:
+            row_inputs, offsets = packed_inputs(batch)
+            rows = offsets[b_idx] + t_idx - 1  # [N] index of the predicting position in the packed row
     else:
         row_inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
         rows = b_idx * width + t_idx - 1  # [N] flat index into [B * T]

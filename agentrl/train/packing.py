@@ -13,6 +13,9 @@ whatever fits a token budget instead:
   runs zero-loss fillers, two tokens long.
 - `packed_inputs` lays a micro-batch out as one row with position ids restarting per sequence
   and the cumulative lengths that `agentrl.train.varlen`'s attention reads: no padding at all.
+- `shared_prefix_inputs` lays it out with the tokens every sequence starts with (an agent's system
+  prompt and tool schemas, a GRPO group's prompt) once, then each sequence's remainder, which
+  attends to that prefix and to itself: the prefix's forward and backward run once, not once a sequence.
 
 The plan is a pure function of the batch, so every rank computes the same one with no
 communication, and the loss denominators (tokens or sequences of the whole step) are the same
@@ -154,6 +157,67 @@ def packed_inputs(batch: Batch) -> tuple[dict[str, Any], Tensor]:
         "max_length_k": longest,
     }
     return inputs, cu[:-1].long()
+
+
+def shared_prefix_length(batch: Batch) -> int:
+    """How many leading tokens every sequence of `batch` has in common (at most the shortest length)."""
+    ids = batch.input_ids  # [B, T]
+    shortest = int(batch.lengths.min())
+    same = (ids[:, :shortest] == ids[:1, :shortest]).all(0)  # [shortest]
+    differs = (~same).nonzero()
+    return int(differs[0]) if differs.numel() else shortest
+
+
+def shared_prefix_inputs(batch: Batch, prefix: int) -> tuple[dict[str, Any], Tensor]:
+    """The sequences of `batch` as one row that holds their first `prefix` tokens (the same in every
+    sequence: `shared_prefix_length`) once: (model inputs, offset [B] such that sequence b's token at
+    position t >= prefix sits at row index offset[b] + t).
+
+    The row is the prefix, then each sequence's tokens from `prefix` on, with position ids that go on
+    from the prefix's. The inputs are those of `packed_inputs` with the prefix as the first of the
+    cumulative lengths' segments, plus `shared_prefix_len`: the attention (`agentrl.train.varlen`) lets
+    every later segment see the whole prefix. A token before `prefix` sits at row index t for every b.
+    """
+    lengths = batch.lengths.to(batch.input_ids.device)  # [B]
+    width = batch.input_ids.shape[1]
+    t = torch.arange(width, device=batch.input_ids.device)  # [T]
+    keep = batch.attention_mask.bool() & (t >= prefix)  # [B, T] the remainders
+    input_ids = torch.cat([batch.input_ids[0, :prefix], batch.input_ids[keep]]).unsqueeze(0)  # [1, N]
+    position_ids = torch.cat([t[:prefix], t.expand_as(batch.input_ids)[keep]]).unsqueeze(0)  # [1, N]
+    rest = (lengths - prefix).clamp(min=0)  # [B] tokens after the prefix
+    segments = torch.cat([lengths.new_tensor([prefix]), rest])  # [B + 1] the prefix, then each remainder
+    cu = torch.nn.functional.pad(segments.cumsum(0), (1, 0)).to(torch.int32)  # [B + 2]
+    longest = int(segments.max())
+    inputs = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+        "shared_prefix_len": prefix,
+    }
+    return inputs, cu[1:-1].long() - prefix
+
+
+def resolve_share_prefix(setting: PackingMode, packed: bool, device: torch.device, bf16: bool) -> bool:
+    """`share_prefix: auto|on|off` for a trainer that packs (`packed`) on `device`, in bf16 or not.
+
+    auto shares where packed attention runs its reference (one `sdpa` per segment: the CPU, fp32), which
+    takes the prefix as keys of every later segment at no extra cost; the varlen flash kernel has no
+    such layout, so auto leaves it off there.
+    """
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"share_prefix must be auto, on or off; got {setting!r}")
+    if setting == "on" and not packed:
+        raise ValueError(
+            "share_prefix: on needs packed micro-batches; set packing: on (or share_prefix: off)"
+        )
+    if setting != "auto" or not packed:
+        return setting == "on"
+    from agentrl.train.varlen import kernel_available
+
+    return not kernel_available(device, torch.bfloat16 if bf16 else torch.float32)
 
 
 def resolve_packing(setting: PackingMode, device: torch.device, bf16: bool) -> bool:

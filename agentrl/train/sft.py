@@ -30,7 +30,7 @@ from agentrl.rollout.trajectory import Trajectory, load_trajectories
 from agentrl.train.batch import collate
 from agentrl.train.config import SFTConfig
 from agentrl.train.logprobs import action_logprobs
-from agentrl.train.packing import plan_micro_batches, resolve_packing
+from agentrl.train.packing import plan_micro_batches, resolve_packing, resolve_share_prefix
 
 
 def lr_at(step: int, total: int, cfg: SFTConfig) -> float:
@@ -47,6 +47,7 @@ def masked_nll_sum(
     device: torch.device,
     *,
     packed: bool = False,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """Sum of -log p over the assistant tokens of `trajectories`, and how many there are.
 
@@ -54,7 +55,9 @@ def masked_nll_sum(
     KV cache: never a [B, T, V] fp32 tensor, and activation checkpointing can recompute the layers.
     """
     batch = collate(trajectories, pad_id).to(device)
-    logp = action_logprobs(model, batch, packed=packed).logprobs  # [B, T], 0 off the mask
+    logp = action_logprobs(
+        model, batch, packed=packed, share_prefix=share_prefix
+    ).logprobs  # [B, T], 0 off the mask
     return -(logp * batch.loss_mask).sum(), float(batch.loss_mask.sum().item())
 
 
@@ -88,6 +91,7 @@ def train_sft(cfg: SFTConfig) -> Path:
     model.train()
     shard_model(model, activation_checkpointing=cfg.activation_checkpointing)
     packed = resolve_packing(cfg.packing, info.device, info.device.type == "cuda")
+    shares_prefix = resolve_share_prefix(cfg.share_prefix, packed, info.device, info.device.type == "cuda")
     params = trainable_parameters(model)  # with LoRA, the adapters only
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -127,7 +131,7 @@ def train_sft(cfg: SFTConfig) -> Path:
         for i, mb in enumerate(micro):
             # Reduce gradients over ranks only on the last micro-batch of the step.
             model.set_requires_gradient_sync(i == len(micro) - 1)
-            nll, _ = masked_nll_sum(model, mb, pad_id, info.device, packed=packed)
+            nll, _ = masked_nll_sum(model, mb, pad_id, info.device, packed=packed, share_prefix=shares_prefix)
             (nll * scale).backward()
             loss_sum += float(nll.item())
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

@@ -100,7 +100,7 @@ from agentrl.train.lora import (
     merged_state_dict,
     trainable_parameters,
 )
-from agentrl.train.packing import filler, plan_micro_batches, resolve_packing
+from agentrl.train.packing import filler, plan_micro_batches, resolve_packing, resolve_share_prefix
 from agentrl.train.plot import plot_training
 from agentrl.train.producer import RolloutProducer
 from agentrl.train.stopping import (
@@ -730,6 +730,8 @@ class _BatchContext:
     pad_id: int
     ref_model: torch.nn.Module | None
     packed: bool
+    shares_prefix: bool
+    """Packed micro-batches hold the tokens all their sequences start with once (`optim.share_prefix`)."""
     n_updates: int
     advantage_of: dict[int, float]
     """Per trajectory, keyed by object: the plans hand out these same objects (plus zero-mask fillers)."""
@@ -779,12 +781,14 @@ class _BatchContext:
             before = _logprobs_before_update(
                 model if n_updates > 1 else None, ref_model, trajectories, cfg, info, pad_id, totals
             )
+        packed = trainer_packs(cfg, info)
         return cls(
             cfg,
             info,
             pad_id,
             ref_model,
-            packed=trainer_packs(cfg, info),
+            packed=packed,
+            shares_prefix=trainer_shares_prefix(cfg, info, packed),
             n_updates=n_updates,
             advantage_of={id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)},
             anchored=cfg.loss.tis_cap is not None or n_updates > 1,
@@ -836,7 +840,12 @@ def _micro_batch_backward(
     cfg, device = batch.cfg, batch.info.device
     rows = collate(mb, batch.pad_id).to(device)
     live = action_logprobs(
-        model, rows, temperature=cfg.rollout.temperature, with_entropy=True, packed=batch.packed
+        model,
+        rows,
+        temperature=cfg.rollout.temperature,
+        with_entropy=True,
+        packed=batch.packed,
+        share_prefix=batch.shares_prefix,
     )
     logp = live.logprobs  # [B, T], 0 off the loss mask
     adv = torch.tensor([batch.advantage_of.get(id(t), 0.0) for t in mb], device=device)  # [B]
@@ -899,6 +908,12 @@ def trainer_packs(cfg: TrainConfig, info: DistInfo) -> bool:
     return resolve_packing(cfg.optim.packing, info.device, bf16)
 
 
+def trainer_shares_prefix(cfg: TrainConfig, info: DistInfo, packed: bool) -> bool:
+    """Whether this trainer's packed micro-batches hold their common prefix once (`optim.share_prefix`)."""
+    bf16 = cfg.optim.bf16 if cfg.optim.bf16 is not None else info.device.type == "cuda"
+    return resolve_share_prefix(cfg.optim.share_prefix, packed, info.device, bf16)
+
+
 def trainer_micro_batches(
     trajectories: list[Trajectory], cfg: TrainConfig, info: DistInfo, packed: bool
 ) -> list[list[Trajectory]]:
@@ -935,6 +950,7 @@ def _logprobs_before_update(
     log-probs against the engine's go into `totals` (the mismatch metrics), for every trajectory."""
     out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
     packed = trainer_packs(cfg, info)
+    shares_prefix = trainer_shares_prefix(cfg, info, packed)
     micro = trainer_micro_batches(trajectories, cfg, info, packed)
     mine = [t for mb in micro for t in mb]
     # The mini-batches reshuffle trajectories across ranks, so every rank needs every row: run
@@ -948,7 +964,13 @@ def _logprobs_before_update(
                     rows.append(None)
                     continue
                 rows.append(
-                    action_logprobs(m, batch, temperature=cfg.rollout.temperature, packed=packed).logprobs
+                    action_logprobs(
+                        m,
+                        batch,
+                        temperature=cfg.rollout.temperature,
+                        packed=packed,
+                        share_prefix=shares_prefix,
+                    ).logprobs
                 )  # [B, T], 0 off the loss mask (the only positions the loss reads)
             if rows[0] is not None:
                 _add_mismatch(totals, rows[0], batch)
@@ -1040,7 +1062,10 @@ def _apply_staleness(
     # Per sampled token (the version each was sampled with): pushes mid-episode make tokens of one
     # trajectory younger than its oldest.
     token_ages = [
-        version - v for t in trajs for v, m in zip(t.token_versions, t.loss_mask, strict=False) if m and v >= 0
+        version - v
+        for t in trajs
+        for v, m in zip(t.token_versions, t.loss_mask, strict=False)
+        if m and v >= 0
     ]
     if token_ages:
         metrics["async/token_staleness_mean"] = sum(token_ages) / len(token_ages)

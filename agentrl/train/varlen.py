@@ -13,6 +13,9 @@ causal attention within each sequence with no mask at all.
   through the model's forward), one row of packed sequences: the varlen kernel on CUDA in
   bf16/fp16, or, elsewhere (CPU, fp32, a torch without the kernel), a reference that runs
   causal `sdpa` per sequence: slower, the same numbers, so the packed path is tested on CPU;
+- with `shared_prefix_len` P as well (`agentrl.train.packing.shared_prefix_inputs`), the first segment
+  is a prefix every sequence of the row starts with, held once: it attends causally to itself, and
+  each later segment to the whole prefix and causally to itself (the reference, on any device);
 - without them, it is transformers' `sdpa` with the usual padding mask, so a model set to this
   implementation still serves ordinary padded or single-sequence calls.
 
@@ -156,6 +159,37 @@ def _reference_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, scale: float 
     return out
 
 
+def _shared_prefix_reference(
+    q: Tensor, k: Tensor, v: Tensor, cu: Tensor, prefix: int, scale: float | None
+) -> Tensor:
+    """Segment 0 of `cu` is a prefix of every sequence, held once: causal attention within it, and for
+    each later segment causal attention over [the prefix, the segment], one `sdpa` each."""
+    bounds = cu.tolist()
+    if len(bounds) < 3 or bounds[1] != prefix:
+        raise ValueError(
+            f"shared_prefix_len={prefix} but the first segment of cu_seq_lens_q is {bounds[1:2]}; build the "
+            "inputs with agentrl.train.packing.shared_prefix_inputs"
+        )
+    out = torch.empty_like(q)  # [N, Hq, D]
+    groups = q.shape[1] // k.shape[1]
+    kp = k[:prefix].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, P, D]
+    vp = v[:prefix].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, P, D]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out[:prefix] = sdpa(q[:prefix].transpose(0, 1), kp, vp, is_causal=True, scale=scale).transpose(0, 1)
+    for s, e in itertools.pairwise(bounds[1:]):
+        if e <= s:
+            continue
+        qs = q[s:e].transpose(0, 1)  # [Hq, n, D]
+        ks = torch.cat([kp, k[s:e].transpose(0, 1).repeat_interleave(groups, dim=0)], dim=1)  # [Hq, P + n, D]
+        vs = torch.cat([vp, v[s:e].transpose(0, 1).repeat_interleave(groups, dim=0)], dim=1)  # [Hq, P + n, D]
+        # Row i sees the whole prefix and its own segment up to i: columns j <= P + i.
+        sees = torch.ones(e - s, prefix + e - s, dtype=torch.bool, device=q.device).tril(
+            diagonal=prefix
+        )  # [n, P + n]
+        out[s:e] = sdpa(qs, ks, vs, attn_mask=sees, scale=scale).transpose(0, 1)  # [n, Hq, D]
+    return out
+
+
 def varlen_attention(
     module: nn.Module,
     query: Tensor,
@@ -189,7 +223,10 @@ def varlen_attention(
     q = query[0].transpose(0, 1).contiguous()  # [N, Hq, D]
     k = key[0].transpose(0, 1).contiguous()  # [N, Hkv, D]
     v = value[0].transpose(0, 1).contiguous()  # [N, Hkv, D]
-    if kernel_available(q.device, q.dtype):
+    prefix = int(kwargs.get("shared_prefix_len") or 0)
+    if prefix:
+        out = _shared_prefix_reference(q, k, v, cu, prefix, scaling)  # [N, Hq, D]
+    elif kernel_available(q.device, q.dtype):
         out = _flash_varlen(q, k, v, cu, longest, scaling)  # [N, Hq, D]
     else:
         out = _reference_varlen(q, k, v, cu, scaling)  # [N, Hq, D]

@@ -12,7 +12,16 @@ import torch
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.batch import collate
 from agentrl.train.config import TrainConfig
-from agentrl.train.packing import filler, micro_batch_cost, packed_inputs, plan_micro_batches, resolve_packing
+from agentrl.train.packing import (
+    filler,
+    micro_batch_cost,
+    packed_inputs,
+    plan_micro_batches,
+    resolve_packing,
+    resolve_share_prefix,
+    shared_prefix_inputs,
+    shared_prefix_length,
+)
 from tests.fixtures_dist import assert_same_gradients, grpo_step_gradients, one_rank_group  # noqa: F401
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
@@ -122,6 +131,33 @@ def test_packed_inputs_restart_positions_and_cumulate_lengths() -> None:
     assert inputs["input_ids"][0, 3:8].tolist() == batch.input_ids[1, :5].tolist()
 
 
+def test_a_shared_prefix_is_held_once_and_the_rest_continues_its_positions() -> None:
+    start = [7, 8, 9]
+    trajs = [replace(t, token_ids=start + t.token_ids[3:]) for t in (traj(5), traj(6), traj(3))]
+    batch = collate(trajs, pad_id=0)
+    assert shared_prefix_length(batch) == 3
+    inputs, offsets = shared_prefix_inputs(batch, 3)
+    assert inputs["input_ids"][0].tolist() == start + trajs[0].token_ids[3:] + trajs[1].token_ids[3:]
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 4, 3, 4, 5]]
+    # segments: the prefix, then each remainder (the third sequence is the prefix alone: an empty one)
+    assert inputs["cu_seq_lens_q"].tolist() == [0, 3, 5, 8, 8] and inputs["shared_prefix_len"] == 3
+    assert inputs["max_length_q"] == 3
+    assert offsets.tolist() == [0, 2, 5]  # token t >= 3 of sequence b at row offsets[b] + t
+    assert inputs["input_ids"][0, offsets[1] + 4].item() == trajs[1].token_ids[4]
+    assert shared_prefix_length(collate([traj(4), traj(9)], pad_id=0)) < 4  # random starts differ at once
+
+
+def test_share_prefix_auto_is_on_where_packed_attention_runs_its_reference() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_share_prefix("auto", True, cpu, bf16=False) is True
+    assert resolve_share_prefix("auto", False, cpu, bf16=False) is False  # nothing packed, nothing shared
+    assert resolve_share_prefix("off", True, cpu, bf16=False) is False
+    with pytest.raises(ValueError, match="needs packed micro-batches"):
+        resolve_share_prefix("on", False, cpu, bf16=False)
+    with pytest.raises(ValueError, match="share_prefix: on needs packing"):
+        TrainConfig(model="m", optim={"share_prefix": "on", "packing": "off"})
+
+
 def test_packing_auto_packs_except_on_a_gpu_without_the_varlen_kernel() -> None:
     cpu = torch.device("cpu")
     assert resolve_packing("auto", cpu, bf16=False) is True
@@ -152,7 +188,13 @@ def test_token_budget_and_packed_micro_batches_give_the_padded_loss_and_gradient
     agg: str,
 ) -> None:
     vocab = 2543
-    trajs = grpo_batch(vocab)
+    # A common start (a system prompt), which the share_prefix variant holds once per micro-batch.
+    start = random.Random(9).choices(range(vocab), k=10)
+    trajs = [
+        replace(t, token_ids=start + t.token_ids, loss_mask=[0] * 10 + t.loss_mask,
+                            behavior_logprobs=[0.0] * 10 + t.behavior_logprobs, prompt_len=14)
+        for t in grpo_batch(vocab)
+    ]  # fmt: skip
     base = dict(model=str(tiny_model_dir), loss={"agg": agg}, optim={"grad_clip": 1e9})
 
     def cfg(**optim) -> TrainConfig:
@@ -165,6 +207,7 @@ def test_token_budget_and_packed_micro_batches_give_the_padded_loss_and_gradient
         {"max_tokens_per_micro_batch": 60, "packing": "off"},  # several length buckets, padded
         {"max_tokens_per_micro_batch": 80, "packing": "on"},  # packed rows through the varlen attention
         {"max_tokens_per_micro_batch": None, "micro_batch_size": 3, "packing": "on"},
+        {"max_tokens_per_micro_batch": 80, "packing": "on", "share_prefix": "on"},
     ):
         grads, m = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg(**variant), trajs)
         assert m["losses/policy_loss"] == pytest.approx(ref_m["losses/policy_loss"], rel=1e-5, abs=1e-8)
