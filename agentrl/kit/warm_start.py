@@ -50,7 +50,9 @@ RECORD_FILE = "agentrl_warm_start.json"
 # Bump when a stage changes in a way the recipe fields do not capture (a new masker, a new SFT loss).
 # 2: the SFT on the trainer's token-budget micro-batches builds another model from the same recipe
 # than version 1 did (benchmarks/RESULTS.md, the curriculum runs), so version-1 caches are rebuilt.
-WARM_START_VERSION = 2
+# 3: the SFT holds each micro-batch's common prefix once (`optim.share_prefix`): the same loss, rounded
+# otherwise, and 832 steps make that another model (docs/DEMO.md).
+WARM_START_VERSION = 3
 _EVAL_FIELDS = ("eval_tasks", "eval_samples", "eval_temperature", "eval_split", "eval_seed")
 
 
