@@ -147,8 +147,14 @@ def packed_inputs(batch: Batch) -> tuple[dict[str, Any], Tensor]:
     t = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)  # [T]
     position_ids = t.expand_as(batch.input_ids)[keep].unsqueeze(0)  # [1, N]
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)  # [B + 1]
-    longest = int(batch.lengths.max())
-    inputs = {
+    return _row_inputs(input_ids, position_ids, lengths), cu[:-1].long()
+
+
+def _row_inputs(input_ids: Tensor, position_ids: Tensor, segments: Tensor) -> dict[str, Any]:
+    """The keyword arguments of one packed row whose segments have these lengths ([S]) in order."""
+    cu = torch.nn.functional.pad(segments.cumsum(0), (1, 0)).to(torch.int32)  # [S + 1]
+    longest = int(segments.max())
+    return {
         "input_ids": input_ids,
         "position_ids": position_ids,
         "cu_seq_lens_q": cu,
@@ -156,7 +162,6 @@ def packed_inputs(batch: Batch) -> tuple[dict[str, Any], Tensor]:
         "max_length_q": longest,
         "max_length_k": longest,
     }
-    return inputs, cu[:-1].long()
 
 
 def shared_prefix_length(batch: Batch) -> int:
@@ -186,18 +191,8 @@ def shared_prefix_inputs(batch: Batch, prefix: int) -> tuple[dict[str, Any], Ten
     position_ids = torch.cat([t[:prefix], t.expand_as(batch.input_ids)[keep]]).unsqueeze(0)  # [1, N]
     rest = (lengths - prefix).clamp(min=0)  # [B] tokens after the prefix
     segments = torch.cat([lengths.new_tensor([prefix]), rest])  # [B + 1] the prefix, then each remainder
-    cu = torch.nn.functional.pad(segments.cumsum(0), (1, 0)).to(torch.int32)  # [B + 2]
-    longest = int(segments.max())
-    inputs = {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "cu_seq_lens_q": cu,
-        "cu_seq_lens_k": cu,
-        "max_length_q": longest,
-        "max_length_k": longest,
-        "shared_prefix_len": prefix,
-    }
-    return inputs, cu[1:-1].long() - prefix
+    inputs = {**_row_inputs(input_ids, position_ids, segments), "shared_prefix_len": prefix}
+    return inputs, inputs["cu_seq_lens_q"][1:-1].long() - prefix
 
 
 def resolve_share_prefix(setting: PackingMode, packed: bool, device: torch.device, bf16: bool) -> bool:
