@@ -345,7 +345,8 @@ class ResidentExecutor:
             "marker": f"{EXEC_MARKER}={marker}",
         }
         req_id, pending = self._submit(meta, () if request.stdin is None else (request.stdin,))
-        if not pending.event.wait(request.timeout + REPLY_GRACE_S):
+        overdue = not pending.event.wait(request.timeout + REPLY_GRACE_S)
+        if overdue:
             on_overdue(time.monotonic() - start)
             if not pending.event.wait(WEDGED_S):
                 self._gone(
@@ -375,7 +376,9 @@ class ResidentExecutor:
             raise ExecutorLost(self.lost or "", tampered=True)
         out.data[:], err.data[:] = blobs
         out.dropped, err.dropped = (int(n) for n in reply["dropped"])
-        timed_out = bool(reply["timed_out"])
+        # Overdue, the host-side killers ended the command: a starved executor (a fork bomb holding the
+        # sandbox's CPU) then reports a SIGKILL it did not send, but the command timed out all the same.
+        timed_out = bool(reply["timed_out"]) or overdue
         code = KILLED if reply["exit"] is None else int(reply["exit"])
         return ExecResult.captured(
             code if timed_out else signal_exit(code),

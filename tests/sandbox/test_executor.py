@@ -216,6 +216,19 @@ def test_an_executor_killed_in_the_background_is_caught_before_the_verifier():
 
 
 @pytest.mark.docker
+def test_a_command_the_host_killers_ended_reads_as_timed_out(monkeypatch):
+    """An executor starved past a command's deadline (a fork bomb holding the sandbox's CPU) answers
+    only after the host-side killers ended the command; it then reports a SIGKILL it did not send.
+    The host's patience is cut short here, so its killers step in before the executor's own deadline."""
+    monkeypatch.setattr(host, "REPLY_GRACE_S", -2.5)  # overdue 0.5 s into a 3 s command
+    with open_sandbox("docker", limits=LIMITS) as box:
+        r = box.exec("sleep 30", timeout=3)
+        assert r.timed_out and r.exit_code == -9, r
+        assert r.duration_s < 3, r  # the host ended it, not the executor's deadline
+        assert box.exec("echo alive", timeout=5).stdout == "alive\n"
+
+
+@pytest.mark.docker
 def test_a_frozen_executor_is_caught():
     with open_sandbox("docker", limits=LIMITS) as box:
         assert box.exec("nohup sh -c 'sleep 0.3; kill -STOP $0' $PPID >/dev/null 2>&1 &").ok
