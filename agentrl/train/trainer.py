@@ -781,14 +781,14 @@ class _BatchContext:
             before = _logprobs_before_update(
                 model if n_updates > 1 else None, ref_model, trajectories, cfg, info, pad_id, totals
             )
-        packed = trainer_packs(cfg, info)
+        packed, shares_prefix = trainer_layout(cfg, info)
         return cls(
             cfg,
             info,
             pad_id,
             ref_model,
             packed=packed,
-            shares_prefix=trainer_shares_prefix(cfg, info, packed),
+            shares_prefix=shares_prefix,
             n_updates=n_updates,
             advantage_of={id(t): a for t, a in zip(trajectories, advantages.tolist(), strict=True)},
             anchored=cfg.loss.tis_cap is not None or n_updates > 1,
@@ -902,16 +902,12 @@ def _add_mismatch(totals: _Totals, trainer_logprobs: torch.Tensor, rows: Batch) 
     totals.weighted["_mw"] = totals.weighted.get("_mw", 0.0) + w
 
 
-def trainer_packs(cfg: TrainConfig, info: DistInfo) -> bool:
-    """Whether this trainer packs its micro-batches (`optim.packing`, resolved for its device and dtype)."""
+def trainer_layout(cfg: TrainConfig, info: DistInfo) -> tuple[bool, bool]:
+    """(packed, shares_prefix): whether this trainer packs its micro-batches (`optim.packing`) and holds
+    their common prefix once (`optim.share_prefix`), resolved for its device and dtype."""
     bf16 = cfg.optim.bf16 if cfg.optim.bf16 is not None else info.device.type == "cuda"
-    return resolve_packing(cfg.optim.packing, info.device, bf16)
-
-
-def trainer_shares_prefix(cfg: TrainConfig, info: DistInfo, packed: bool) -> bool:
-    """Whether this trainer's packed micro-batches hold their common prefix once (`optim.share_prefix`)."""
-    bf16 = cfg.optim.bf16 if cfg.optim.bf16 is not None else info.device.type == "cuda"
-    return resolve_share_prefix(cfg.optim.share_prefix, packed, info.device, bf16)
+    packed = resolve_packing(cfg.optim.packing, info.device, bf16)
+    return packed, resolve_share_prefix(cfg.optim.share_prefix, packed, info.device, bf16)
 
 
 def trainer_micro_batches(
@@ -949,8 +945,7 @@ def _logprobs_before_update(
     plus the zero-mask fillers, so the FSDP collectives of the forward passes match. The policy's
     log-probs against the engine's go into `totals` (the mismatch metrics), for every trajectory."""
     out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
-    packed = trainer_packs(cfg, info)
-    shares_prefix = trainer_shares_prefix(cfg, info, packed)
+    packed, shares_prefix = trainer_layout(cfg, info)
     micro = trainer_micro_batches(trajectories, cfg, info, packed)
     mine = [t for mb in micro for t in mb]
     # The mini-batches reshuffle trajectories across ranks, so every rank needs every row: run
