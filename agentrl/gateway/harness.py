@@ -283,7 +283,11 @@ class HarnessTask:
                 self.done = True
                 episode = ep.env.episode
                 session.close(episode.finish_reason, episode.error)
-            return [dict(m) for m in obs]
+            ids = _call_ids(ep.env.parser, text, normal)
+            return [
+                {**m, "tool_call_id": ids[m["tool_call_id"]]} if m.get("tool_call_id") in ids else dict(m)
+                for m in obs
+            ]
 
 
 def _normal(message: Any) -> dict[str, Any] | None:
@@ -295,6 +299,21 @@ def _normal(message: Any) -> dict[str, Any] | None:
         return normal_message(ChatMessage.model_validate(data))
     except Exception:
         return None
+
+
+def _call_ids(parser: Any, text: str, message: dict[str, Any] | None) -> dict[str, str]:
+    """The environment's ids of the calls in `text` (its parser numbers them) to the ids the agent's
+    message gave the same calls: tool results answer the ids the agent knows."""
+    theirs = [c.get("id") for c in (message or {}).get("tool_calls", [])]
+    if not any(theirs):
+        return {}
+    try:
+        ours = [c.id for c in parser.parse(text).calls]
+    except Exception:
+        return {}
+    if len(ours) != len(theirs):
+        return {}
+    return {a: b for a, b in zip(ours, theirs, strict=True) if a and b}
 
 
 def _render(message: dict[str, Any], parser: Any) -> str:

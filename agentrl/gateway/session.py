@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -449,16 +450,17 @@ class Session:
                 log.warning("tool-call parser %r raised on a model message: %r", self.parser.name, exc)
                 parsed = None
             if parsed is not None and parsed.calls and not parsed.errors:
+                # Fresh ids, as OpenAI's: frameworks key tool results (and repeats) on them.
                 calls = [
                     {
-                        "id": c.id or f"call_{k}",
+                        "id": new_call_id(),
                         "type": "function",
                         "function": {
                             "name": c.name,
                             "arguments": json.dumps(c.arguments, ensure_ascii=False),
                         },
                     }
-                    for k, c in enumerate(parsed.calls)
+                    for c in parsed.calls
                 ]
                 return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, (
                     "tool_calls" if reason == "stop" else finish
@@ -538,6 +540,11 @@ class Session:
                 if reply_key(s.reply) == key:
                     return s
         return None
+
+
+def new_call_id() -> str:
+    """A tool call's id as OpenAI writes them: unique per call (96 random bits)."""
+    return f"call_{secrets.token_hex(12)}"
 
 
 def _unrenderable(exc: Exception, what: str) -> GatewayError:

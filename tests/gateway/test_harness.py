@@ -137,13 +137,28 @@ def _bisect(prompt: str, _n: int) -> str:
     return guess_call((lo + hi) // 2)
 
 
+async def id_checking_agent(client, task: HarnessTask) -> None:
+    """The tool loop, checking that each tool result answers the id of its call (unique ids, as OpenAI's)."""
+    messages, ids = list(task.messages), []
+    while not task.done:
+        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        obs = await task.step(message)
+        calls = [c.id for c in message.tool_calls or []]
+        assert [m["tool_call_id"] for m in obs if m["role"] == "tool"] == calls
+        ids += calls
+        messages += obs
+    assert len(ids) == len(set(ids)) >= 1
+
+
 def test_tool_calls_run_in_the_env_and_the_reward_lands(tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     record = RecordingPolicy(ToolCallPolicy(tok, _bisect))
     trajs = collect_sync(
-        lambda: HarnessEnv(GUESS, openai_agent, max_turns=12),
+        lambda: HarnessEnv(GUESS, id_checking_agent, max_turns=12),
         [0, 1, 2],
         record,
         RolloutConfig(group_size=1, max_tokens_per_turn=64),

@@ -188,6 +188,8 @@ def test_tool_calls_parsed_and_streamed(tokenizer):
     assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in streamed] == [
         ("guess", {"number": 51})
     ]
+    # Ids as OpenAI's: a new one per call, given once in the stream.
+    assert call.id.startswith("call_") and streamed[0].id.startswith("call_") and call.id != streamed[0].id
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # tool_choice "none": the text comes back whole, nothing parsed.
     assert bare.choices[0].message.tool_calls is None
