@@ -19,11 +19,14 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
+import os
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import UserError, did_you_mean
@@ -187,8 +190,35 @@ def _not_found(env_id: str) -> UnknownEnvError:
     close = difflib.get_close_matches(env_id, list(registry), n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return UnknownEnvError(
-        f"environment {env_id!r} not found.{hint} See `agentrl envs list` for all registered ids."
+        f"environment {env_id!r} not found.{hint} If a module of yours registers it, name the module "
+        f"before the id, `your_module:{env_id}` (imported from the current directory, or from an installed "
+        "package), or make it an `agentrl.envs` entry point of your package; `agentrl envs list` lists the "
+        "registered ids."
     )
+
+
+def import_user_module(module: str) -> Any:
+    """`importlib.import_module(module)`, looking in the current directory too when it is not found.
+
+    `python -m` and `python script.py` put the current directory (or the script's) on `sys.path`; the
+    `agentrl` console script puts its own bin directory there instead, so a user's `mylab/agents.py` run
+    from the directory that holds `mylab/` would not be found. It is added at the end of `sys.path` (an
+    installed package of the same name wins) and to PYTHONPATH, so the processes we start (torchrun
+    ranks, sandboxes' relays, measurement subprocesses) find it as well."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".")[0]
+        cwd = os.getcwd()
+        here = (Path(cwd) / top).is_dir() or (Path(cwd) / f"{top}.py").is_file()
+        if exc.name != top or not here or cwd in sys.path or "" in sys.path:
+            raise
+    sys.path.append(cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])
+    importlib.invalidate_caches()
+    return importlib.import_module(module)
 
 
 def _import_prefix(env_id: str) -> str:
@@ -197,12 +227,20 @@ def _import_prefix(env_id: str) -> str:
         return env_id
     module, _, rest = env_id.partition(":")
     try:
-        importlib.import_module(module)
+        import_user_module(module)
     except ImportError as exc:
         raise EnvImportError(
             f"environment id {env_id!r}: cannot import {module!r} to register it ({exc}); install the "
             "package that holds it, or run from the directory that holds it (or add that to PYTHONPATH)"
         ) from exc
+    if rest not in registry:
+        load_plugins()
+    if rest not in registry:
+        raise UnknownEnvError(
+            f"environment {rest!r} not found: {module} was imported but registered no such id"
+            f"{did_you_mean(rest, registry)} (it registers with `agentrl.register({rest!r}, ...)` when it "
+            "is imported)"
+        )
     return rest
 
 
@@ -225,7 +263,7 @@ def _load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., An
         return entry_point
     module, _, attr = entry_point.partition(":")
     try:
-        mod = importlib.import_module(module)
+        mod = import_user_module(module)
     except ImportError as exc:
         raise ImportError(f"cannot import {module!r} for entry point {entry_point!r}: {exc}") from exc
     try:

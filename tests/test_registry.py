@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -171,6 +172,41 @@ def test_module_prefix_imports_the_module_that_registers(monkeypatch):
     assert env.spec.id == "test/Coin-v0"
     with pytest.raises(ImportError, match="cannot import 'no_such_module_xyz'"):
         agentrl.make("no_such_module_xyz:test/Coin-v0")
+
+
+def test_an_unknown_id_says_how_to_make_a_module_of_yours_register_it():
+    with pytest.raises(KeyError, match=r"name the module before the id, `your_module:mylab/Nothing-v0`"):
+        agentrl.spec("mylab/Nothing-v0")
+    # The module imports, but registers something else: said so, with the id it did register.
+    with pytest.raises(
+        KeyError, match=r"tests.coin_env was imported but registered no such id.*'test/Coin-v0'"
+    ):
+        agentrl.spec("tests.coin_env:test/Coin-v9")
+
+
+def test_module_id_under_the_console_script_finds_the_module_in_the_current_directory(tmp_path):
+    """The `agentrl` console script's sys.path starts at its bin directory, not the current one: a
+    `mylab.agents:mylab/X-v0` id run from the directory that holds `mylab/` works without PYTHONPATH=."""
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "agents.py").write_text(
+        "import agentrl\n"
+        "agentrl.register('mylab/Here-v0', 'tests.coin_env:CoinEnv', description='found from the cwd')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)  # only for `tests.coin_env`, the entry point; not the current directory
+    res = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "env", "show", "mylab.agents:mylab/Here-v0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "found from the cwd" in res.stdout
+    # Without the module, the plain id says how to name it.
+    res = subprocess.run(
+        [str(ROOT / ".venv/bin/agentrl"), "env", "show", "mylab/Here-v0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and "`your_module:mylab/Here-v0`" in res.stderr, res.stderr
 
 
 class Unbuildable(ToolEnv):

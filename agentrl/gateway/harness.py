@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -77,7 +76,9 @@ def load_agent(agent: str | AgentFn) -> AgentFn:
     module, _, attr = str(agent).partition(":")
     if not module or not attr:
         raise ValueError(f"agent {agent!r} must be a callable or a 'package.module:function' string")
-    fn = getattr(importlib.import_module(module), attr, None)
+    from agentrl.registry import import_user_module
+
+    fn = getattr(import_user_module(module), attr, None)
     if not callable(fn):
         raise ValueError(f"agent {agent!r}: {module} has no callable {attr!r}")
     return fn

@@ -29,7 +29,6 @@ does), else called with the same arguments.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -303,7 +302,9 @@ def load_sampler(name: str) -> Any:
         )
     module, _, attribute = target.partition(":")
     try:
-        obj: Any = importlib.import_module(module)
+        from agentrl.registry import import_user_module
+
+        obj: Any = import_user_module(module)
         for part in attribute.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
