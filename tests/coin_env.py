@@ -102,3 +102,28 @@ agentrl.register(
     agent="agentrl.gateway:tool_loop_agent",
     description="the pick env played by an openai-SDK harness (the checks run on the pick env)",
 )
+
+
+class SplitSpyTasks(CoinTasks):
+    """The coin tasks, recording every split a task is made for: one line per call in the file named by
+    AGENTRL_SPLIT_LOG (the trainer's processes inherit it), so a test sees which splits a run touched."""
+
+    def generate(self, index: int, split: str = "train") -> Task:
+        import os
+
+        log = os.environ.get("AGENTRL_SPLIT_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{split}\n")
+        return super().generate(index, split)
+
+
+class SplitSpyEnv(ToolEnv):
+    def __init__(self, **kw):
+        kw.setdefault("max_turns", 1)
+        super().__init__(tasks=SplitSpyTasks(), tools=["submit"], verifier=EvenLength(), **kw)
+
+
+agentrl.register(
+    "test/SplitSpy-v0", "tests.coin_env:SplitSpyEnv", max_turns=1, description="coin env that logs its splits"
+)

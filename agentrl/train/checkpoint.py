@@ -205,9 +205,10 @@ def save(
     state: dict[str, Any],
     base_model: str | Path,
     keep_last: int,
+    protect: int | None = None,
 ) -> Path:
     """Write `checkpoint-<step>` (weights in Hugging Face layout, or a LoRA model's adapter directory,
-    + trainer state) and prune older ones.
+    + trainer state) and prune older ones, except the checkpoint of step `protect` (the best so far).
 
     Collective: every rank calls it (the full state dict, or the adapter's, is gathered); rank 0 writes.
     `state` is JSON-able (step, update count, curriculum, ...); the RNG states of every rank are added here.
@@ -252,7 +253,7 @@ def save(
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)  # atomic: a crash mid-save never leaves a half-written checkpoint-N
-        _prune(out, keep=final, keep_last=keep_last)
+        _prune(out, keep=final, keep_last=keep_last, protect=protect)
     dist.barrier()
     return final
 
@@ -272,10 +273,15 @@ def export_model(model: torch.nn.Module, base_model: str | Path, out_dir: str | 
     return Path(out_dir)
 
 
-def _prune(out: Path, keep: Path, keep_last: int) -> None:
-    """Keep the newest `keep_last` checkpoints; only `keep` (the newest) keeps its trainer state."""
+def _prune(out: Path, keep: Path, keep_last: int, protect: int | None = None) -> None:
+    """Keep the newest `keep_last` checkpoints, and the weights of step `protect`; only `keep` (the newest)
+    keeps its trainer state."""
     found = checkpoints(out)
-    for _, path in found[: max(0, len(found) - keep_last)]:
+    for step, path in found[: max(0, len(found) - keep_last)]:
+        if step == protect:
+            if (path / STATE_DIR).exists():
+                shutil.rmtree(path / STATE_DIR, ignore_errors=True)
+            continue
         shutil.rmtree(path, ignore_errors=True)
     for _, path in found[-keep_last:]:
         if path != keep and (path / STATE_DIR).exists():

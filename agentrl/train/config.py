@@ -303,7 +303,21 @@ class AsyncSettings(_Strict):
 
 class EvalSettings(_Strict):
     every: int = Field(
-        0, ge=0, description="Evaluate every N steps on the held-out split (0: only before and after)."
+        0,
+        ge=0,
+        description="Evaluate every N steps on the held-out split (0: never; with keep_best, after the last "
+        "step too).",
+    )
+    at_start: bool = Field(
+        False,
+        description="Also evaluate the starting model (step 0) before the first step: the baseline of the "
+        "curve in eval.jsonl (never a candidate for keep_best).",
+    )
+    keep_best: bool = Field(
+        False,
+        description="Keep the checkpoint with the best held-out pass@1 (the evaluations every `every` steps "
+        "and after the last one; a tie keeps the earlier step) and write it to out/best, as trainers that "
+        "load the best model at the end do. Needs every > 0 and the validation split.",
     )
     split: Literal["validation", "test"] = Field(
         "validation", description="Held-out split for in-training evaluation."
@@ -417,6 +431,15 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "rollout.temperature=0 is greedy decoding: every episode of a group would be the same, and the "
                 "trainer's log-probs are taken at the sampling temperature; use a temperature > 0"
+            )
+        if self.eval.keep_best and not self.eval.every:
+            raise ValueError(
+                "eval.keep_best needs in-training evaluations to choose from: set eval.every (e.g. 2)"
+            )
+        if self.eval.keep_best and self.eval.split != "validation":
+            raise ValueError(
+                f"eval.keep_best with eval.split={self.eval.split}: a checkpoint chosen on the split it is "
+                "judged on scores too high there; select on validation (eval.split=validation)"
             )
         if self.engine.count > 1 and self.cluster.ray_address is None:
             raise ValueError(

@@ -103,6 +103,9 @@ from agentrl.train.lora import (
 from agentrl.train.packing import filler, plan_micro_batches, resolve_packing, resolve_share_prefix
 from agentrl.train.plot import plot_training
 from agentrl.train.producer import RolloutProducer
+from agentrl.train.selection import METRIC as SELECTION_METRIC
+from agentrl.train.selection import RULE as SELECTION_RULE
+from agentrl.train.selection import Choice, best_of, eval_rows, evaluated, write_best
 from agentrl.train.stopping import (
     ENGINE_OUT_OF_DATE,
     INTERRUPTED,
@@ -189,6 +192,8 @@ class Run:
     engine, so an engine that missed a push is caught (`check_engine_versions`); -1: not counted yet."""
     engine_error: str | None = None
     """Rank 0: why the engine is not running the newest push, found after it; the next batch stops the run."""
+    best: Choice | None = None
+    """Rank 0, with `eval.keep_best`: the best trained step by validation pass@1 so far (`agentrl.train.selection`)."""
 
     def policy_version(self) -> int:
         return self.producer.policy.version if self.producer is not None else self.progress.policy_version
@@ -204,8 +209,9 @@ class Run:
             "policy_version": self.policy_version(),
         }
         path = save_checkpoint(
-            self.out, step, self.model, self.opt, state, self.cfg.model.path, self.cfg.keep_last
-        )
+            self.out, step, self.model, self.opt, state, self.cfg.model.path, self.cfg.keep_last,
+            protect=self.best.step if self.best is not None else None,
+        )  # fmt: skip
         self.saved_at = step
         return path
 
@@ -233,7 +239,7 @@ def train(cfg: TrainConfig) -> Path:
                 run.progress.streak = 0 if trajs else run.progress.streak + 1  # steps with nothing to learn
                 push_weights(run, metrics)
                 metrics["time/step_s"] = time.perf_counter() - t_step
-                if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+                if checkpoint_due(cfg, step + 1) and step + 1 < cfg.steps:
                     run.checkpoint(step + 1)
                 report(run, step + 1, metrics, updated=bool(trajs))
                 stop_if_uninformative(run, step, metrics, generated)
@@ -293,6 +299,7 @@ def setup(cfg: TrainConfig) -> Run:
     )  # fmt: skip
     if info.is_main:
         _say_start(run)
+        _evaluate_at_start(run)
     return run
 
 
@@ -407,8 +414,9 @@ def report(run: Run, step: int, metrics: dict[str, float], *, updated: bool) -> 
     log(_step_line(step, cfg.steps, metrics, updated, run.step_times))
     if run.bar is not None:
         run.bar.update(1)
-    if run.producer is not None and cfg.eval.every and step % cfg.eval.every == 0:
+    if run.producer is not None and eval_due(cfg, step):
         _evaluate_in_training(cfg, run.producer.policy, step, run.out)
+        _choose(run)
 
 
 def stop_if_uninformative(
@@ -494,6 +502,7 @@ def finish(run: Run) -> Path:
     if run.saved_at != run.step:
         run.checkpoint(run.step)
     export_model(run.model, cfg.model.path, out / "final")  # every rank gathers; rank 0 writes
+    kept = _keep_best(run) if info.is_main and cfg.eval.keep_best else None
     wait_for_main("exported")  # writing a large model can outlast a collective's timeout
     close(run)
     if info.is_main:
@@ -502,7 +511,57 @@ def finish(run: Run) -> Path:
             f"done: {run.step - run.start} step(s) in {minutes}m{seconds:02d}s; model {out / 'final'}; "
             f"plot {out / 'training.png'}; metrics {out / 'metrics.jsonl'}"
         )
+        if kept is not None:
+            log(kept)
     return out / "final"
+
+
+def _keep_best(run: Run) -> str:
+    """Rank 0, after the final checkpoint: out/best from the best trained step by validation pass@1."""
+    rows = eval_rows(run.out)
+    choice = best_of(rows)
+    if choice is None:
+        return f"eval.keep_best: no trained step was evaluated, so {run.out / 'best'} was not written"
+    best = write_best(run.out, choice, rows)
+    scores = ", ".join(f"{int(r['step'])}: {r.get(SELECTION_METRIC, float('nan')):.3f}" for r in rows)
+    return (
+        f"kept step {choice.step} of {run.step} in {best} (validation pass@1 {choice.score:.3f}; rule: "
+        f"{SELECTION_RULE}; by step: {scores})"
+    )
+
+
+def _choose(run: Run) -> None:
+    """Rank 0, after an evaluation: the best step so far (its checkpoint is protected from pruning)."""
+    if run.cfg.eval.keep_best:
+        run.best = best_of(eval_rows(run.out))
+
+
+def _evaluate_at_start(run: Run) -> None:
+    """Rank 0, before the first step: the starting model's evaluation (`eval.at_start`), and, on a resume
+    whose checkpoint was due an evaluation that the interrupted run did not finish, that one."""
+    cfg = run.cfg
+    if run.producer is None:
+        return
+    rows = eval_rows(run.out)
+    if run.start == 0 and cfg.eval.at_start and not evaluated(rows, 0):
+        _evaluate_in_training(cfg, run.producer.policy, 0, run.out)
+    elif run.start > 0 and eval_due(cfg, run.start) and not evaluated(rows, run.start):
+        _evaluate_in_training(cfg, run.producer.policy, run.start, run.out)
+    _choose(run)
+
+
+def eval_due(cfg: TrainConfig, step: int) -> bool:
+    """Whether the policy after step `step` (1-based) is evaluated: every `eval.every` steps, and after the
+    last step when `eval.keep_best` chooses among them."""
+    every = cfg.eval.every
+    return bool(every) and (step % every == 0 or (cfg.eval.keep_best and step == cfg.steps))
+
+
+def checkpoint_due(cfg: TrainConfig, step: int) -> bool:
+    """Whether a checkpoint is written after step `step`: every `checkpoint_every` steps, and at every
+    evaluation when `eval.keep_best` may keep it (the last step's is written by `finish`)."""
+    every = cfg.checkpoint_every
+    return bool(every and step % every == 0) or (cfg.eval.keep_best and eval_due(cfg, step))
 
 
 def close(run: Run, ok: bool = True) -> None:
