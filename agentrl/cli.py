@@ -704,6 +704,15 @@ def eval_cmd(
     for c in load_comparisons(Path(cfg.out) / "summary.json"):  # each later model against the first
         typer.echo(c.verdict)
     typer.echo(f"report: {cfg.out}/report.md")
+    from agentrl.eval.failures import OUTSIDE_THE_POLICY
+
+    broken = [s.model for s in summaries if set(s.finish_reasons) <= set(OUTSIDE_THE_POLICY)]
+    if broken:  # nothing was measured: the warning above says why; a script must not read it as a result
+        _error(
+            f"every episode of {', '.join(broken)} ended outside the policy's control (see the warning above); "
+            "its pass@k measures nothing"
+        )
+        raise typer.Exit(1)
 
 
 @settings_command(

@@ -203,6 +203,9 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.task: Task | None = None
         self.episode: Episode | None = None
         self._ctx: ToolContext | None = None
+        self.offered_tools: frozenset[str] | None = None
+        """The tools the model was offered, when not all of the toolbox's (a harness agent that declares
+        tools of its own: `agentrl.gateway.harness`): a call to another one is refused, not run."""
         if s.backend == "docker":
             # From the main thread (where envs are usually made), so that SIGTERM/SIGINT remove
             # this process's containers even when a rollout opens them on worker threads.
@@ -590,6 +593,16 @@ class ToolEnv(gymnasium.Env[list, str]):
         """Run one well-formed call; its outcome, and the record of whether it ran."""
         assert self._ctx is not None
         tool = self.toolbox.tools.get(call.name)
+        offered = self.offered_tools
+        if tool is not None and offered is not None and call.name not in offered:
+            # As OpenAI's API would never call a function the request did not declare: refused, not run.
+            listed = ", ".join(sorted(offered)) or "none"
+            outcome = ToolOutcome(
+                f"Error: tool '{_name(call)}' was not offered to you (the tools you have: {listed}).",
+                is_error=True,
+                ran=False,
+            )
+            return outcome, ToolCallRecord(_name(call), "unknown_tool", is_error=True)
         if tool is None:
             close = difflib.get_close_matches(call.name[:200], list(self.toolbox.tools), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""

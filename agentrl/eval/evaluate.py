@@ -57,6 +57,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentrl.errors import UserError
+from agentrl.eval.failures import failures
 from agentrl.eval.paired import PairedComparison, compare_trajectories, markdown_section, plot_differences
 from agentrl.eval.report import (
     ModelSummary,
@@ -712,6 +713,10 @@ def _summarize_models(
     summaries = [
         summarize(name, trajs, cfg.ks, wall_s=wall, seed=cfg.seed) for name, trajs, wall in per_model
     ]
+    for name, trajs, _ in per_model:  # a pass@1 of 0.000 that is an agent's crash says so, with the crash
+        failed = failures(trajs)
+        if failed is not None and failed.most:
+            log(f"warning: {name}: {failed.line(budget.env)} (episodes: {out / name / EPISODES_FILE})")
     # Same keys, same seeds: each later model against the first, episode by episode.
     base_name, base_trajs, _ = per_model[0]
     paired = [

@@ -45,7 +45,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -71,17 +73,31 @@ _CANCEL_GRACE_S = 5.0
 
 def load_agent(agent: str | AgentFn) -> AgentFn:
     """`agent` itself, or the callable a `"package.module:function"` string names."""
+    from agentrl.errors import UserError
+
     if callable(agent):
         return agent
     module, _, attr = str(agent).partition(":")
     if not module or not attr:
-        raise ValueError(f"agent {agent!r} must be a callable or a 'package.module:function' string")
+        raise UserError(f"agent {agent!r} must be a callable or a 'package.module:function' string")
     from agentrl.registry import import_user_module
 
-    fn = getattr(import_user_module(module), attr, None)
+    try:
+        fn = getattr(import_user_module(module), attr, None)
+    except ImportError as exc:
+        raise UserError(
+            f"agent {agent!r}: cannot import {module!r} ({exc}); install the package that holds it, or run from "
+            "the directory that holds it"
+        ) from exc
     if not callable(fn):
-        raise ValueError(f"agent {agent!r}: {module} has no callable {attr!r}")
+        raise UserError(f"agent {agent!r}: {module} has no callable {attr!r}")
     return fn
+
+
+def is_async_agent(agent: Any) -> bool:
+    """Whether `agent(client, task)` is a coroutine function (an `async def`, or an object whose `__call__`
+    is one); a plain `def` agent blocks, and runs on a thread of its own (`HarnessEpisode`)."""
+    return inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(type(agent).__call__)
 
 
 async def tool_loop_agent(client: Any, task: HarnessTask) -> None:
@@ -170,7 +186,10 @@ class HarnessEnv:
         `agent`, a command run inside the episode's sandbox (`SandboxCommand`), with `command_env` added to
         its environment; install: packages (pip requirement strings) the command needs, installed into a
         layer on each task's image (`agentrl.gateway.images`, docker); max_calls: the most completions an
-        episode may ask for (default: the environment's `max_turns`). Other keyword arguments
+        episode may ask for (default: the environment's `max_turns`); env_tools: tools of the environment it
+        runs even when the agent's request did not declare them (by default a call to a tool the request did
+        not offer is refused, as OpenAI's API never calls an undeclared function); model_aliases: model names
+        the agent asks for (one it hard-codes) that the gateway answers as its own. Other keyword arguments
         (`max_turns`, `verifier`, settings) go to `agentrl.make(env, ...)`.
 
     Everything else (`reset`, `step`, `tasks`, `toolbox`, `episode`, ...) is the wrapped environment's,
@@ -187,6 +206,8 @@ class HarnessEnv:
         install: Sequence[str] | None = None,
         env_id: str | None = None,
         max_calls: int | None = None,
+        env_tools: Sequence[str] = (),
+        model_aliases: Sequence[str] = (),
         **env_kwargs: Any,
     ):
         if (agent is None) == (command is None):
@@ -216,6 +237,13 @@ class HarnessEnv:
             self.agent = load_agent(agent)
         self.max_calls = max_calls
         self.env_id = env_id or env.env_id
+        self.env_tools = frozenset(env_tools)
+        self.model_aliases = tuple(model_aliases)
+        unknown = sorted(self.env_tools - set(env.toolbox.tools))
+        if unknown:
+            raise ValueError(
+                f"env_tools {unknown} are not tools of {env.env_id} ({', '.join(env.toolbox.tools)})"
+            )
 
     def __getattr__(self, name: str) -> Any:
         if name == "env":  # not set yet (a failed __init__): no recursion
@@ -225,8 +253,16 @@ class HarnessEnv:
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         return self.env.reset(seed=seed, options=options)
 
-    def step(self, action: str) -> Any:
-        return self.env.step(action)
+    def step(self, action: str, offered: Sequence[str] | None = None) -> Any:
+        """The wrapped environment's step; with `offered` (the tools the agent's request declared), a call to
+        any other tool (but `env_tools`) is refused instead of run."""
+        if offered is None or not hasattr(self.env, "offered_tools"):
+            return self.env.step(action)
+        self.env.offered_tools = frozenset(offered) | self.env_tools
+        try:
+            return self.env.step(action)
+        finally:
+            self.env.offered_tools = None
 
     def end_episode(self, reason: FinishReason, error: str | None = None) -> Any:
         return self.env.end_episode(reason, error)
@@ -262,11 +298,26 @@ class HarnessTask:
         self.done = False
         """True once the episode is over: further steps do nothing, further completions get 404."""
         self._lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
 
-    async def step(self, message: Any) -> list[dict[str, Any]]:
+    def step(self, message: Any) -> Any:
         """Run `message`'s tool calls (an assistant message the client returned, or its dict) in the environment;
         the observation as OpenAI messages (tool results, or what was wrong with the message). A reply the
-        gateway gave is stepped as the exact text the policy sampled for it."""
+        gateway gave is stepped as the exact text the policy sampled for it. A call to a tool the agent's
+        request did not declare is refused, not run (`HarnessEnv(env_tools=...)` names exceptions).
+
+        `await task.step(message)` in an `async def` agent; in a plain `def` agent (it runs on a thread of
+        its own) `task.step(message)` returns the messages."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            return self._step(message)
+        future = asyncio.run_coroutine_threadsafe(self._step(message), self._loop)
+        return future.result() if running is None else asyncio.wrap_future(future)
+
+    async def _step(self, message: Any) -> list[dict[str, Any]]:
         async with self._lock:  # the environment takes one step at a time
             ep = self._episode
             session = ep.session
@@ -277,9 +328,12 @@ class HarnessTask:
             sample = session.sample_for(normal) if normal is not None else None
             if sample is not None:
                 text = sample.action_text
+                offered = _tool_names(sample.masker.tools)
             else:  # a message the agent wrote itself: in the environment's tool-call format
                 text = _render(normal, ep.env.parser) if normal is not None else str(message)
-            obs, _reward, terminated, truncated, _info = await ep.env_call(ep.env.step, text)
+                offered = _declared(session, self.tools)
+            # A request without tools declared none through the API: the agent reads the text itself.
+            obs, _reward, terminated, truncated, _info = await ep.env_call(ep.env.step, text, offered or None)
             if terminated or truncated:
                 self.done = True
                 episode = ep.env.episode
@@ -289,6 +343,26 @@ class HarnessTask:
                 {**m, "tool_call_id": ids[m["tool_call_id"]]} if m.get("tool_call_id") in ids else dict(m)
                 for m in obs
             ]
+
+
+def _tool_names(tools: Sequence[dict[str, Any]] | None) -> frozenset[str]:
+    """The function names of OpenAI tool schemas (`{"type": "function", "function": {"name": ...}}`)."""
+    names = set()
+    for t in tools or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else t.get("name") if isinstance(t, dict) else None
+        if isinstance(name, str):
+            names.add(name)
+    return frozenset(names)
+
+
+def _declared(session: Session, default: Sequence[dict[str, Any]]) -> frozenset[str]:
+    """Every tool the session's requests declared so far (the environment's, before the first request)."""
+    with session._lock:
+        tool_lists = [s.masker.tools for s in session.samples]
+    if not tool_lists:
+        return _tool_names(default)
+    return frozenset().union(*(_tool_names(t) for t in tool_lists))
 
 
 def _normal(message: Any) -> dict[str, Any] | None:
@@ -325,6 +399,53 @@ def _render(message: dict[str, Any], parser: Any) -> str:
     return "\n".join(p for p in parts if p)
 
 
+async def _run_blocking(agent: Callable[..., Any], task: HarnessTask, url: str, timeout_s: float) -> None:
+    """A plain `def` agent, on a daemon thread of its own with a blocking `openai.OpenAI` client. Cancelling
+    this (the episode ended first) stops the wait, not the thread (Python cannot kill one): the session
+    is closed by then, so its next call fails with a 404 and it unwinds; one that never calls again
+    (sleeps forever) is left behind, and its episode has ended `timeout` all the same."""
+    from openai import DefaultHttpxClient, OpenAI
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            with OpenAI(
+                base_url=url,
+                api_key="agentrl-session",
+                max_retries=0,
+                timeout=timeout_s,
+                http_client=DefaultHttpxClient(verify=False),
+            ) as client:
+                returned = agent(client, task)
+            if inspect.isawaitable(returned):
+                close = getattr(returned, "close", None)
+                if close is not None:
+                    close()  # never awaited: no "coroutine was never awaited" warning on top
+                raise TypeError(
+                    "the agent is a plain function that returned an awaitable: declare it `async def` (it "
+                    "then gets an openai.AsyncOpenAI client), or make it blocking (an openai.OpenAI client)"
+                )
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the rollout's loop is gone: nobody waits
+            loop.call_soon_threadsafe(_settle, done, error)
+
+    threading.Thread(target=run, name="agentrl-blocking-agent", daemon=True).start()
+    await done
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():  # the episode ended first
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(None)
+
+
 class HarnessEpisode:
     """One harness episode in a rollout: reset, the agent against a fresh session, the ending, the branches."""
 
@@ -357,6 +478,7 @@ class HarnessEpisode:
             with contextlib.suppress(RuntimeError):  # the rollout's loop is gone: nobody waits
                 loop.call_soon_threadsafe(over.set)
 
+        self.gateway.aliases.update(env.model_aliases)
         self.session = session = self.gateway.session(
             rollout=self.rollout,
             seed=self.seed,
@@ -376,7 +498,12 @@ class HarnessEpisode:
             # milliseconds of CPU per client, one client per episode).
             http_client=DefaultAsyncHttpxClient(verify=False),
         )
-        agent = asyncio.ensure_future(env.agent(client, task))
+        if is_async_agent(env.agent):
+            agent = asyncio.ensure_future(env.agent(client, task))
+        else:  # a blocking agent on a thread: the episode's timeout holds whatever it does
+            agent = asyncio.ensure_future(
+                _run_blocking(env.agent, task, session.url, self.rollout.episode_timeout_s)
+            )
         waiter = asyncio.ensure_future(over.wait())
         reason: FinishReason = "submitted"
         error: str | None = None

@@ -11,7 +11,8 @@ way to a session; nothing else is served):
 
 - `POST /chat/completions`: tools, tool_choice, n, temperature, top_p, max_tokens,
   max_completion_tokens, stop, seed, logprobs, stream (with `stream_options.include_usage`);
-- `GET /models`, `GET /models/{id}`: the one model served (`model_name`).
+- `GET /models`, `GET /models/{id}`: the one model served (`model_name`), which also answers to its
+  `aliases` (the names an agent hard-codes).
 
 Prompts are rendered by the tokenizer's own chat template (`agentrl.rollout.masker.ChatMasker`, the
 native loop's renderer), tool calls parsed from the sampled text by the session's format
@@ -42,7 +43,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -71,7 +72,7 @@ class Gateway:
 
     tokenizer: the checkpoint's tokenizer (default: `policy.tokenizer`); chat_template and
         template_kwargs: as `ChatMasker`'s (a rollout passes its masker's, so both render alike).
-    model_name: the model id clients must name. parser: the default tool-call format of sessions.
+    model_name: the model id clients must name; aliases: other names it answers to. parser: the default tool-call format of sessions.
     host, port: where to listen (port 0: a free port); uds: a unix socket path instead.
     max_n: the most choices one request may ask for.
     """
@@ -84,6 +85,7 @@ class Gateway:
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
         model_name: str = DEFAULT_MODEL_NAME,
+        aliases: Iterable[str] = (),
         parser: str = "hermes",
         host: str = "127.0.0.1",
         port: int = 0,
@@ -100,6 +102,8 @@ class Gateway:
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
         self.model_name = model_name
+        self.aliases: set[str] = set(aliases)
+        """Other model names requests may ask for (a set: a rollout's harness envs add theirs)."""
         self.parser = get_parser(parser)
         self.host, self.port, self.uds = host, port, None if uds is None else os.fspath(uds)
         self.max_n = max_n
@@ -205,6 +209,10 @@ class Gateway:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def serves(self, model: str) -> bool:
+        """Whether a request for `model` is answered: the model's name or one of its aliases."""
+        return model == self.model_name or model in self.aliases
 
     # --- sessions --------------------------------------------------------------------------------------
 
@@ -331,8 +339,8 @@ def _build_app(gateway: Gateway) -> Any:
     async def model(token: str, model: str) -> Any:
         try:
             gateway._lookup(token)
-            if model != gateway.model_name:
-                raise _no_model(model)
+            if not gateway.serves(model):
+                raise _no_model(model, gateway.model_name)
         except GatewayError as exc:
             return _error(exc)
         return model_card()
@@ -343,8 +351,8 @@ def _build_app(gateway: Gateway) -> Any:
             session = gateway._lookup(token)
             raw = await _read_body(request)
             req, data = parse_request(raw)
-            if req.model != gateway.model_name:
-                raise _no_model(req.model)
+            if not gateway.serves(req.model):
+                raise _no_model(req.model, gateway.model_name)
             if req.n > gateway.max_n:
                 raise GatewayError(400, f"'n' must be at most {gateway.max_n}, got {req.n}.", param="n")
             raw_tools = data.get("tools") or None
@@ -365,10 +373,13 @@ def _build_app(gateway: Gateway) -> Any:
     return app
 
 
-def _no_model(name: str) -> GatewayError:
+def _no_model(name: str, served: str) -> GatewayError:
+    # OpenAI's words first (clients match on them), then what this server does serve and how to ask for it.
     return GatewayError(
         404,
-        f"The model `{name[:200]}` does not exist or you do not have access to it.",
+        f"The model `{name[:200]}` does not exist or you do not have access to it. This agentrl gateway serves "
+        f"`{served}`: ask for that (a harness agent: `task.model`; a command: $AGENTRL_MODEL), or serve "
+        f"your name as an alias of it (`agentrl gateway --alias {name[:200]}`).",
         param="model",
         code="model_not_found",
     )

@@ -263,9 +263,11 @@ class Session:
             with self._lock:
                 self._inflight.discard((loop, sampling))
             sampling.cancel()
-        if sampling.cancelled():
+        exc = None if sampling.cancelled() else sampling.exception()  # retrieved: never logged as lost
+        if sampling.cancelled() or self.closed:
+            # Closed meanwhile (the episode timed out or ended): the engine's requests were aborted for
+            # that reason, not because it failed (a gather cancelled that way reports a CancelledError).
             raise session_not_found()
-        exc = sampling.exception()
         if exc is not None:
             # As in the native loop: the engine's failure ends the episode (with its own reason, if it names one).
             self.close(getattr(exc, "finish_reason", "env_error"), f"{type(exc).__name__}: {exc}")
@@ -449,7 +451,17 @@ class Session:
             except Exception as exc:  # a plugin parser that raises: the text goes back as it is
                 log.warning("tool-call parser %r raised on a model message: %r", self.parser.name, exc)
                 parsed = None
-            if parsed is not None and parsed.calls and not parsed.errors:
+            # A call to a function the request did not declare is not a tool call: OpenAI's API never
+            # returns one; the text comes back whole (and the environment refuses to run it).
+            declared = {
+                (t.get("function") or {}).get("name") or t.get("name") for t in plan.masker.tools or ()
+            }
+            if (
+                parsed is not None
+                and parsed.calls
+                and not parsed.errors
+                and all(c.name in declared for c in parsed.calls)
+            ):
                 # Fresh ids, as OpenAI's: frameworks key tool results (and repeats) on them.
                 calls = [
                     {

@@ -123,6 +123,9 @@ class RolloutProducer:
         stats["rollout/engine_errors"] = stats.get("rollout/engine_errors", 0.0) + sum(
             1 for t in trajs if t.finish_reason == "engine_error"
         )
+        stats["rollout/timeouts"] = stats.get("rollout/timeouts", 0.0) + sum(
+            1 for t in trajs if t.finish_reason == "timeout" and t.branch == 0
+        )
         # Episodes played again because weights were pushed while they ran (`rollout.on_push: restart`).
         stats["rollout/restarts"] = stats.get("rollout/restarts", 0.0) + sum(
             t.restarts for t in trajs if t.branch == 0

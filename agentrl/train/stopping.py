@@ -3,7 +3,8 @@
 - `Sigint`: Ctrl-C stops the rollout in flight at once, or lets an update finish; the trainer then
   saves a checkpoint and raises `TrainingInterrupted` (a third Ctrl-C quits without saving).
 - `StopUninformative`: several steps in a row without an informative group (`stop_uninformative_after`);
-  `no_update_reason` says what kind, `stop_advice` what to do about it. The trainer saves and raises
+  `no_update_reason` says what kind (episodes that all failed or all passed; that the agent, the episode
+  timeout or the environment broke), `stop_advice` what to do about it, with the first error's text. The trainer saves and raises
   `TrainingStopped`, or, when every group passed, ends the run as a finished one.
 - `EngineLost`: the rollout engine died (its process killed, out of memory) and a push found it gone:
   the trainer saves the step just trained and raises `TrainingStopped`, saying how to resume.
@@ -22,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from agentrl.errors import UserError, one_line
+from agentrl.eval.failures import failures
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.verifiers.base import verifier_failed
 
@@ -40,6 +42,18 @@ def no_update_reason(metrics: dict[str, float]) -> tuple[str, str]:
     if ok and not fail:
         return "all-pass", f"all {ok} groups passed"
     if not ok and not fail:
+        agent = int(metrics.get("rollout/agent_errors", 0))
+        timeouts = int(metrics.get("rollout/timeouts", 0))
+        if agent and agent >= timeouts and 2 * agent >= broken:
+            return (
+                "agent-error",
+                f"no usable episode ({broken} untrainable: {agent} ended in an error of the agent)",
+            )
+        if timeouts and 2 * timeouts >= broken:
+            return (
+                "timeout",
+                f"no usable episode ({broken} untrainable: {timeouts} ran past the episode timeout)",
+            )
         return "env-error", f"no usable episode ({broken} ended in environment errors or timeouts)"
     return "mixed", f"every group was all-pass ({ok}) or all-fail ({fail})"
 
@@ -50,6 +64,10 @@ STOP_ADVICE = {
     "all-pass": "every episode passed: the policy already solves these tasks; train on harder ones",
     "env-error": "every episode ended in an environment error or timeout; run `agentrl env check {env}` "
     "and look at the trajectories' `error` field",
+    "agent-error": "every episode ended in an error of the agent (agent_error), not of the environment: "
+    "`agentrl env check {env}` plays the environment without your agent. Fix the agent",
+    "timeout": "every episode ran past rollout.episode_timeout_s: raise it, or look for an agent that waits "
+    "forever (a blocking call, a request never answered)",
     "mixed": "every task was either always solved or never: none is in the learnability band. Use tasks of "
     "graded difficulty, or warm-start the policy first",
 }
@@ -60,6 +78,11 @@ def stop_advice(kind: str, env: str, trajectories: Sequence[Trajectory]) -> str:
     episodes say the verifier itself failed (crashed, overran its deadline): then the rewards said
     nothing about the policy, and the failure (its exception and file:line) is what to fix."""
     advice = STOP_ADVICE[kind].format(env=env)
+    if kind in ("agent-error", "timeout", "env-error"):
+        failed = failures(trajectories)
+        if failed is not None and failed.first_error:
+            advice += f"; the first {failed.first_reason}: {failed.first_error}"
+        return advice
     broken = [t for t in trajectories if verifier_failed(t.verdict_details)]
     if not broken:
         return advice

@@ -55,10 +55,11 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from agentrl.errors import UserError, check_model_dir, check_nonempty_file, one_line, visible_gpus
+from agentrl.eval.failures import OUTSIDE_THE_POLICY, failures
 from agentrl.rollout.adapters import is_adapter_dir
 from agentrl.rollout.engine import make_policy
 from agentrl.rollout.placement import Placement, plan_placement
-from agentrl.rollout.trajectory import Trajectory, load_trajectories
+from agentrl.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from agentrl.rollout.weight_sync import WeightSync
 from agentrl.runlog import quiet_libraries
 from agentrl.train.batch import Batch, collate
@@ -194,6 +195,8 @@ class Run:
     """Rank 0: why the engine is not running the newest push, found after it; the next batch stops the run."""
     best: Choice | None = None
     """Rank 0, with `eval.keep_best`: the best trained step by validation pass@1 so far (`agentrl.train.selection`)."""
+    failures_said: set[str] = field(default_factory=set)
+    """Rank 0: the failure reasons a warning was printed for (once each per run)."""
 
     def policy_version(self) -> int:
         return self.producer.policy.version if self.producer is not None else self.progress.policy_version
@@ -349,7 +352,31 @@ def _generate(run: Run, metrics: dict[str, float]) -> tuple[list[Trajectory], li
     run.progress.curriculum, run.progress.rollout_calls = batch.curriculum_state, batch.rollout_calls
     made = batch.result
     generated = [t for g in (*made.groups, *made.dropped, *made.surplus) for t in g]
+    _note_failures(run, generated)
     return _apply_staleness(made.trajectories, run.producer.policy.version, run.cfg, metrics), generated
+
+
+FAILED_FILE = "failed_episodes.jsonl"
+"""In the run directory: a sample of the episodes that ended outside the policy's control, each with its error."""
+_KEEP_FAILED = 32
+"""The most failed episodes a run keeps in `FAILED_FILE`."""
+
+
+def _note_failures(run: Run, generated: list[Trajectory]) -> None:
+    """Rank 0: keep the first failed episodes (agent errors, timeouts, environment errors) with their
+    errors in the run directory, and say on the console, once per reason, when most of a step's episodes
+    failed so: the stop that follows a few steps later must not be the first word of it."""
+    failed = failures(generated)
+    if failed is None:
+        return
+    path = run.out / FAILED_FILE
+    kept = sum(1 for _ in path.open()) if path.exists() else 0
+    if kept < _KEEP_FAILED:
+        sample = [t for t in generated if t.finish_reason in OUTSIDE_THE_POLICY][: _KEEP_FAILED - kept]
+        save_trajectories(path, sample, append=True)
+    if failed.most and failed.first_reason not in run.failures_said:
+        run.failures_said.add(failed.first_reason)
+        log(f"warning: {failed.line(run.cfg.env)} (kept in {path})")
 
 
 def update(run: Run, trajs: list[Trajectory], step: int, metrics: dict[str, float]) -> None:
