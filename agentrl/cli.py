@@ -837,15 +837,34 @@ def demo(
     steps: int = typer.Option(None, help="GRPO steps (default: examples/calc_grpo.yaml)."),
     eval_tasks: int = typer.Option(None, help="Held-out tasks for before/after evaluation."),
     eval_samples: int = typer.Option(None, help="Samples per held-out task."),
+    seed: int = typer.Option(0, help="Seed of the warm start (its weight initialisation and SFT shuffling)."),
+    numerics: str = typer.Option(
+        "pinned",
+        help="CPU kernel paths: pinned (the same rounding on any x86-64 box: agentrl.kit.numerics) or native.",
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a key of the GRPO config (examples/calc_grpo.yaml), e.g. --set optim.lr=5e-5."
+    ),
 ) -> None:
     """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""
     from agentrl.errors import check_nproc
     from agentrl.kit.demo import run_demo
 
     check_nproc(nproc)
-
+    if numerics not in ("pinned", "native"):
+        raise typer.BadParameter(f"{numerics!r} is not pinned or native", param_hint="--numerics")
     sys.exit(
-        run_demo(out, quick=quick, nproc=nproc, steps=steps, eval_tasks=eval_tasks, eval_samples=eval_samples)
+        run_demo(
+            out,
+            quick=quick,
+            nproc=nproc,
+            steps=steps,
+            eval_tasks=eval_tasks,
+            eval_samples=eval_samples,
+            seed=seed,
+            numerics=numerics,  # type: ignore[arg-type]
+            overrides=overrides,
+        )
     )
 
 

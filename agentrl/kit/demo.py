@@ -27,11 +27,19 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+from agentrl.kit.numerics import Numerics, pin
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "calc_grpo.yaml"
+
+
+EVAL_TASKS = 160
+"""Held-out test tasks of the demo's verdict (x 4 samples): enough paired episodes to detect a 5-point
+gain of pass@1 with ~80% power at the discordance GRPO leaves on calc-v0 (docs/DEMO.md)."""
 
 
 def run_demo(
@@ -42,9 +50,17 @@ def run_demo(
     eval_tasks: int | None = None,
     eval_samples: int | None = None,
     steps: int | None = None,
+    seed: int = 0,
+    numerics: Numerics = "pinned",
+    overrides: Sequence[str] = (),
 ) -> int:
+    """The demo in `out_dir`; `seed` is the warm start's, `numerics` its and the training's CPU kernel paths
+    (`agentrl.kit.numerics`), `overrides` change the GRPO config (`optim.lr=5e-5`). Returns an exit code."""
     from agentrl.runlog import console_to_file, tail
 
+    # Before anything below imports torch: this process (the evaluation's engines) and every process it
+    # starts (the SFT, the torchrun ranks) take the same kernel paths.
+    pin(numerics)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_file = out / "demo.log"
@@ -53,7 +69,10 @@ def run_demo(
             f"[demo] {out}: stage lines here, engine and library logs in {log_file}", file=console, flush=True
         )
         try:
-            return _run(out, console, log_file, quick, nproc, eval_tasks, eval_samples, steps)
+            settings = _Settings(
+                quick, nproc, eval_tasks, eval_samples, steps, seed, numerics, tuple(overrides)
+            )
+            return _run(out, console, log_file, settings)
         except KeyboardInterrupt:
             print(
                 f"[demo] interrupted; run it again to resume (what was saved: {log_file})",
@@ -70,29 +89,27 @@ def run_demo(
             raise
 
 
-def _run(
-    out: Path,
-    console: TextIO,
-    log_file: Path,
-    quick: bool,
-    nproc: int,
-    eval_tasks: int | None,
-    eval_samples: int | None,
-    steps: int | None,
-) -> int:
-    from agentrl.eval.evaluate import EvalConfig, evaluate
+@dataclass(frozen=True)
+class _Settings:
+    quick: bool
+    nproc: int
+    eval_tasks: int | None
+    eval_samples: int | None
+    steps: int | None
+    seed: int
+    numerics: Numerics
+    overrides: tuple[str, ...]
+
+
+def _run(out: Path, console: TextIO, log_file: Path, s: _Settings) -> int:
     from agentrl.kit.warm_start import WarmStartRecipe, warm_start
-    from agentrl.rollout.config import RolloutConfig
-    from agentrl.runlog import Stage, count_lines
-    from agentrl.train.config import load_config
-    from agentrl.train.plot import plot_training
-    from agentrl.train.trainer import launch
+    from agentrl.runlog import Stage
 
     def _say(msg: str) -> None:
         print(f"[demo] {msg}", file=console, flush=True)
 
     t_all = time.time()
-    report: dict = {"quick": quick}
+    report: dict = {"quick": s.quick, "seed": s.seed, "numerics": s.numerics, "overrides": list(s.overrides)}
 
     # 1. warm start (cached)
     t0 = time.time()
@@ -102,70 +119,139 @@ def _run(
     # goes through a version-manager shim and its site hooks (44 s against 71 s for 1,024
     # demonstrations on a 2-core box).
     backend = "bwrap" if shutil.which("bwrap") else "local"
-    sizes = {"short_demos": 64, "demos": 32} if quick else {}
-    recipe = WarmStartRecipe(**sizes, eval_tasks=0, backend=backend)
+    sizes = {"short_demos": 64, "demos": 32} if s.quick else {}
+    recipe = WarmStartRecipe(**sizes, eval_tasks=0, backend=backend, seed=s.seed, numerics=s.numerics)
     with Stage(console, "1/3 warm start", _milestones(log_file, "[warm-start] ")):
         ws = warm_start(out / "warm-start", recipe, threads=2)
     report["warm_start"] = {
         "path": ws.path,
         "reused": ws.reused,
         "build_s": round(ws.build_s, 1),
-        "pass_at_1": ws.pass_at_1,
         "seconds": round(time.time() - t0, 1),
     }
     _say(f"warm start: {ws.path} ({'reused' if ws.reused else f'built in {ws.build_s:.0f}s'})")
 
-    # 2. GRPO under torchrun (resumes from its checkpoint when interrupted; skipped when finished)
-    overrides = [f"model={ws.path}", f"out={out / 'train'}"]
-    if quick:
+    cfg, selected = _train(out, console, log_file, s, ws.path, report, _say)
+    before, after, paired = _evaluate(out, console, s, cfg, ws.path, selected, report)
+    report["total_s"] = round(time.time() - t_all, 1)
+    (out / "demo.json").write_text(json.dumps(report, indent=2))
+
+    _say("")
+    _say(f"model selection: {report['train']['selection']}")
+    _say(f"held-out {cfg.env} (test split, never seen in training): {paired.num_tasks} tasks x "
+         f"{paired.episodes // paired.num_tasks} samples, T=1.0")  # fmt: skip
+    for m in (before, after):
+        cells = "  ".join(f"pass@{p.k} {p.pass_at_k:.3f} [{p.ci_low:.2f},{p.ci_high:.2f}]" for p in m.pass_at)
+        _say(f"  {m.model:10s} {cells}")
+    _say(f"  {verdict_line(paired, before, after)}")
+    _say(
+        f"plots: {out / 'training.png'}, {out / 'eval'}; report: {out / 'eval'}/report.md; numbers: {out / 'demo.json'}"
+    )
+    _say(f"total {report['total_s']:.0f}s")
+    return 0
+
+
+def _train(
+    out: Path,
+    console: TextIO,
+    log_file: Path,
+    s: _Settings,
+    warm: str,
+    report: dict,
+    say: Callable[[str], None],
+) -> tuple[Any, Path]:
+    """2. GRPO under torchrun (resumed from its checkpoint when interrupted; skipped when finished), with
+    evaluations on the validation split; returns the config and the checkpoint selection kept."""
+    from agentrl.runlog import Stage, count_lines
+    from agentrl.train.config import load_config
+    from agentrl.train.plot import plot_training
+    from agentrl.train.selection import RULE, read_choice
+    from agentrl.train.trainer import launch
+
+    overrides = [f"model={warm}", f"out={out / 'train'}"]
+    if s.quick:
         overrides += [
             "steps=2",
             "rollout.group_size=4",
             "curriculum.batch_groups=2",
             "rollout.max_tokens_per_turn=32",
+            "eval.every=1",
+            "eval.tasks=2",
+            "eval.samples=2",
         ]
-    elif steps is not None:
-        overrides.append(f"steps={steps}")
-    cfg = load_config(EXAMPLE_CONFIG, overrides)
+    elif s.steps is not None:
+        overrides.append(f"steps={s.steps}")
+    cfg = load_config(EXAMPLE_CONFIG, [*overrides, *s.overrides])
     final = out / "train" / "final"
     t0 = time.time()
     if (final / "model.safetensors").exists() and _finished_steps(out / "train") >= cfg.steps:
-        _say(f"GRPO: reusing {final}")
+        say(f"GRPO: reusing {final}")
     else:
-        _say(
-            f"GRPO: {cfg.steps} steps on {cfg.env} with {nproc} processes (FSDP2), vLLM rollouts, "
-            f"{cfg.env_kwargs.get('backend', 'docker')} sandboxes"
+        say(
+            f"GRPO: {cfg.steps} steps on {cfg.env} with {s.nproc} processes (FSDP2), vLLM rollouts, "
+            f"{cfg.env_kwargs.get('backend', 'docker')} sandboxes; validation pass@1 every {cfg.eval.every} steps"
         )
         metrics = out / "train" / "metrics.jsonl"
         with Stage(console, "2/3 GRPO", _counted(lambda: count_lines(metrics), cfg.steps, "step")):
-            launch(cfg, nproc=nproc)
-    report["train"] = {"steps": cfg.steps, "seconds": round(time.time() - t0, 1), "out": str(out / "train")}
+            launch(cfg, nproc=s.nproc)
+    choice = read_choice(out / "train" / "best") if cfg.eval.keep_best else None
+    selected = out / "train" / "best" if choice is not None else final
+    where = (
+        f"step {choice['step']} of {cfg.steps} (validation pass@1 {choice['score']:.3f}, {cfg.eval.tasks} tasks x "
+        f"{cfg.eval.samples}, every {cfg.eval.every} steps; rule: {RULE})"
+        if choice is not None
+        else f"the last step ({cfg.steps})"
+    )
+    report["train"] = {
+        "steps": cfg.steps,
+        "seconds": round(time.time() - t0, 1),
+        "out": str(out / "train"),
+        "selected": str(selected),
+        "selected_step": choice["step"] if choice is not None else cfg.steps,
+        "selection": where,
+        "validation": choice,
+    }
     plot_training(out / "train" / "metrics.jsonl", out / "training.png")
+    return cfg, selected
 
-    # 3. one budget for both checkpoints
+
+def _evaluate(
+    out: Path, console: TextIO, s: _Settings, cfg: Any, warm: str, selected: Path, report: dict
+) -> tuple[Any, Any, Any]:
+    """3. One budget for both checkpoints on the test split; the paired verdict."""
+    from agentrl.eval.evaluate import EvalConfig, evaluate
+    from agentrl.eval.paired import load_comparisons
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.runlog import Stage, count_lines
+
     t0 = time.time()
-    n = eval_samples or (2 if quick else 4)
+    n = s.eval_samples or (2 if s.quick else 4)
     ecfg = EvalConfig(
         env=cfg.env,
         env_kwargs=cfg.env_kwargs,  # the training's sandbox backend
-        models=[ws.path, str(final)],
+        models=[warm, str(selected)],
         names=["warm-start", "grpo"],
         samples=n,
         ks=[k for k in (1, 2, 4, 8, 16, 32) if k <= n],
         split="test",
-        tasks=eval_tasks or (4 if quick else 32),
+        tasks=s.eval_tasks or (4 if s.quick else EVAL_TASKS),
         # The training's token limits; the other settings (T=1, the episode timeout) are the defaults.
         rollout=RolloutConfig(
             max_tokens_per_turn=cfg.rollout.max_tokens_per_turn, max_total_tokens=cfg.rollout.max_total_tokens
         ),
         seed=0,
         out=str(out / "eval"),
+        # The demo owns runs/demo/eval: episodes of another budget or checkpoint (an earlier demo) go.
+        force=True,
         progress=False,
     )
     episodes = 2 * ecfg.tasks * ecfg.samples  # two models, every (task, sample) pair
     written = lambda: count_lines(*(out / "eval").glob("*/episodes.jsonl"))  # noqa: E731
     with Stage(console, "3/3 evaluation", _counted(written, episodes, "episode")):
         before, after = evaluate(ecfg)
+    # The paired verdict (same episodes, same seeds): interval of the difference and McNemar's p.
+    (paired,) = load_comparisons(out / "eval" / "summary.json")
+    delta = after.pass_at_dict()["pass@1"] - before.pass_at_dict()["pass@1"]
     report["eval"] = {
         "seconds": round(time.time() - t0, 1),
         "tasks": ecfg.tasks,
@@ -173,28 +259,22 @@ def _run(
         "before": before.pass_at_dict(),
         "after": after.pass_at_dict(),
     }
-    # The paired verdict (same episodes, same seeds): interval of the difference and McNemar's p.
-    from agentrl.eval.paired import load_comparisons
-
-    (paired,) = load_comparisons(out / "eval" / "summary.json")
     report["paired"] = paired.as_dict(per_task=False)
-    report["total_s"] = round(time.time() - t_all, 1)
-    delta = after.pass_at_dict()["pass@1"] - before.pass_at_dict()["pass@1"]
     report["pass_at_1_gain_points"] = round(100 * delta, 1)
-    (out / "demo.json").write_text(json.dumps(report, indent=2))
+    report["verdict"] = verdict_line(paired, before, after)
+    return before, after, paired
 
-    _say("")
-    _say(f"held-out {cfg.env} (test split): {ecfg.tasks} tasks x {ecfg.samples} samples, T=1.0")
-    for s in (before, after):
-        cells = "  ".join(f"pass@{p.k} {p.pass_at_k:.3f} [{p.ci_low:.2f},{p.ci_high:.2f}]" for p in s.pass_at)
-        _say(f"  {s.model:10s} {cells}")
-    _say(f"  pass@1 change: {100 * delta:+.1f} points")
-    _say(f"  {paired.verdict}")
-    _say(
-        f"plots: {out / 'training.png'}, {out / 'eval'}; report: {out / 'eval'}/report.md; numbers: {out / 'demo.json'}"
-    )
-    _say(f"total {report['total_s']:.0f}s")
-    return 0
+
+def verdict_line(paired: Any, before: Any, after: Any) -> str:
+    """The paired verdict on pass@1, with the largest k's pass@k beside it when the two move apart
+    (pass@1 up and pass@k down, or the reverse: the update sharpened rather than taught, or the reverse)."""
+    a, b = before.pass_at_dict(), after.pass_at_dict()
+    k = max(p.k for p in before.pass_at)
+    line = paired.verdict
+    d1, dk = b["pass@1"] - a["pass@1"], b[f"pass@{k}"] - a[f"pass@{k}"]
+    if k > 1 and d1 * dk < 0:
+        line += f"; but pass@{k} {a[f'pass@{k}']:.3f} -> {b[f'pass@{k}']:.3f} ({100 * dk:+.1f} points)"
+    return line
 
 
 def _counted(count: Callable[[], int], total: int, unit: str) -> Callable[[], tuple[int, int, str]]:

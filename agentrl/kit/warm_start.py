@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.kit.numerics import Numerics, pinned_env
 
 RECORD_FILE = "agentrl_warm_start.json"
 # Bump when a stage changes in a way the recipe fields do not capture (a new masker, a new SFT loss).
@@ -115,6 +116,12 @@ class WarmStartRecipe(BaseModel):
     )
     max_rounds: int = Field(
         8, ge=1, description="Most SFT rounds of the main stage while below `target_pass`."
+    )
+    numerics: Numerics = Field(
+        "pinned",
+        description="CPU kernel paths of the SFT: `pinned` (MKL, ATen and oneDNN on paths that round the same "
+        "on any x86-64 box, `agentrl.kit.numerics`), or `native` (each library's choice for this CPU: "
+        "another box may build another model from the same seed).",
     )
     backend: str = Field(
         "local",
@@ -347,7 +354,7 @@ def _stage(
         warmup_steps=recipe.warmup_steps,
         seed=recipe.seed,
     )
-    _sft(cfg, threads)
+    _sft(cfg, threads, recipe.numerics)
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     if keep_files:
         shutil.move(str(demos_path), out / "demos.jsonl")
@@ -470,14 +477,15 @@ def advice(record: dict[str, Any], recipe: WarmStartRecipe) -> str | None:
     )
 
 
-def _sft(cfg: Any, threads: int) -> None:
-    """SFT in a subprocess: `launch` here would leave torch.distributed state behind in this process.
+def _sft(cfg: Any, threads: int, numerics: Numerics = "pinned") -> None:
+    """SFT in a subprocess: `launch` here would leave torch.distributed state behind in this process;
+    and the CPU kernel paths (`numerics`) are chosen when torch is first imported, so a child can pin them.
 
     `threads` sets its OpenMP threads. On a shared 2-core box one thread trains faster than two
     (benchmarks/RESULTS.md, "Warm-start recipe"): two threads spin-wait on each other whenever
     another process holds a core.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**pinned_env(numerics), "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(
         [sys.executable, "-m", "agentrl.train.sft", cfg.model_dump_json()], env=env, check=False
     )
