@@ -455,7 +455,7 @@ def model_init(
 @settings_command(
     model_app,
     "warm-start",
-    model_options(WarmStartRecipe, names={"demo_kinds": ("--demo-kinds", "--kinds")}),
+    model_options(WarmStartRecipe, names={"demo_kinds": ("--demo-kinds", "--kinds"), "start_from": "--from"}),
 )
 def model_warm_start(
     settings: dict[str, Any],
@@ -469,6 +469,8 @@ def model_warm_start(
     Unset options take the recipe defaults (agentrl.kit.warm_start.WarmStartRecipe): the calc-v0 recipe
     tuned to land in RL's learnability band. For another environment, `--target-pass 0.2` trains in
     measured rounds until the held-out pass@1 reaches the band, and says what to try if it does not.
+    `--from PATH` fine-tunes a checkpoint of yours instead of the tiny model; a harness env (your agent)
+    plays the demonstrations and the measurement in its own prompt and tool format.
     """
     import json
 
@@ -555,7 +557,10 @@ def demos(
         help="Sandbox backend for the oracle's tool calls: local (trusted oracle code), docker, bwrap.",
     ),
 ) -> None:
-    """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask."""
+    """Oracle demonstrations through the rollout engine and its masker: the RL trainer's exact token ids and loss mask.
+
+    For a harness environment (your own agent) the agent plays them: the oracle's actions in its own
+    prompt and tool format, token-exact as the gateway records them."""
     import json
     import tempfile
     from dataclasses import asdict
@@ -590,10 +595,16 @@ def demos(
         rollout=_validated(RolloutConfig, "option", **settings.get("rollout", {})),
     )
     typer.echo(json.dumps({"out": out, **asdict(stats)}, indent=2))
+    if stats.passed == 0:  # nothing to train on: a script must not go on to `agentrl sft` with this file
+        _error(
+            f"the oracle failed every one of the {stats.episodes} episodes, so {out} holds nothing to train on; "
+            f"the first: {stats.first_failure}. Check the environment with `agentrl env check {env_id}`"
+        )
+        raise typer.Exit(1)
     if stats.passed < stats.episodes:
         typer.echo(
             f"warning: the oracle failed {stats.episodes - stats.passed} of {stats.episodes} episodes "
-            "(`agentrl sft` trains on passed ones only unless --all)",
+            f"(`agentrl sft` trains on passed ones only unless --all); the first: {stats.first_failure}",
             err=True,
         )
 

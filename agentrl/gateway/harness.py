@@ -459,8 +459,12 @@ class HarnessEpisode:
         index: int,
         group_id: str,
         env_call: Callable[..., Awaitable[Any]],
+        episode_policy: Callable[[Any, Any], Any] | None = None,
     ):
         self.env, self.gateway, self.rollout = env, gateway, rollout
+        self.episode_policy = episode_policy
+        """(environment after reset, None) -> the policy that answers this episode's calls instead of the
+        gateway's (`agentrl.kit.demonstrations`: the oracle, in the agent's own prompt)."""
         self.seed, self.index, self.group_id = seed, index, group_id
         self.env_call = env_call
         self.session: Session | None = None
@@ -479,7 +483,9 @@ class HarnessEpisode:
                 loop.call_soon_threadsafe(over.set)
 
         self.gateway.aliases.update(env.model_aliases)
+        policy = self.episode_policy(env, None) if self.episode_policy is not None else None
         self.session = session = self.gateway.session(
+            policy=policy,
             rollout=self.rollout,
             seed=self.seed,
             index=self.index,
@@ -561,7 +567,7 @@ class HarnessEpisode:
                     policy_version=min(b.versions),
                     policy_version_max=max(b.versions),
                     drift=drift,
-                    messages=list(seq.messages),
+                    messages=list(seq.messages) + (self._last_observation(seq.messages) if i == 0 else []),
                     branch=i,
                     branches=len(branches),
                     drifted_calls=session.drifted_calls,
@@ -569,3 +575,14 @@ class HarnessEpisode:
                 )
             )
         return out
+
+    def _last_observation(self, messages: list[Message]) -> list[Message]:
+        """What the environment answered to the episode's last reply when the agent never sent it back (it
+        stopped): its own record's messages after its last assistant message, as a native trajectory keeps
+        them (they are not tokens of the trajectory)."""
+        episode = getattr(self.env, "episode", None)
+        record = list(getattr(episode, "messages", None) or [])
+        if not messages or messages[-1].get("role") != "assistant" or not record:
+            return []
+        last = max((k for k, m in enumerate(record) if m.get("role") == "assistant"), default=-1)
+        return [dict(m) for m in record[last + 1 :]] if last >= 0 else []

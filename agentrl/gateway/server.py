@@ -227,6 +227,7 @@ class Gateway:
         lock_sampling: bool = True,
         group_id: str = "",
         on_close: Callable[[Session], None] | None = None,
+        policy: Any = None,
     ) -> Session:
         """Open one episode's session; its `url` is the base URL its harness gets.
 
@@ -235,6 +236,8 @@ class Gateway:
         completions it serves (past it the session ends `max_turns`). parser: its tool-call format (a name or
         a parser; default the gateway's). lock_sampling: the rollout's temperature, top-p and seeds whatever
         the request asks (see `agentrl.gateway.session`). on_close: called once when the session ends.
+        policy: the policy that samples this session's completions (default: the gateway's; a scripted one
+        plays demonstrations through a harness, `agentrl.kit.demonstrations`).
         """
         if self._thread is None:
             raise RuntimeError("start the gateway (Gateway(...).start()) before opening sessions")
@@ -251,6 +254,7 @@ class Gateway:
             lock_sampling=lock_sampling,
             group_id=group_id,
             on_close=on_close,
+            policy=policy,
         )
         with self._sessions_lock:
             self._sessions[token] = s

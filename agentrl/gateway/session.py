@@ -192,8 +192,11 @@ class Session:
         lock_sampling: bool,
         group_id: str,
         on_close: Callable[[Session], None] | None,
+        policy: Any = None,
     ):
         self.gateway = gateway
+        self.policy = policy if policy is not None else gateway.policy
+        """What samples this session's completions (the gateway's policy unless the session was given one)."""
         self.token = token
         self.rollout = rollout
         self.seed = seed
@@ -251,7 +254,7 @@ class Session:
         prompt = list(plan.seq.token_ids)
         with episode_group(self.group_id):  # a policy of several engines keeps a group on one
             sampling = asyncio.ensure_future(
-                asyncio.gather(*(self.gateway.policy.generate(prompt, s) for s in plan.samplings))
+                asyncio.gather(*(self.policy.generate(prompt, s) for s in plan.samplings))
             )
         loop = asyncio.get_running_loop()
         with self._lock:

@@ -13,6 +13,14 @@ masker to drift from the first. Behaviour log-probs are 0 (log 1: the script is 
 The oracle text is tokenized once, by the tokenizer's canonical encoding: what a model trained on
 demonstrations learns to sample. A tokenizer that cannot round-trip the text (decode(encode(t)) != t)
 is an error here, not a silent difference between what the environment saw and what is trained.
+
+**Through a harness.** For a harness environment (`agentrl.gateway.HarnessEnv`: the user's own agent,
+its own system prompt and tool schemas), the agent itself plays each demonstration: its requests go to
+its gateway session as in training, and the session's completions come from the oracle (the
+environment's next action, read from the environment's own record of the episode) instead of the
+engine. The trajectory is what the gateway records, token for token: the agent's prompt as its chat
+template renders it, the oracle's message as the ids the model should sample, the tool results in the
+agent's own rendering. SFT on it teaches the model the agent's format, not the environment's.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,17 +52,28 @@ class ScriptedPolicy:
     version = 0
     """A script has no weights to update."""
 
-    def __init__(self, agent: Agent, seq: MaskedSequence, masker: ChatMasker):
+    def __init__(
+        self,
+        agent: Agent,
+        seq: MaskedSequence | None,
+        masker: ChatMasker,
+        conversation: Callable[[], list[dict[str, Any]]] | None = None,
+    ):
+        if seq is None and conversation is None:
+            raise ValueError("ScriptedPolicy needs the episode's sequence or a conversation to read")
         self.agent, self.seq, self.masker = agent, seq, masker
+        self.conversation = conversation if conversation is not None else lambda: seq.messages
+        """The episode as the agent sees it: `seq.messages`, or (through a harness) the environment's record."""
 
     def newest_observation(self) -> list[dict[str, Any]]:
         """The messages after the last assistant turn (the first messages, on the first turn)."""
-        messages = self.seq.messages
+        messages = self.conversation()
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
         return [dict(m) for m in messages[last + 1 :]]
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
-        if list(prompt_ids) != self.seq.token_ids:
+        # Through a harness the prompt is the agent's rendering, which the gateway checks and records.
+        if self.seq is not None and list(prompt_ids) != self.seq.token_ids:
             raise RuntimeError(
                 "ScriptedPolicy was asked to continue ids that are not its episode's sequence; build one "
                 "ScriptedPolicy per episode through collect(..., episode_policy=...)"
@@ -82,13 +102,15 @@ class ScriptedPolicy:
 def oracle_policy(masker: ChatMasker):
     """The `episode_policy` factory for `collect`: the environment's oracle for the task it just reset to."""
 
-    def make(env: Any, seq: MaskedSequence) -> ScriptedPolicy:
+    def make(env: Any, seq: MaskedSequence | None) -> ScriptedPolicy:
         oracle = getattr(env, "oracle", None)
         if oracle is None:
             raise TypeError(
                 f"environment {getattr(env, 'env_id', type(env).__name__)} has no oracle(task); demonstrations "
                 "need one (see agentrl.env.ToolEnv subclasses in agentrl.envs)"
             )
+        if seq is None:  # a harness episode: the oracle reads the environment's own record of it
+            return ScriptedPolicy(oracle(env.task), None, masker, conversation=lambda: env.episode.messages)
         return ScriptedPolicy(oracle(env.task), seq, masker)
 
     return make
@@ -106,6 +128,10 @@ class DemoStats:
     seconds: float
     kinds: dict[str, int]
     """Episodes per task kind (`task.metadata["kind"]`), where the environment sets one."""
+    first_failure: str = ""
+    """Why the first episode that did not pass failed (its error, else its verdict), "" when all passed."""
+    trajectories: int = 0
+    """Trajectories written: one per episode, or one per branch of a harness episode's calls."""
 
 
 def generate_demos(
@@ -155,7 +181,7 @@ def generate_demos(
         collect(
             env_id,
             tasks,
-            _NoPolicy(),
+            _NoPolicy(masker.tokenizer),
             cfg,
             seed=0,
             masker=masker,
@@ -165,23 +191,45 @@ def generate_demos(
     )
     seconds = time.perf_counter() - t0
     save_trajectories(out, trajectories)
-    count = len(trajectories)
+    episodes = [t for t in trajectories if t.branch == 0]  # a harness episode's other branches: not again
+    count = len(episodes)
+    failed = next((t for t in episodes if not t.passed), None)
     stats = DemoStats(
         episodes=count,
-        passed=sum(t.passed for t in trajectories),
+        passed=sum(t.passed for t in episodes),
         drifted=sum(bool(t.drift and t.drift.drifted) for t in trajectories),
-        mean_tokens=sum(len(t.token_ids) for t in trajectories) / count,
-        mean_action_tokens=sum(t.num_action_tokens for t in trajectories) / count,
+        mean_tokens=sum(len(t.token_ids) for t in trajectories) / len(trajectories),
+        mean_action_tokens=sum(t.num_action_tokens for t in trajectories) / len(trajectories),
         seconds=seconds,
         kinds=dict(Counter(str(t.metadata.get("kind", "")) for t in tasks)),
+        first_failure=_why(failed) if failed is not None else "",
+        trajectories=len(trajectories),
     )
     return trajectories, stats
+
+
+def _why(t: Trajectory) -> str:
+    """Why an episode did not pass, in one line: its ending, its error, the verdict, the last thing it was told."""
+    from agentrl.errors import one_line
+
+    said = [f"task {t.task_id} ended {t.finish_reason}"]
+    if t.error:
+        said.append(t.error)
+    if t.verdict_details:
+        said.append(f"verdict: {t.verdict_details}")
+    told = [m for m in t.messages if m.get("role") in ("tool", "user")]
+    if told and len(t.messages) > 2:
+        said.append(f"last observation: {str(told[-1].get('content', ''))[:300]}")
+    return one_line("; ".join(said))
 
 
 class _NoPolicy:
     """The shared policy `collect` requires; every episode plays its own ScriptedPolicy instead."""
 
     version = 0
+
+    def __init__(self, tokenizer: Any = None):
+        self.tokenizer = tokenizer  # a harness episode's gateway renders with it
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
         raise RuntimeError("demonstrations are played by per-episode ScriptedPolicy objects, not this one")

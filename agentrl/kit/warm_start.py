@@ -19,6 +19,13 @@ One recipe (`WarmStartRecipe`), all deterministic from `seed`:
    `eval_temperature`, with vLLM, in a subprocess of its own (vLLM's process-wide state, its
    distributed group included, must not leak into the SFT of a later build in this process).
 
+**From a checkpoint** (`start_from`, `agentrl model warm-start --from PATH`): any transformers causal LM
+instead of the tiny model; only the main stage runs. With `target_pass` the checkpoint is measured first
+(round 0): one already at the target is copied as it is, without SFT. For a harness environment (your
+own agent, `agentrl.gateway.HarnessEnv`) the demonstrations are played through the agent
+(`agentrl.kit.demonstrations`): the SFT teaches the model the agent's own prompt and tool format, and
+the measurement plays the agent too.
+
 Why a band: GRPO learns only from groups whose rewards differ. A model that always fails (p = 0) or
 always passes (p = 1) gives zero advantages everywhere; pass@1 between 0.2 and 0.7 leaves most
 groups of 4-8 samples informative and room to improve.
@@ -68,7 +75,16 @@ class WarmStartRecipe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    env: str = Field("agentrl/calc-v0", description="Environment id; it must have an oracle.")
+    env: str = Field(
+        "agentrl/calc-v0",
+        description="Environment id; it must have an oracle. A harness env (your agent) plays the oracle's "
+        "demonstrations in its own prompt and tool format.",
+    )
+    start_from: str | None = Field(
+        None,
+        description="Fine-tune this checkpoint (a transformers model directory) instead of building the tiny "
+        "model: only the main stage runs, and with target_pass the checkpoint is measured first.",
+    )
     seed: int = Field(0, description="Seed of the weight initialisation and of the SFT's shuffling.")
     model_overrides: dict[str, Any] = Field(
         default_factory=lambda: dict(
@@ -140,11 +156,27 @@ class WarmStartRecipe(BaseModel):
     def _target_needs_a_measurement(self) -> WarmStartRecipe:
         if self.target_pass is not None and not self.eval_tasks:
             raise ValueError("target_pass needs the held-out measurement: set eval_tasks above 0")
+        scratch = sorted(
+            {"model_overrides", "short_demos", "short_epochs", "short_lr"} & self.model_fields_set
+        )
+        if self.start_from is not None and scratch:
+            raise ValueError(
+                f"{', '.join(scratch)} shape the tiny model built from scratch; from a checkpoint (start_from) "
+                "only the main stage runs: leave them out"
+            )
         return self
+
+    @property
+    def short_stage(self) -> int:
+        """Demonstrations of the short stage this build runs (none from a checkpoint)."""
+        return 0 if self.start_from is not None else self.short_demos
 
     def build_fields(self) -> dict[str, Any]:
         """The fields the model depends on (the measurement fields are not among them)."""
-        return self.model_dump(exclude=set(_EVAL_FIELDS))
+        fields = self.model_dump(exclude=set(_EVAL_FIELDS))
+        if fields["start_from"] is None:  # the hash of every recipe from scratch stays what it was
+            del fields["start_from"]
+        return fields
 
     def eval_fields(self) -> dict[str, Any]:
         return self.model_dump(include=set(_EVAL_FIELDS))
@@ -176,6 +208,8 @@ def build_hash(recipe: WarmStartRecipe) -> str:
         "warm_start_version": WARM_START_VERSION,
         "model_kit_version": RECIPE_VERSION,
         "recipe": recipe.build_fields(),
+        # The checkpoint's content, not only its path: one retrained in place is another start.
+        **({"start": _fingerprint(recipe.start_from)} if recipe.start_from is not None else {}),
         # Other versions may initialise, tokenize or train differently: a different version rebuilds.
         "versions": {
             "torch": torch.__version__,
@@ -184,6 +218,12 @@ def build_hash(recipe: WarmStartRecipe) -> str:
         },
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _fingerprint(model_dir: str) -> str:
+    from agentrl.eval.evaluate import checkpoint_fingerprint
+
+    return checkpoint_fingerprint(model_dir)
 
 
 def read_record(out: str | Path) -> dict[str, Any] | None:
@@ -207,6 +247,10 @@ def warm_start(
     """
     recipe = recipe or WarmStartRecipe()
     out = Path(out)
+    if recipe.start_from is not None:
+        from agentrl.errors import check_model_dir
+
+        check_model_dir(recipe.start_from)
     digest = build_hash(recipe)
     record = read_record(out)
     have_model = (out / "config.json").is_file() and (out / "model.safetensors").is_file()
@@ -246,12 +290,19 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
     try:
         t0 = time.perf_counter()
-        base = init_tiny(work / "base", seed=recipe.seed, **recipe.model_overrides)
-        t_init = time.perf_counter() - t0
-        _log(f"tiny model in {t_init:.1f}s")
+        if recipe.start_from is not None:
+            base = Path(recipe.start_from)
+            t_init = 0.0
+        else:
+            base = init_tiny(work / "base", seed=recipe.seed, **recipe.model_overrides)
+            t_init = time.perf_counter() - t0
+            _log(f"tiny model in {t_init:.1f}s")
         tokenizer = AutoTokenizer.from_pretrained(base)
         stages: list[dict[str, Any]] = []
-        if recipe.short_demos:
+        start = _measure_start(base, recipe)
+        if start is not None and start["pass_at_1"] >= recipe.target_pass:
+            return _already_there(out, work, base, recipe, digest, t0, start)
+        if recipe.short_stage:
             short = _stage(
                 "short",
                 work,
@@ -269,6 +320,8 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
             base = short
         model = _main_stage(work, base, tokenizer, recipe, threads, stages)
         rounds = _rounds_to_target(work, model, tokenizer, recipe, threads, stages)
+        if start is not None:
+            rounds.insert(0, start)
         main = stages[-1]
         record: dict[str, Any] = {
             "hash": digest,
@@ -293,6 +346,45 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _log(f"built {out} in {record['build']['seconds']}s")
+    return record
+
+
+def _measure_start(base: Path, recipe: WarmStartRecipe) -> dict[str, Any] | None:
+    """Round 0 of a build from a checkpoint with a target: the checkpoint itself, measured."""
+    if recipe.start_from is None or recipe.target_pass is None:
+        return None
+    m = measure(base, recipe)
+    _log(f"round 0: {recipe.start_from} as it is, held-out pass@1 {m['pass_at_1']:.3f}")
+    return {"round": 0, "sft_steps": 0, "sft_last_loss": None, "pass_at_1": m["pass_at_1"], "measurement": m}
+
+
+def _already_there(
+    out: Path, work: Path, base: Path, recipe: WarmStartRecipe, digest: str, t0: float, start: dict[str, Any]
+) -> dict[str, Any]:
+    """The checkpoint measured at the target already: copied into `out` as it is, without SFT."""
+    model = work / "main"
+    shutil.copytree(base, model)
+    record: dict[str, Any] = {
+        "hash": digest,
+        "recipe": recipe.model_dump(),
+        "build": {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "init_s": 0.0,
+            "stages": [],
+            "demos": None,
+            "sft_steps": 0,
+            "sft_first_loss": None,
+            "sft_last_loss": None,
+            "rounds": [start],
+        },
+        "measurement": start["measurement"],
+    }
+    (model / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
+    if out.exists():
+        shutil.rmtree(out)
+    model.rename(out)
+    shutil.rmtree(work, ignore_errors=True)
+    _log(f"{recipe.start_from} is at the target already: copied to {out} without SFT")
     return record
 
 
@@ -448,6 +540,9 @@ def _rounds_to_target(
     return rounds
 
 
+BAND_HIGH = 0.8
+"""The learnability band's upper edge (`agentrl.train.curriculum`'s default): a warm start above it is said."""
+
 # An SFT loss per action token above this has not learnt the demonstrations yet (calc's stages end
 # near 0.01): training longer comes before more data.
 _UNFIT_LOSS = 0.5
@@ -456,10 +551,18 @@ _UNFIT_LOSS = 0.5
 def advice(record: dict[str, Any], recipe: WarmStartRecipe) -> str | None:
     """What to do when the build's rounds ended below `target_pass`; None when it got there (or had no target)."""
     rounds = (record.get("build") or {}).get("rounds") or []
+    if rounds and rounds[-1]["pass_at_1"] > BAND_HIGH:
+        return (
+            f"held-out pass@1 {rounds[-1]['pass_at_1']:.3f} is above the learnability band (up to {BAND_HIGH}): "
+            "most GRPO groups would pass whole and teach nothing. Train on harder tasks, or fewer SFT steps "
+            "(--epochs, --max-rounds)"
+        )
     if recipe.target_pass is None or not rounds or rounds[-1]["pass_at_1"] >= recipe.target_pass:
         return None
     last = rounds[-1]
     loss = last.get("sft_last_loss")
+    if not last.get("sft_steps"):  # round 0 of a build from a checkpoint, and no SFT round after it
+        return f"held-out pass@1 {last['pass_at_1']:.3f} of the checkpoint is below the target {recipe.target_pass}"
     if loss is not None and loss > _UNFIT_LOSS:
         todo = (
             f"Its SFT loss is still {loss:.2f} per action token: train longer (--max-rounds, --epochs) or "

@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 
 
 EnvFactory = Callable[[], AgentEnv]
-EpisodePolicyFactory = Callable[[AgentEnv, MaskedSequence], Policy]
-"""(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode."""
+EpisodePolicyFactory = Callable[[AgentEnv, MaskedSequence | None], Policy]
+"""(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode. A
+harness episode has no sequence of the loop's (None): the policy answers its gateway session's calls."""
 
 
 @dataclass
@@ -307,6 +308,7 @@ class _Episode:
             index=self.spec.index,
             group_id=self.spec.group_id,
             env_call=self.env_call,
+            episode_policy=self.episode_policy,
         )
         await self.harness.play(seed=self.spec.env_seed, options=options)
         if self.may_restart():

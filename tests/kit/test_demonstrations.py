@@ -136,3 +136,41 @@ def test_cli_demos_writes_trajectories(tiny_model_dir: Path, tmp_path: Path):  #
     assert [t.split for t in load_trajectories(out)] == ["validation", "validation"]
     bad = CliRunner().invoke(app, [*args, "--split", "dev"])
     assert bad.exit_code != 0 and "unknown split 'dev'" in bad.output
+
+
+def test_demos_through_a_harness_are_the_oracle_in_the_agents_own_prompt_token_exact(
+    masker: ChatMasker, tmp_path: Path
+):
+    """The user's agent plays the demonstrations: its system prompt and its tool schemas render the
+    prompt, the oracle's message is what the model is taught to sample, ids as the gateway records."""
+    from tests.own_agent import SUBMIT, SYSTEM
+
+    out = tmp_path / "own.jsonl"
+    trajectories, stats = generate_demos("tests.own_agent:test/PickOwnAgent-v0", 4, out, masker)
+    assert stats.episodes == stats.passed == stats.trajectories == 4 and stats.first_failure == ""
+    assert load_trajectories(out) == trajectories
+    pick = agentrl.task_source("test/Pick-v0")
+    own = ChatMasker(masker.tokenizer, tools=[SUBMIT])
+    for i, t in enumerate(trajectories):
+        task = pick.get(i, "train")
+        assert t.task_id == task.id and t.passed and t.branches == 1 and t.finish_reason == "submitted"
+        prompt = own.start(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Request: {task.prompt}"}]
+        )
+        assert t.token_ids[: t.prompt_len] == prompt.token_ids  # the agent's prompt, not the environment's
+        assert "Hand in the word you were asked for." in masker.decode(t.token_ids[: t.prompt_len])
+        ((mask, sampled),) = [r for r in runs(t) if r[0] == 1]
+        oracle = agentrl.AnswerOracle(task).act([])
+        assert sampled == [*masker.encode(oracle), masker.end_of_turn_id]
+        assert all(lp == 0.0 for lp in t.behavior_logprobs)
+
+
+def test_cli_demos_that_all_fail_exit_1_and_say_why(tiny_model_dir: Path, tmp_path: Path):  # noqa: F811
+    """An agent whose tools are not the oracle's: every demonstration fails; the command says why and
+    exits 1 instead of writing a useless file and exiting 0."""
+    out = tmp_path / "d.jsonl"
+    args = ["demos", "tests.own_agent:test/PickOwnTools-v0", "--n", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--model", str(tiny_model_dir)])
+    assert result.exit_code == 1, result.output
+    assert "the oracle failed every one of the 2 episodes" in result.stderr
+    assert "tool 'submit' was not offered to you (the tools you have: answer)" in result.stderr
