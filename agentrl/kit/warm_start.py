@@ -156,12 +156,15 @@ class WarmStartRecipe(BaseModel):
     def _target_needs_a_measurement(self) -> WarmStartRecipe:
         if self.target_pass is not None and not self.eval_tasks:
             raise ValueError("target_pass needs the held-out measurement: set eval_tasks above 0")
-        scratch = sorted(
-            {"model_overrides", "short_demos", "short_epochs", "short_lr"} & self.model_fields_set
-        )
+        fields = type(self).model_fields
+        scratch = [  # set to other than their defaults (a dump read back sets every field)
+            f
+            for f in ("model_overrides", "short_demos", "short_epochs", "short_lr")
+            if getattr(self, f) != fields[f].get_default(call_default_factory=True)
+        ]
         if self.start_from is not None and scratch:
             raise ValueError(
-                f"{', '.join(scratch)} shape the tiny model built from scratch; from a checkpoint (start_from) "
+                f"{', '.join(scratch)}: settings of the tiny model built from scratch; from a checkpoint (start_from) "
                 "only the main stage runs: leave them out"
             )
         return self

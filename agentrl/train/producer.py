@@ -337,6 +337,9 @@ def batch_metrics(result: DynamicBatchResult, curriculum: Curriculum) -> dict[st
     trajs = [t for g in (*result.groups, *result.dropped, *result.surplus) for t in g]
     curriculum_metrics = {**metrics_of(curriculum), **result.metrics().as_dict()}
     m = {k: float(v) for k, v in curriculum_metrics.items() if isinstance(v, int | float)}
+    pool_state = getattr(curriculum, "pool_state", None)  # the band's family of samplers
+    if callable(pool_state):
+        m.update(pool_state())
     episodes = [t for t in trajs if t.branch == 0]  # a harness episode's other branches repeat its reward
     if episodes:
         m["charts/reward_mean"] = sum(t.reward for t in episodes) / len(episodes)

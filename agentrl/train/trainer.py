@@ -196,7 +196,7 @@ class Run:
     best: Choice | None = None
     """Rank 0, with `eval.keep_best`: the best trained step by validation pass@1 so far (`agentrl.train.selection`)."""
     failures_said: set[str] = field(default_factory=set)
-    """Rank 0: the failure reasons a warning was printed for (once each per run)."""
+    """Rank 0: the failure reasons (and "pool", the exhausted pool) a warning was printed for, once each."""
 
     def policy_version(self) -> int:
         return self.producer.policy.version if self.producer is not None else self.progress.policy_version
@@ -353,6 +353,7 @@ def _generate(run: Run, metrics: dict[str, float]) -> tuple[list[Trajectory], li
     made = batch.result
     generated = [t for g in (*made.groups, *made.dropped, *made.surplus) for t in g]
     _note_failures(run, generated)
+    _note_exhausted_pool(run, metrics)
     return _apply_staleness(made.trajectories, run.producer.policy.version, run.cfg, metrics), generated
 
 
@@ -377,6 +378,26 @@ def _note_failures(run: Run, generated: list[Trajectory]) -> None:
     if failed.most and failed.first_reason not in run.failures_said:
         run.failures_said.add(failed.first_reason)
         log(f"warning: {failed.line(run.cfg.env)} (kept in {path})")
+
+
+def _note_exhausted_pool(run: Run, metrics: dict[str, float]) -> None:
+    """Rank 0: say once when a finite pool of tasks has nothing left in the learnability band (every task
+    tried, each solved always or never): the steps after it learn from stray mixed groups only."""
+    if "pool" in run.failures_said or not metrics.get("curriculum/pool_exhausted"):
+        return
+    if metrics.get("curriculum/num_in_band", 0) > 0:
+        return
+    above = int(metrics.get("curriculum/tasks_above_band", 0))
+    below = int(metrics.get("curriculum/tasks_below_band", 0))
+    if not above + below:
+        return
+    run.failures_said.add("pool")
+    log(
+        f"warning: the curriculum's pool is exhausted: every task of {run.cfg.env} has been tried and none is in the "
+        f"learnability band ({above} solved always, {below} never), so the steps from here learn from stray "
+        "mixed groups only. Add tasks (a larger dataset or generator), make them harder (a harder level in "
+        "env_kwargs, or curriculum.difficulty.adaptive), or stop here and keep the last checkpoint"
+    )
 
 
 def update(run: Run, trajs: list[Trajectory], step: int, metrics: dict[str, float]) -> None:

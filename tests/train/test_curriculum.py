@@ -450,3 +450,40 @@ def test_min_band_tasks_gate_holds_through_reprobes_in_one_call() -> None:
     cur, ids = band_curriculum(min_band_tasks=5, reprobe_prob=0.5)
     kinds = Counter(d.kind for d in cur.sample(40))
     assert kinds["band"] == 0 and kinds["reprobe"] == 1 and kinds["probe"] == 39
+
+
+def test_an_exhausted_pool_is_said_once_with_what_to_do(capsys):
+    """A finite pool every task of which is solved always or never: nothing left in the band. The batch's
+    metrics say so, and the trainer warns once (a run that trains on with no warning wastes its steps)."""
+    from types import SimpleNamespace
+
+    from agentrl.train.producer import batch_metrics
+    from agentrl.train.trainer import _note_exhausted_pool
+
+    cur = Curriculum(make_task, CurriculumConfig(seed=0, probe_prob=1.0, reprobe_prob=0.0), pool_size=3)
+    draws = cur.sample(3)
+    assert cur.exhausted and cur.pool_state()["curriculum/tasks_above_band"] == 0
+    for i, d in enumerate(draws):
+        cur.update(group(d.task_id, [1.0] * 8 if i < 2 else [0.0] * 8))
+    state = cur.pool_state()
+    assert state == {
+        "curriculum/pool_exhausted": 1.0,
+        "curriculum/tasks_above_band": 2.0,
+        "curriculum/tasks_below_band": 1.0,
+    }
+    solved = {d.task_id: float(i < 2) for i, d in enumerate(draws)}
+    batch = build_batch(cur, lambda ds: [group(d.task_id, [solved[d.task_id]] * 4) for d in ds])
+    metrics = batch_metrics(batch, cur)
+    assert metrics["curriculum/pool_exhausted"] == 1.0 and metrics["curriculum/num_in_band"] == 0
+    run = SimpleNamespace(cfg=SimpleNamespace(env="mylab/Units-v0"), failures_said=set())
+    _note_exhausted_pool(run, metrics)
+    _note_exhausted_pool(run, metrics)
+    err = capsys.readouterr().err
+    assert err.count("warning: the curriculum's pool is exhausted") == 1
+    assert "(2 solved always, 1 never)" in err and "Add tasks" in err and "harder" in err
+    # A generator never runs out; a pool with a task in the band is not exhausted of learning.
+    assert Curriculum(make_task, CurriculumConfig(seed=0)).pool_state()["curriculum/pool_exhausted"] == 0.0
+    _note_exhausted_pool(
+        run := SimpleNamespace(cfg=run.cfg, failures_said=set()), {**metrics, "curriculum/num_in_band": 1}
+    )
+    assert capsys.readouterr().err == ""

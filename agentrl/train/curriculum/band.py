@@ -378,6 +378,21 @@ class Curriculum:
             p_hat_histogram=[int(c) for c in histogram],
         )
 
+    def pool_state(self) -> dict[str, float]:
+        """Whether a finite pool has nothing left to learn from: every task tried (`exhausted`), and how many
+        of the tracked ones sit above the band (solved always) and below it (never), as metrics."""
+        above = below = 0
+        for s in self.tasks.values():
+            if s.observed:
+                p = self.p_hat(s.task_id)
+                above += p > self.config.band_high
+                below += p < self.config.band_low
+        return {
+            "curriculum/pool_exhausted": float(self.exhausted),
+            "curriculum/tasks_above_band": float(above),
+            "curriculum/tasks_below_band": float(below),
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-JSON state: task evidence, the next probe index and the generator's state."""
         return {
