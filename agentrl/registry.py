@@ -17,12 +17,10 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import os
 import re
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import UserError, did_you_mean
+from agentrl.plugins import Plugins
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -102,8 +101,6 @@ class EnvImportError(UserError, ImportError):
 
 
 registry: dict[str, EnvSpec] = {}
-_lock = threading.Lock()
-_plugins_loaded = False
 
 
 def register(
@@ -161,22 +158,21 @@ def _is_ours(entry_point: Any) -> bool:
     return isinstance(entry_point, functools.partial) and entry_point.func is make
 
 
+def _run_registration(name: str, obj: Any) -> Any:
+    """An `agentrl.envs` entry point names a function that registers ids (called here, once) or a module
+    that registers them on import."""
+    if callable(obj):
+        obj()
+    return obj
+
+
+# The `agentrl.envs` entry points: each registers its ids when loaded (its name is the package's, not an id).
+ENV_PLUGINS: Plugins[Any] = Plugins(ENTRY_POINT_GROUP, "environment plugin", on_load=_run_registration)
+
+
 def load_plugins() -> None:
     """Load every `agentrl.envs` entry point once. A broken plugin warns and the others still load."""
-    global _plugins_loaded
-    with _lock:
-        if _plugins_loaded:
-            return
-        _plugins_loaded = True
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                obj = ep.load()
-                if callable(obj):
-                    obj()
-            except Exception as exc:
-                warnings.warn(
-                    f"environment plugin {ep.name!r} ({ep.value}) failed to load: {exc}", stacklevel=2
-                )
+    ENV_PLUGINS.load_all()
 
 
 def _not_found(env_id: str) -> UnknownEnvError:

@@ -35,7 +35,6 @@ idempotent `close`; `CappedOutput` keeps a stream up to its cap and adds the tru
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import signal
 import uuid
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypedDict, Unpack, runtime_checkable
 
+from agentrl.plugins import Plugins
 from agentrl.sandbox.spec import (
     DEFAULT_IMAGE,
     DEFAULT_READ_LIMIT_BYTES,
@@ -528,20 +528,37 @@ class SandboxBase:
 # Backends and the factory
 # --------------------------------------------------------------------------------------
 
-# Backends register lazily by module path: importing the docker SDK or probing bwrap costs
-# nothing until that backend is asked for.
-BACKENDS: dict[str, str] = {
-    "docker": "agentrl.sandbox.docker:DockerSandbox",
-    "bwrap": "agentrl.sandbox.bwrap:BwrapSandbox",
-    "local": "agentrl.sandbox.local:LocalSandbox",
-}
+_PROTOCOL_METHODS = ("exec", "write_file", "read_file", "copy_in", "kill_agent_processes", "alive", "close")
+
+
+def _sandbox_class(name: str, cls: Any) -> type:
+    """A backend is a class whose instances follow the `Sandbox` protocol (a `SandboxBase` does)."""
+    if not isinstance(cls, type):
+        raise TypeError(f"expected a class whose instances are sandboxes, got {cls!r}")
+    missing = [m for m in _PROTOCOL_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise TypeError(f"{cls.__qualname__} lacks the Sandbox methods {missing} (subclass SandboxBase)")
+    return cls
+
+
+# The backends by name: the built-ins, then the `agentrl.sandbox_backends` entry points of installed
+# packages (name = "package.module:SandboxClass"). Each is imported when first asked for: importing
+# the docker SDK or probing bwrap costs nothing until that backend is used.
+BACKENDS: Plugins[type] = Plugins(
+    "agentrl.sandbox_backends",
+    "sandbox backend",
+    builtins={
+        "docker": "agentrl.sandbox.docker:DockerSandbox",
+        "bwrap": "agentrl.sandbox.bwrap:BwrapSandbox",
+        "local": "agentrl.sandbox.local:LocalSandbox",
+    },
+    on_load=_sandbox_class,
+)
 
 
 def backend_class(name: str) -> type:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {name!r}; expected one of {sorted(BACKENDS)}")
-    module, _, attr = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The class of backend `name` (an unknown name: a one-line error naming the backends there are)."""
+    return BACKENDS.get(name)
 
 
 def backend_capabilities(name: str) -> Capabilities:
@@ -552,7 +569,7 @@ def backend_capabilities(name: str) -> Capabilities:
 def open_sandbox(
     backend: str = "docker", spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]
 ) -> Sandbox:
-    """Start a fresh sandbox on `backend` ("docker", "bwrap" or "local") and return it started.
+    """Start a fresh sandbox on `backend` ("docker", "bwrap", "local", or an installed plugin's) and return it started.
 
     Give a `SandboxSpec`, or its fields as keywords (`image=`, `limits=`, `workdir=`, `env=`,
     `labels=`), or both (the keywords replace the spec's fields). `labels` are recorded on the

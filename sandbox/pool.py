@@ -51,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Unpack
 
+from agentrl.plugins import UnknownPluginError
 from agentrl.sandbox.base import BACKENDS, Sandbox, SandboxError, SandboxSpec, SpecFields, open_sandbox
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class PoolKey:
     ) -> PoolKey:
         """A key from `open_sandbox`'s arguments (a spec, its fields as keywords, or both)."""
         if backend not in BACKENDS:
-            raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {sorted(BACKENDS)}")
+            raise UnknownPluginError(BACKENDS.unknown(backend))
         return cls(backend, SandboxSpec.of(spec, **fields))
 
     def open(self) -> Sandbox:

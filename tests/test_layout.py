@@ -80,6 +80,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "agentrl.episode",
             "agentrl.runlog",
             "agentrl.deadline",
+            "agentrl.plugins",
         ),
     ),
 )

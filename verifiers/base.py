@@ -15,10 +15,7 @@ on a sandbox that lacks one, without calling `verify`. Never test a sandbox's ba
 
 from __future__ import annotations
 
-import difflib
-import importlib.metadata
 import re
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentrl.deadline import DeadlineExceeded, call_with_deadline
 from agentrl.episode import Episode
+from agentrl.plugins import PluginError, Plugins
 from agentrl.sandbox.base import BACKENDS, Sandbox, backend_capabilities, capabilities_of
 from agentrl.task import Task
 from agentrl.types import Verdict
@@ -50,6 +48,14 @@ class Verifier(Protocol):
     def verify(self, sandbox: Sandbox | None, task: Task, episode: Episode) -> Verdict: ...
 
 
+def _backend_lacks(name: str, needed: tuple[str, ...]) -> bool:
+    """Whether backend `name` lacks any of `needed` (a backend plugin that does not load lacks them all)."""
+    try:
+        return bool(backend_capabilities(name).lacking(*needed))
+    except PluginError:
+        return True
+
+
 def capability_refusal(verifier: object, sandbox: Sandbox | None) -> str | None:
     """Why `verifier` cannot run on `sandbox`: the capabilities in its `needs_capabilities` that the
     sandbox lacks, with the backends that have them; None when nothing is missing (or needed)."""
@@ -59,7 +65,7 @@ def capability_refusal(verifier: object, sandbox: Sandbox | None) -> str | None:
     missing = capabilities_of(sandbox).lacking(*needed)
     if not missing:
         return None
-    having = [name for name in BACKENDS if not backend_capabilities(name).lacking(*needed)]
+    having = [name for name in BACKENDS if not _backend_lacks(name, needed)]
     return (
         f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} needs a sandbox with "
         f"{', '.join(needed)}; this {getattr(sandbox, 'backend', type(sandbox).__name__)} sandbox lacks "
@@ -67,60 +73,29 @@ def capability_refusal(verifier: object, sandbox: Sandbox | None) -> str | None:
     )
 
 
-_REGISTRY: dict[str, Callable[..., Verifier]] = {}
-_entry_points_loaded = False
-_lock = threading.Lock()
+# Verifier factories by name: the built-ins (`agentrl.verifiers` registers them on import), then the
+# `agentrl.verifiers` entry points of installed packages, each imported when first asked for.
+VERIFIERS: Plugins[Callable[..., Verifier]] = Plugins(ENTRY_POINT_GROUP, "verifier")
 
 
 def register(name: str, factory: Callable[..., Verifier], *, override: bool = False) -> None:
     """Make `factory(**kwargs) -> Verifier` available as `get(name, **kwargs)`."""
-    if name in _REGISTRY and not override and _REGISTRY[name] is not factory:
-        raise ValueError(f"a verifier named {name!r} is already registered; pass override=True to replace it")
-    _REGISTRY[name] = factory
-
-
-def _load_entry_points() -> None:
-    """Third-party verifiers: entry points in group `agentrl.verifiers`, name -> factory. Loaded on first need."""
-    global _entry_points_loaded
-    with _lock:
-        if _entry_points_loaded:
-            return
-        _entry_points_loaded = True
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in _REGISTRY:
-                continue
-            try:
-                register(ep.name, ep.load())
-            except Exception as exc:
-                # One broken plugin must not take the others down; say which and why.
-                import warnings
-
-                warnings.warn(f"verifier plugin {ep.name!r} ({ep.value}) failed to load: {exc}", stacklevel=2)
+    VERIFIERS.register(name, factory, override=override)
 
 
 def names() -> list[str]:
-    _load_entry_points()
-    return sorted(_REGISTRY)
+    """Every verifier that loads: the built-ins, then the plugins (one that fails to import warns)."""
+    return list(VERIFIERS.load_all())
 
 
 def factory(name: str) -> Callable[..., Verifier]:
     """The factory registered as `name` (for listings and docs); `get` builds a verifier from it."""
-    if name not in _REGISTRY:
-        _load_entry_points()
-    if name not in _REGISTRY:
-        raise KeyError(f"no verifier named {name!r}. Registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
+    return VERIFIERS.get(name)
 
 
 def get(name: str, **kwargs: Any) -> Verifier:
     """Build the verifier registered as `name` with `kwargs`."""
-    if name not in _REGISTRY:
-        _load_entry_points()
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"no verifier named {name!r}.{hint} Registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**kwargs)
+    return VERIFIERS.get(name)(**kwargs)
 
 
 def verifier_deadline(verifier: object, timeout_s: float | None = None) -> float:

@@ -37,10 +37,7 @@ tried must not read as one that held.
 
 from __future__ import annotations
 
-import importlib.metadata
-import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -65,6 +62,7 @@ from agentrl.checks.attack_base import (
     verifier_names,
     verifier_parts,
 )
+from agentrl.plugins import Plugins
 from agentrl.task import Task
 
 __all__ = [
@@ -184,27 +182,23 @@ class AuditReport:
         }
 
 
-_entry_points_loaded = False
-_lock = threading.Lock()
+def _register_attack(name: str, attack: Any) -> Attack:
+    return attack_base.register(attack)
+
+
+# The `agentrl.attacks` entry points of installed packages: each an attack (a class or an instance)
+# added to the library when the audit first lists or looks up attacks.
+ATTACK_PLUGINS: Plugins[Attack] = Plugins(ENTRY_POINT_GROUP, "attack", on_load=_register_attack)
 
 
 def _load() -> None:
-    global _entry_points_loaded
     # The built-ins register themselves on import.
     import agentrl.checks.attacks
     import agentrl.checks.attacks_executor
     import agentrl.checks.attacks_harness
     import agentrl.checks.attacks_reuse  # noqa: F401
 
-    with _lock:
-        if _entry_points_loaded:
-            return
-        _entry_points_loaded = True
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                register(ep.load())
-            except Exception as exc:  # one broken plugin must not take the audit down
-                warnings.warn(f"attack plugin {ep.name!r} ({ep.value}) failed to load: {exc}", stacklevel=2)
+    ATTACK_PLUGINS.load_all()  # one broken plugin warns; it must not take the audit down
 
 
 def attacks() -> list[Attack]:

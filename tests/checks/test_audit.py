@@ -127,7 +127,8 @@ def _plugin_dir(tmp_path: Path) -> Path:
 
 def test_a_third_party_attack_is_loaded_from_its_entry_point_and_played(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(_plugin_dir(tmp_path)))
-    monkeypatch.setattr(audit, "_entry_points_loaded", False)
+    monkeypatch.setattr(audit, "ATTACK_PLUGINS", audit.ATTACK_PLUGINS.copy())
+    audit.ATTACK_PLUGINS.rescan()
     monkeypatch.setattr(attack_base, "_REGISTRY", dict(attack_base._REGISTRY))
     assert "test-always-wins" in {a.name for a in audit.attacks()}
     report = run_audit(GuessNumberEnv(), tasks=1, only=["test-always-wins"])
@@ -251,7 +252,7 @@ def third_party_verifiers(monkeypatch):
     """The test's verifiers, registered by name the way a plugin's are (and gone after the test)."""
     from agentrl.verifiers import base
 
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    monkeypatch.setattr(base, "VERIFIERS", base.VERIFIERS.copy())
     for cls in (MyAnswerCheck, ContainsAnswer, NoteTaken):
         verifiers.register(cls.name, cls)
 

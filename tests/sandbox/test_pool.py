@@ -389,7 +389,7 @@ def test_keys_normalise_mappings_and_reject_unknown_backends() -> None:
     assert PoolKey.make("local", spec) == a
     assert PoolKey.make("local", spec, workdir="/work/../workspace") == a
     assert PoolKey.make("local", spec, image="other") != a
-    with pytest.raises(ValueError, match="expected one of"):
+    with pytest.raises(ValueError, match="no sandbox backend named 'dockr'. Did you mean 'docker'?"):
         PoolKey.make("dockr")
 
 

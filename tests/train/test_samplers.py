@@ -102,6 +102,11 @@ def install_plugin(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: newest-sampler\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[agentrl.samplers]\nnewest = newest_sampler:Newest\n")
     monkeypatch.syspath_prepend(str(root))
+    # Entry points are listed once per process: this test's copy of the samplers lists them again.
+    from agentrl.train.curriculum import names
+
+    monkeypatch.setattr(names, "SAMPLERS", names.SAMPLERS.copy())
+    names.SAMPLERS.rescan()
     # Processes it starts (the trainer's ranks) find it too.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
 

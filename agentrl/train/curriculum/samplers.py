@@ -32,16 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from agentrl.errors import UserError
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.tasksource import as_task_source
+from agentrl.train.curriculum import names
 from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
 from agentrl.train.curriculum.config import CurriculumConfig
-from agentrl.train.curriculum.leveled import LeveledCurriculum
-from agentrl.train.curriculum.names import BUILTIN_NAMES, ENTRY_POINT_GROUP, available_samplers
+from agentrl.train.curriculum.names import ENTRY_POINT_GROUP, available_samplers
 from agentrl.types import Split
 
 __all__ = [
@@ -278,29 +277,17 @@ class MgpoSampler(DapoSampler):
         return math.exp(-self.strength * kl)
 
 
-BUILTIN: dict[str, Any] = {
-    "band": Curriculum,
-    "uniform": UniformSampler,
-    "dapo": DapoSampler,
-    "pools": DifficultyPools,
-    "mgpo": MgpoSampler,
-    "leveled": LeveledCurriculum,
-}
-assert tuple(BUILTIN) == BUILTIN_NAMES
-
-
 def load_sampler(name: str) -> Any:
     """The class (or factory) `curriculum.sampler: name` refers to; a one-line UserError if none."""
-    if name in BUILTIN:
-        return BUILTIN[name]
-    found = list(entry_points(group=ENTRY_POINT_GROUP, name=name))
-    target = found[0].value if found else name
-    if ":" not in target:
+    plugins = names.SAMPLERS
+    if name in plugins:
+        return plugins.get(name)  # a plugin that does not import: a one-line PluginError (a UserError)
+    if ":" not in name:
         raise UserError(
-            f"curriculum.sampler {name!r} is not a sampler; available: {', '.join(available_samplers())} "
-            f"(a package adds one in the entry-point group {ENTRY_POINT_GROUP!r}), or give module:attribute"
+            f"curriculum.sampler {name!r} is not a sampler; available: {', '.join(plugins.names())} "
+            f"(a package adds one in the entry-point group {plugins.group!r}), or give module:attribute"
         )
-    module, _, attribute = target.partition(":")
+    module, _, attribute = name.partition(":")
     try:
         from agentrl.registry import import_user_module
 
@@ -308,7 +295,7 @@ def load_sampler(name: str) -> Any:
         for part in attribute.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
-        raise UserError(f"curriculum.sampler {name!r}: cannot load {target!r}: {exc}") from exc
+        raise UserError(f"curriculum.sampler {name!r}: cannot load {name!r}: {exc}") from exc
     return obj
 
 
