@@ -34,6 +34,7 @@ _LAZY: dict[str, str] = {
     "Tool": "agentrl.tools",
     "ToolContext": "agentrl.tools",
     "ToolError": "agentrl.tools",
+    "MCPServer": "agentrl.mcp",
     "check_env": "agentrl.checks.env_check",
     "check_verifier": "agentrl.checks.verifier_check",
     "filter_tasks": "agentrl.checks.verifier_check",

@@ -63,7 +63,7 @@ from agentrl.step_limits import (
 )
 from agentrl.task import Task, TaskGenerator
 from agentrl.tasksource import TaskSource, as_task_source, coerce_task
-from agentrl.tools import ToolBox, ToolContext, ToolOutcome, ToolTimeout, run_tool
+from agentrl.tools import ToolBox, ToolContext, ToolOutcome, ToolServerLost, ToolTimeout, run_tool
 from agentrl.types import FinishReason, Message, StepInfo
 from agentrl.verifiers import Verdict, Verifier, get, run_verifier
 from agentrl.verifiers.base import verifier_deadline
@@ -182,17 +182,20 @@ class ToolEnv(gymnasium.Env[list, str]):
                 "dataset), or set task_generator on the class"
             )
         self.tasks: TaskSource = tasks
-        if s.tools is None:
+        if s.tools is None and not s.mcp_servers:
             raise EnvSettingsError(
                 f"{self.env_id} has no tools: give tools= (@agentrl.tool functions or built-in names like "
-                "'bash' and 'submit')"
+                "'bash' and 'submit') or mcp_servers="
             )
         self.parser = get_parser(s.parser)
         if (
             oracle is not None
         ):  # the reference solution: oracle(task) -> an agent (docs/ENVIRONMENTS.md, Oracles)
             self.oracle = _in_format(oracle, self.parser)
-        self.toolbox = ToolBox.of(list(s.tools))
+        self.toolbox = ToolBox.of(list(s.tools or []))
+        # The env's own tools; an episode's toolbox adds the tools its MCP servers list at reset.
+        self._own_tools = dict(self.toolbox.tools)
+        self._mcp: Any = None  # the episode's MCP connections (agentrl.mcp.client.MCPTools)
         self.verifier: Verifier = self.make_verifier()
         self.observation_space = Messages()
         self.action_space = UnicodeText(max_length=s.max_action_chars)
@@ -270,7 +273,11 @@ class ToolEnv(gymnasium.Env[list, str]):
 
     @property
     def needs_sandbox(self) -> bool:
-        return self.toolbox.needs_sandbox or getattr(self.verifier, "needs_sandbox", False)
+        return (
+            self.toolbox.needs_sandbox
+            or getattr(self.verifier, "needs_sandbox", False)
+            or any(server.in_sandbox for server in self.settings.mcp_servers)
+        )
 
     def initial_state(self, task: Task) -> Any:
         """Per-episode state handed to tools as `ctx.state` (a game's secret, ...)."""
@@ -311,7 +318,36 @@ class ToolEnv(gymnasium.Env[list, str]):
         return self.tasks.get(int(self.np_random.integers(size or 2**31 - 1)), split)
 
     # --- sandbox ---------------------------------------------------------------------------
+    def _start_mcp(self, task: Task) -> None:
+        """Connect the episode's MCP servers (a command starts in its sandbox) and add their tools."""
+        from agentrl.mcp.client import MCPServerError
+        from agentrl.mcp.tools import MCPTools
+
+        try:
+            self._mcp = MCPTools.start(self.settings.mcp_servers, self.sandbox)
+        except MCPServerError as exc:
+            raise EnvError(f"task {task.id}: {exc}") from None
+        tools = dict(self._own_tools)
+        for t in self._mcp.tools:
+            if t.name in tools:
+                self._close_mcp()
+                raise EnvError(
+                    f"{self.env_id}: an MCP server lists a tool named {t.name!r}, as another tool is; give the "
+                    "server a prefix (MCPServer(prefix=...)) or keep only some of its tools (tools=[...])"
+                )
+            tools[t.name] = t
+        self.toolbox = ToolBox(tools)
+
+    def _close_mcp(self) -> None:
+        mcp, self._mcp = self._mcp, None
+        if mcp is not None:
+            try:
+                mcp.close()
+            except Exception as exc:  # a server that will not stop must not stop the next episode
+                log.warning("closing the MCP servers of %s failed: %s", self.env_id, exc)
+
     def _release_sandbox(self) -> None:
+        self._close_mcp()  # an MCP server in the sandbox dies with the episode, before the sandbox goes
         sb, self.sandbox = self.sandbox, None
         lender, self._lender = self._lender, None
         # A step still running on another thread (the rollout gave up on a hung tool and ended the
@@ -383,6 +419,14 @@ class ToolEnv(gymnasium.Env[list, str]):
                 raise
             except Exception as exc:
                 raise EnvError(f"could not start a {self.backend} sandbox for task {task.id}: {exc}") from exc
+        if self.settings.mcp_servers:
+            try:
+                self._start_mcp(task)
+            except BaseException:
+                if self.sandbox is not None:
+                    sb, self.sandbox = self.sandbox, None
+                    self._drop_unprepared(sb)  # a server may have left processes: never handed out again
+                raise
         self.task = task
         self.episode = Episode(task_id=task.id)
         self._ctx = ToolContext(
@@ -522,6 +566,15 @@ class ToolEnv(gymnasium.Env[list, str]):
             ep.finish_reason = "env_error"
             ep.calls.append(ToolCallRecord(_name(call), "ran", is_error=True))
             st.obs.append(_tool_message(call, content))
+            return None
+        except ToolServerLost as exc:
+            # The process serving the tool (an MCP server) is gone or hung: the episode cannot go on.
+            ep.error = str(exc)
+            ep.finish_reason = "env_error"
+            ep.tool_errors += 1
+            st.errors += 1
+            ep.calls.append(ToolCallRecord(_name(call), "ran", is_error=True))
+            st.obs.append(_tool_message(call, f"Error: {exc}; the episode ends."))
             return None
         except ToolTimeout as exc:
             # The call goes on in its abandoned thread and may still touch this episode's tool

@@ -91,6 +91,11 @@ class ToolEnvSettings(EnvSettings):
         description="The tools the agent calls: @agentrl.tool functions or built-in names (bash, python, "
         "read_file, write_file, str_replace, submit). None: the environment's own.",
     )
+    mcp_servers: list[Any] = Field(
+        default_factory=list,
+        description="MCP servers whose tools the agent also gets (agentrl.mcp.MCPServer, a mapping of its "
+        "fields, a command or a URL): a command starts inside each episode's sandbox unless where='host'.",
+    )
     verifier: Any = Field(
         "exact-match",
         description="How an episode is scored: a registered verifier's name, (name, kwargs), or a Verifier.",
@@ -177,6 +182,13 @@ class ToolEnvSettings(EnvSettings):
     @classmethod
     def _deadline(cls, value: float | None, info: Any) -> float | None:
         return _positive_or_none(info.field_name, value)
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _servers(cls, value: Any) -> Any:
+        from agentrl.mcp.server import as_servers
+
+        return as_servers(value)
 
     @field_validator("limits", mode="before")
     @classmethod

@@ -468,6 +468,12 @@ BUILTINS: tuple[tuple[str, str, int, str], ...] = (
         "A shop database in SQLite: answer questions by querying it, or change it (checked by state).",
     ),
     (
+        "agentrl/sqlite-mcp-v0",
+        "agentrl.envs.sqlite_mcp:SqliteMCPEnv",
+        8,
+        "sqlite-v0's shop database, its tools from the reference MCP server mcp-server-sqlite in the sandbox.",
+    ),
+    (
         "agentrl/guess-number-v0",
         "agentrl.envs.guess_number:GuessNumberEnv",
         12,

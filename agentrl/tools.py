@@ -11,8 +11,8 @@
 The first parameter is always the `ToolContext` (the sandbox, the task, the episode's
 state); it is not part of the schema. Everything that goes wrong inside a tool (bad arguments,
 an exception, a timeout) becomes a `ToolOutcome` with `is_error=True` that the model reads as
-an observation: a tool never raises out of `run_tool`, except `SandboxDead` and `ToolTimeout`,
-which end the episode.
+an observation: a tool never raises out of `run_tool`, except `SandboxDead`, `ToolTimeout` and
+`ToolServerLost` (an MCP server that died), which end the episode.
 
 A tool may be `async def`. With a deadline (`run_tool(..., timeout_s=...)`, which `ToolEnv` always
 gives: `tool_timeout_s`) a call runs on a thread of its own, and one that overruns it is abandoned:
@@ -48,6 +48,11 @@ from agentrl.task import Task
 
 class ToolError(Exception):
     """Raised by a tool for an error the model should read (bad path, no match, ...)."""
+
+
+class ToolServerLost(Exception):
+    """The process serving a tool (an MCP server) exited, broke its protocol or stopped answering. Like
+    `SandboxDead`, it ends the episode (`env_error`), with this exception's message as the reason."""
 
 
 class ToolTimeout(Exception):
@@ -101,6 +106,9 @@ class Tool:
     parameters: dict[str, Any]
     terminal: bool = False
     needs_sandbox: bool = True
+    # Checks the arguments another way than `params_model` (an MCP server's JSON schema): returns the
+    # keyword arguments of `fn`, or raises `ToolError` saying what is wrong (the call does not run).
+    check_arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -229,8 +237,8 @@ def run_tool(
     t: Tool, ctx: ToolContext, arguments: Mapping[str, Any], timeout_s: float | None = None
 ) -> ToolOutcome:
     """Validate `arguments` and run the tool, within `timeout_s` seconds when given (see the module
-    docstring; None: in this thread, unbounded). Never raises, except `SandboxDead` and
-    `ToolTimeout`, which end the episode."""
+    docstring; None: in this thread, unbounded). Never raises, except `SandboxDead`, `ToolTimeout`
+    and `ToolServerLost`, which end the episode."""
     if timeout_s is None:
         return _run_tool(t, ctx, arguments, None)
     try:
@@ -257,6 +265,12 @@ def _run_tool(
             is_error=True,
             ran=False,
         )
+    if t.check_arguments is not None:
+        try:
+            kwargs = t.check_arguments(dict(arguments))
+        except ToolError as exc:
+            return ToolOutcome(f"Error: bad arguments for tool '{t.name}': {exc}", is_error=True, ran=False)
+        return _call_tool(t, ctx, kwargs, timeout_s, t0)
     try:
         args = t.params_model.model_validate(dict(arguments))
     except ValidationError as exc:
@@ -265,12 +279,18 @@ def _run_tool(
         return ToolOutcome(
             f"Error: bad arguments for tool '{t.name}': {type(exc).__name__}: {exc}", is_error=True, ran=False
         )
+    return _call_tool(t, ctx, {k: getattr(args, k) for k in t.params_model.model_fields}, timeout_s, t0)
+
+
+def _call_tool(
+    t: Tool, ctx: ToolContext, kwargs: dict[str, Any], timeout_s: float | None, t0: float
+) -> ToolOutcome:
     try:
-        result = t.fn(ctx, **{k: getattr(args, k) for k in t.params_model.model_fields})
+        result = t.fn(ctx, **kwargs)
         if inspect.isawaitable(result):
             # With a deadline, on run_tool's own thread: no event loop runs there.
             result = asyncio.run(_awaited(result, t.name, timeout_s))
-    except (SandboxDead, ToolTimeout):
+    except (SandboxDead, ToolTimeout, ToolServerLost):
         raise
     except ToolError as exc:
         return ToolOutcome(f"Error: {exc}", is_error=True, duration_s=time.perf_counter() - t0)
@@ -310,6 +330,11 @@ async def _awaited(awaitable: Any, name: str, timeout_s: float | None) -> Any:
 # What a model reads back from one command: enough to debug, bounded so one `cat` of a big file
 # cannot blow the context. The sandbox caps raw output earlier (Limits.output_limit_bytes).
 MAX_OBSERVATION_CHARS = 8000
+
+
+def clip_observation(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    """`text` as a tool's observation: at most `limit` characters, its start and end kept."""
+    return _clip(text, limit)
 
 
 def _clip(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:

@@ -62,6 +62,9 @@ BASE_RECIPES: dict[str, BaseRecipe] = {DEFAULT_IMAGE: BaseRecipe(tag=DEFAULT_IMA
 # as `fn(force=...) -> list[str]` after the Dockerfile images, imported only when it runs.
 IMAGE_BUILDERS: dict[str, str] = {
     "python-repair": "agentrl.envs.python_repair.images:build_images",
+    # Reference MCP servers (pip-installed for the image's python at build time), for envs whose tools
+    # come from a server started inside the sandbox.
+    "mcp-servers": "agentrl.mcp.images:build_images",
 }
 
 

@@ -63,6 +63,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "agentrl.registry",
             "agentrl.agents",
             "agentrl.tools",
+            "agentrl.mcp",
             "agentrl.parsers",
             "agentrl.tasksource",
             "agentrl.spaces",
