@@ -64,6 +64,9 @@ class Verdict:
     """Why: what failed, or why the verifier could not run (a deadline, a crash, a missing capability)."""
     duration_s: float = 0.0
     """How long the verifier took."""
+    judged: bool = True
+    """False when the verifier could not score the episode (a judge that failed or answered out of format):
+    the reward is 0 in the record, and the episode is kept but not trained on, as an environment failure is."""
 
 
 @dataclass(frozen=True)

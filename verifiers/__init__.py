@@ -1,7 +1,7 @@
 """Verifier plugins: score an episode from the sandbox's final state (`verify(sandbox, task, episode) -> Verdict`).
 
 Built-ins: `hidden-tests`, `exact-match`, `numeric`, `regex`, `tool-used`, `state`, `composite`,
-`auto`. Third-party plugins register a factory under the `agentrl.verifiers` entry-point group:
+`auto`, `judge` (a model behind an OpenAI-compatible endpoint). Third-party plugins register a factory under the `agentrl.verifiers` entry-point group:
 
     [project.entry-points."agentrl.verifiers"]
     my-verifier = "my_pkg.verifier:MyVerifier"
@@ -21,6 +21,7 @@ from agentrl.verifiers.base import (
 )
 from agentrl.verifiers.composite import CompositeVerifier
 from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
+from agentrl.verifiers.judge import JudgeVerifier
 from agentrl.verifiers.state import AutoVerifier, StateVerifier
 
 register("exact-match", ExactMatchVerifier)
@@ -31,6 +32,7 @@ register("state", StateVerifier)
 register("composite", CompositeVerifier)
 register("auto", AutoVerifier)
 register("hidden-tests", HiddenTestsVerifier)
+register("judge", JudgeVerifier)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -38,6 +40,7 @@ __all__ = [
     "CompositeVerifier",
     "ExactMatchVerifier",
     "HiddenTestsVerifier",
+    "JudgeVerifier",
     "NumericVerifier",
     "RegexVerifier",
     "StateVerifier",

@@ -69,11 +69,16 @@ class CompositeVerifier:
             v = gate.verify(sandbox, task, episode)
             lines.append(f"gate {gate.name}: {'pass' if v.passed else 'FAIL'} ({v.details})")
             if not v.passed:
-                return Verdict(0.0, False, "; ".join(lines))
+                return Verdict(0.0, False, "; ".join(lines), judged=v.judged)
         reward = 0.0
+        judged = True
         for part, weight in self._parts:
             v = part.verify(sandbox, task, episode)
             reward += weight * v.reward
+            # One part not judged (a judge that failed): the sum is no score of the episode either.
+            judged = judged and v.judged
             lines.append(f"{part.name} x{weight:g}: {v.reward:g} ({v.details})")
         reward /= self._total
+        if not judged:
+            return Verdict(0.0, False, "not judged: " + "; ".join(lines), judged=False)
         return Verdict(reward, reward >= self.pass_threshold, "; ".join(lines))

@@ -268,7 +268,9 @@ class MCPConnection:
             )
         if conn._failure is not None:
             conn.close()
-            raise MCPServerError(spec.label, f"did not start: {_describe(conn._failure)}{conn._tail()}")
+            ended = conn._bridge.ended if conn._bridge is not None else None
+            why = ended if ended is not None else f"{_describe(conn._failure)}{conn._tail()}"
+            raise MCPServerError(spec.label, f"did not start: {why}")
         return conn
 
     def _tail(self) -> str:

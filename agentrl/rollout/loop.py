@@ -37,7 +37,7 @@ from agentrl.protocols import AgentEnv
 from agentrl.rollout.config import RolloutConfig, turn_seed
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
-from agentrl.rollout.trajectory import Timings, Trajectory
+from agentrl.rollout.trajectory import UNTRAINABLE_FINISH_REASONS, Timings, Trajectory
 from agentrl.task import Task
 from agentrl.types import FinishReason, Split
 
@@ -354,6 +354,8 @@ class _Episode:
             env_id=self.env.env_id if self.env is not None else "",
             split=self.split,
             verdict_details=verdict.details if verdict is not None else "",
+            judged=verdict.judged if verdict is not None else True,
+            submission=episode.submission if episode is not None else None,
             turns=episode.turns if episode is not None else 0,
             tool_calls=episode.tool_calls if episode is not None else 0,
             tool_errors=episode.tool_errors if episode is not None else 0,
@@ -379,6 +381,7 @@ async def _run_one(
     policy: Policy,
     cfg: RolloutConfig,
     episode_policy: EpisodePolicyFactory | None = None,
+    tasks_seen: dict[str, Task] | None = None,
 ) -> list[Trajectory]:
     ep = _Episode(spec, masker, policy, cfg, episode_policy)
     t0 = time.perf_counter()
@@ -425,6 +428,8 @@ async def _run_one(
                     ep.verdict = await ep.env_call(ep.env.end_episode, "env_error", ep.error)
     finally:
         if ep.env is not None:
+            if tasks_seen is not None and getattr(ep.env, "task", None) is not None:
+                tasks_seen[spec.group_id] = ep.env.task  # what a group judge scores the group against
             pool.release(ep.env, healthy)
     return ep.trajectories(time.perf_counter() - t0)
 
@@ -489,29 +494,78 @@ async def collect(
         for _k in range(cfg.group_size if group_sizes is None else group_sizes[g]):
             specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", seed, env_seed))
     semaphore = asyncio.Semaphore(cfg.concurrency)
+    # A verifier that scores a group's answers together (`judge(group=True)`): each group is judged once
+    # its episodes are done, before anyone is handed its trajectories.
+    group_judge = await _group_judge(pool)
+    tasks_seen: dict[str, Task] = {}
 
-    async def one(spec: _EpisodeSpec) -> list[Trajectory]:
+    async def one(spec: _EpisodeSpec, notify: bool = True) -> list[Trajectory]:
         async with semaphore:
             # A shared permit is polled, not waited for on a thread: waiting threads would take the
             # default executor that the environments' calls run on.
             while slots is not None and not slots.acquire(blocking=False):
                 await asyncio.sleep(0.005)
             try:
-                trajs = await _run_one(spec, pool, masker, policy, cfg, episode_policy)
+                trajs = await _run_one(spec, pool, masker, policy, cfg, episode_policy, tasks_seen)
             finally:
                 if slots is not None:
                     slots.release()
+        if notify and on_trajectory is not None:
+            for traj in trajs:
+                on_trajectory(traj)
+        return trajs
+
+    async def group(members: list[_EpisodeSpec]) -> list[Trajectory]:
+        trajs = [t for ts in await asyncio.gather(*(one(s, notify=False) for s in members)) for t in ts]
+        task = tasks_seen.get(members[0].group_id)
+        if task is not None:
+            trajs = await asyncio.to_thread(_rescore_group, group_judge, task, trajs)
         if on_trajectory is not None:
             for traj in trajs:
                 on_trajectory(traj)
         return trajs
 
     try:
-        return [t for trajs in await asyncio.gather(*(one(s) for s in specs)) for t in trajs]
+        if group_judge is None:
+            return [t for trajs in await asyncio.gather(*(one(s) for s in specs)) for t in trajs]
+        groups: dict[str, list[_EpisodeSpec]] = {}
+        for s in specs:
+            groups.setdefault(s.group_id, []).append(s)
+        return [t for trajs in await asyncio.gather(*(group(m) for m in groups.values())) for t in trajs]
     finally:
         pool.close()
+
+
+async def _group_judge(pool: _EnvPool) -> Any:
+    """The environments' verifier when it judges groups (`group` set and `judge_group`), else None."""
+    env = await pool.acquire()
+    pool.release(env, True)
+    verifier = getattr(env, "verifier", None)
+    if getattr(verifier, "group", False) is True and callable(getattr(verifier, "judge_group", None)):
+        return verifier
+    return None
 
 
 def collect_sync(*args: Any, **kwargs: Any) -> list[Trajectory]:
     """`collect` for synchronous callers (it runs its own event loop)."""
     return asyncio.run(collect(*args, **kwargs))
+
+
+def _rescore_group(judge: Any, task: Task, trajectories: list[Trajectory]) -> list[Trajectory]:
+    """A finished group's trajectories with the rewards of one `judge_group` call: the episodes that ended by
+    the policy's doing (one trajectory each, or a harness episode's last branch) are scored side by side;
+    the others keep what they had. Returns new trajectories (the inputs are not changed)."""
+    from dataclasses import replace
+
+    scored = [
+        i
+        for i, t in enumerate(trajectories)
+        if t.branch == 0 and t.finish_reason not in UNTRAINABLE_FINISH_REASONS
+    ]
+    if not scored:
+        return list(trajectories)
+    verdicts = judge.judge_group(task, [trajectories[i].submission for i in scored])
+    out = list(trajectories)
+    for i, v in zip(scored, verdicts, strict=True):
+        out[i] = replace(out[i], reward=v.reward, passed=v.passed, verdict_details=v.details, judged=v.judged)
+    return out

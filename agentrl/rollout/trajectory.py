@@ -84,6 +84,10 @@ class Trajectory:
     restarts: int = 0
     """Times its episode was abandoned and started again because weights were pushed while it ran
     (`RolloutConfig.on_push: restart`)."""
+    judged: bool = True
+    """False when its verifier could not score it (`Verdict.judged`: a judge that failed): not trainable."""
+    submission: str | None = None
+    """What the agent submitted (`Episode.submission`); a group judge scores the group's submissions together."""
     token_versions: list[int] = field(default_factory=list)
     """Per id, the weights version that sampled it (a push mid-episode, even mid-turn, changes it); -1
     for ids not sampled (prompt, observations) and where the policy did not say. Empty: not recorded."""
@@ -96,13 +100,16 @@ class Trajectory:
                 f"({len(self.behavior_logprobs)}) must have the same length"
             )
         if self.token_versions and len(self.token_versions) != n:
-            raise ValueError(f"token_ids ({n}) and token_versions ({len(self.token_versions)}) differ in length")
+            raise ValueError(
+                f"token_ids ({n}) and token_versions ({len(self.token_versions)}) differ in length"
+            )
         if self.policy_version_max is None:
             self.policy_version_max = self.policy_version
 
     @property
     def trainable(self) -> bool:
-        return self.finish_reason not in UNTRAINABLE_FINISH_REASONS
+        """Whether the loss may use it: it ended by the policy's doing and its verifier judged it."""
+        return self.finish_reason not in UNTRAINABLE_FINISH_REASONS and self.judged
 
     @property
     def num_action_tokens(self) -> int:
