@@ -812,8 +812,14 @@ def gateway_cmd(
         "", "--out", help="Write the sessions' calls here as trajectories (JSONL) at exit."
     ),
     seed: int = typer.Option(0, help="The engine's sampling seed."),
+    alias: list[str] = typer.Option(
+        [], "--alias", help="Another model name to answer to (the one your agent hard-codes); repeatable."
+    ),
 ) -> None:
-    """Serve a checkpoint as an OpenAI-compatible API, one session URL per episode, until Ctrl-C."""
+    """Serve a checkpoint as an OpenAI-compatible API, one session URL per episode, until Ctrl-C.
+
+    The calls are written (--out) as trajectories marked not scored: no verifier ran. To train an agent
+    that runs as its own process, use the agent service (`HarnessEnv(service=...)`, docs/AGENTS.md)."""
     from agentrl.errors import check_model_dir
     from agentrl.gateway.serve import serve
     from agentrl.parsers import get_parser
@@ -831,6 +837,7 @@ def gateway_cmd(
             port=port,
             uds=unix_socket or None,
             parser=parser,
+            aliases=alias,
             out=out or None,
             echo=typer.echo,
         )

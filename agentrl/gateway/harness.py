@@ -190,7 +190,9 @@ class HarnessEnv:
         runs even when the agent's request did not declare them (by default a call to a tool the request did
         not offer is refused, as OpenAI's API never calls an undeclared function); model_aliases: model names
         the agent asks for (one it hard-codes) that the gateway answers as its own. Other keyword arguments
-        (`max_turns`, `verifier`, settings) go to `agentrl.make(env, ...)`.
+        (`max_turns`, `verifier`, settings) go to `agentrl.make(env, ...)`. service: instead of `agent`, an
+        address ("127.0.0.1:8765") where each episode is offered to an agent process of yours
+        (`agentrl.gateway.service`); pickup_timeout_s: how long an offered episode waits to be taken.
 
     Everything else (`reset`, `step`, `tasks`, `toolbox`, `episode`, ...) is the wrapped environment's,
     so the checks (`agentrl env check`, `agentrl verifier audit`) run on it unchanged.
@@ -208,10 +210,14 @@ class HarnessEnv:
         max_calls: int | None = None,
         env_tools: Sequence[str] = (),
         model_aliases: Sequence[str] = (),
+        service: str | None = None,
+        pickup_timeout_s: float = 120.0,
         **env_kwargs: Any,
     ):
-        if (agent is None) == (command is None):
-            raise ValueError("a harness env takes one of agent= (a callable or 'module:function') and command=")
+        if sum(x is not None for x in (agent, command, service)) != 1:
+            raise ValueError(
+                "a harness env takes one of agent= (a callable or 'module:function'), command= and service="
+            )
         if install and command is None:
             raise ValueError("install= is for a harness command (it installs into the sandbox's image)")
         if isinstance(env, str):
@@ -233,6 +239,10 @@ class HarnessEnv:
             if self.install:
                 packages = self.install
                 env.sandbox_image = lambda image: harness_image(image, packages)
+        elif service is not None:
+            from agentrl.gateway.service import ServiceAgent
+
+            self.agent = ServiceAgent(service, pickup_timeout_s=pickup_timeout_s)
         else:
             self.agent = load_agent(agent)
         self.max_calls = max_calls

@@ -4,9 +4,12 @@
     {"session": 0, "url": "http://127.0.0.1:8000/s/4bq.../v1", "model": "agentrl-policy"}
     ...
 
-Each session URL is one episode's: point an OpenAI client at it (`OPENAI_BASE_URL`). The server runs
-until interrupted (Ctrl-C, SIGTERM); then every session's calls are written to `--out` as
-trajectories (one per branch, `agentrl.gateway.session`), with no reward: no environment scored them.
+Each session URL is one episode's: point an OpenAI client at it (`OPENAI_BASE_URL`). The model answers to
+its name (`agentrl-policy`) and to every `--alias` (the name an agent hard-codes). The server runs until
+interrupted (Ctrl-C, SIGTERM); then every session's calls are written to `--out` as trajectories (one
+per branch, `agentrl.gateway.session`), marked not scored (`scored: false`, reward 0.0): no environment
+ran a verifier on them, and training refuses them. To train an agent that runs as its own process, use
+the agent service (`agentrl.gateway.service`): the trainer hands it episodes and scores them.
 Unlike a rollout's sessions, these honour a request's temperature, top-p and seed.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ def serve(
     uds: str | None = None,
     parser: str = "hermes",
     model_name: str = "agentrl-policy",
+    aliases: Sequence[str] = (),
     out: str | Path | None = None,
     echo: Callable[[str], None] = print,
     stop: threading.Event | None = None,
@@ -41,10 +45,14 @@ def serve(
     """Serve until `stop` is set (by default: until SIGINT or SIGTERM); write the sessions' trajectories to
     `out`; return how many were written."""
     stop = stop or _stop_on_signals()
-    with Gateway(policy, host=host, port=port, uds=uds, parser=parser, model_name=model_name) as gateway:
+    gateway = Gateway(
+        policy, host=host, port=port, uds=uds, parser=parser, model_name=model_name, aliases=aliases
+    )
+    with gateway:
         opened = [gateway.session(rollout=rollout, lock_sampling=False) for _ in range(sessions)]
         for i, s in enumerate(opened):
-            echo(json.dumps({"session": i, "url": s.url, "model": gateway.model_name}))
+            line = {"session": i, "url": s.url, "model": gateway.model_name}
+            echo(json.dumps({**line, "aliases": sorted(gateway.aliases)} if gateway.aliases else line))
         stop.wait()
         trajectories = []
         for i, s in enumerate(opened):
@@ -56,7 +64,7 @@ def serve(
 
 
 def session_trajectories(session: Any, *, task_id: str) -> list[Trajectory]:
-    """A session's branches as unscored trajectories (no environment, no reward)."""
+    """A session's branches as trajectories marked not scored (no environment, no verifier, no reward)."""
     branches = session.branches()
     out = []
     for i, b in enumerate(branches):
@@ -72,6 +80,8 @@ def session_trajectories(session: Any, *, task_id: str) -> list[Trajectory]:
                 prompt_len=seq.prompt_len,
                 reward=0.0,
                 passed=False,
+                scored=False,
+                verdict_details="not scored: no verifier ran on this session (agentrl gateway)",
                 finish_reason=session.finish_reason or "submitted",
                 policy_version=min(b.versions),
                 policy_version_max=max(b.versions),

@@ -91,6 +91,8 @@ class Trajectory:
     token_versions: list[int] = field(default_factory=list)
     """Per id, the weights version that sampled it (a push mid-episode, even mid-turn, changes it); -1
     for ids not sampled (prompt, observations) and where the policy did not say. Empty: not recorded."""
+    scored: bool = True
+    """False when no verifier ran on it (the `agentrl gateway` server's sessions): its reward means nothing."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

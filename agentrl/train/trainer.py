@@ -277,7 +277,7 @@ def setup(cfg: TrainConfig) -> Run:
         bar = tqdm(
             total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0
         )
-    replay = load_trajectories(cfg.replay) if cfg.replay else None
+    replay = load_replay(cfg.replay) if cfg.replay else None
     curriculum, producer = _start_rollouts(cfg, info, placement, progress, resumed_from, bar)
     if cfg.cluster.ray_address is not None:
         # The engines are Ray actors on their own GPUs: no sleep, weights through the object store.
@@ -304,6 +304,19 @@ def setup(cfg: TrainConfig) -> Run:
         _say_start(run)
         _evaluate_at_start(run)
     return run
+
+
+def load_replay(path: str) -> list[Trajectory]:
+    """The trajectories of a `replay` file; one that holds trajectories no verifier scored is refused."""
+    replay = load_trajectories(path)
+    unscored = sum(not t.scored for t in replay)
+    if unscored:  # rewards of 0.0 that no verifier gave would train the policy away from what it did
+        raise UserError(
+            f"{unscored} of the {len(replay)} trajectories of {path} are not scored (no verifier ran: `agentrl "
+            "gateway` wrote them). Train an agent that runs as its own process with the agent service instead "
+            "(HarnessEnv(service=...), docs/AGENTS.md): the environment's verifier scores each episode"
+        )
+    return replay
 
 
 def next_batch(run: Run, step: int, metrics: dict[str, float]) -> tuple[list[Trajectory], list[Trajectory]]:
