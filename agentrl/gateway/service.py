@@ -51,13 +51,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-if TYPE_CHECKING:
-    from agentrl.gateway.harness import HarnessTask
+HarnessTask = Any  # `agentrl.gateway.harness.HarnessTask` (which imports this module: no import back)
 
 log = logging.getLogger(__name__)
 
