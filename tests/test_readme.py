@@ -57,6 +57,8 @@ PYTHON_BLOCKS = {
     "class MazeSettings": "test_settings_model_snippet",
     "class ComputeThenSubmit": "test_scripted_oracle_snippet",
     "class LeakTheAnswerFile": "test_attack_plugin_snippet",
+    "# mylab/wordbot.py": "test_own_agent_warm_start_snippet",
+    "# mylab/service.py": "test_agent_service_snippet",
 }
 
 
@@ -116,7 +118,8 @@ def mylab(tmp_path, monkeypatch):
     register_envs()
     yield package
     registry.pop("mylab/Lookup-v0", None)
-    registry.pop("mylab/Lookup-agent-v0", None)
+    for env_id in ("mylab/Lookup-agent-v0", "mylab/Pick-v0", "mylab/WordBot-v0", "mylab/Lookup-svc-v0"):
+        registry.pop(env_id, None)
     for name in [m for m in sys.modules if m == "mylab" or m.startswith("mylab.")]:
         del sys.modules[name]
 
@@ -180,6 +183,56 @@ def test_agent_snippet(mylab, tiny_model_dir):  # noqa: F811
     )
     assert traj.finish_reason == "submitted" and traj.reward == 1.0 and traj.tool_calls == 2
     assert traj.branches == 1 and assert_all_sampled(traj, record) == 2
+
+
+def test_own_agent_warm_start_snippet(mylab, tiny_model_dir):  # noqa: F811
+    """docs/AGENTS.md's agent of its own plays the oracle's demonstrations in its own prompt and tool
+    schema (the whole path, warm start to pass@k, is `tests/test_userpath.py`'s, from these lines)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.kit.demonstrations import generate_demos
+
+    (mylab / "wordbot.py").write_text(block("# mylab/wordbot.py"))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trajs, stats = generate_demos("mylab.wordbot:mylab/WordBot-v0", 3, mylab / "demos.jsonl", tok)
+    assert stats.episodes == stats.passed == 3
+    for t in trajs:
+        shown = tok.decode(t.token_ids[: t.prompt_len])
+        assert "You are WordBot." in shown and "Hand in the word you were asked for." in shown
+
+
+def test_agent_service_snippet(mylab, tiny_model_dir, monkeypatch):  # noqa: F811
+    """docs/AGENTS.md's agent service: the harness env offers an episode, the guide's loop (on a thread
+    here; `tests/gateway/test_service.py` runs it as a separate process) plays it, the verifier scores."""
+    import socket
+    import threading
+
+    from transformers import AutoTokenizer
+
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
+    from tests.gateway.scripted import ToolCallPolicy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AGENTRL_SERVICE_TOKEN", "docs-secret")
+    (mylab / "service.py").write_text(block("# mylab/service.py").replace("8765", str(port)))
+    import mylab.service  # type: ignore[import-not-found]
+
+    def write(prompt: str, call: int) -> str:
+        if call == 0:
+            return '<tool_call>\n{"name": "lookup", "arguments": {"key": "France"}}\n</tool_call>'
+        return '<tool_call>\n{"name": "submit", "arguments": {"answer": "Paris"}}\n</tool_call>'
+
+    agent = threading.Thread(target=mylab.service.serve_episodes, kwargs={"idle_s": 5}, daemon=True)
+    agent.start()
+    policy = ToolCallPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), write)
+    (traj,) = collect_sync(
+        "mylab/Lookup-svc-v0", [0], policy, RolloutConfig(group_size=1, max_tokens_per_turn=64)
+    )
+    agent.join(timeout=30)
+    assert traj.finish_reason == "submitted" and traj.reward == 1.0 and traj.tool_calls == 2
 
 
 @pytest.mark.docker

@@ -178,3 +178,66 @@ def test_own_package_to_trained_checkpoint_every_command_exits_0(installed, tiny
     assert summary["task_ids"] == ["words/4", "words/9", "words/14"]  # the held-out rows of the JSONL
     assert "report: eval/report.md" in res.stdout
     print("\n".join(transcript))
+
+
+def _guide() -> tuple[str, str, list[list[str]]]:
+    """docs/AGENTS.md's "Warm-start your own agent": the agent's module, the training config, and the
+    `agentrl` command lines, as written there."""
+    import shlex
+
+    from tests.test_readme import block, blocks
+
+    (config,) = [text for page, text in blocks("yaml") if "# wordbot.yaml" in text]
+    (commands,) = [text for page, text in blocks("bash") if "mylab.wordbot:mylab/WordBot-v0" in text]
+    lines = [shlex.split(line, comments=True) for line in commands.replace("\\\n", " ").splitlines()]
+    return block("# mylab/wordbot.py"), config, [argv for argv in lines if argv]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_own_agent_warm_started_through_its_harness_into_the_band_trained_and_evaluated(tmp_path):
+    """The new user's path with an agent of their own: its own system prompt and tool schema, registered
+    in a module of the current directory (no PYTHONPATH), warm-started through the harness until its
+    held-out pass@1 is in the band, two GRPO steps, pass@k: docs/AGENTS.md's lines, as written there."""
+    module, config, commands = _guide()
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "wordbot.py").write_text(module)
+    (tmp_path / "wordbot.yaml").write_text(config)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    transcript: list[str] = []
+    results = []
+    for argv in commands:
+        assert argv[0] == "agentrl", argv
+        res = subprocess.run(
+            [AGENTRL, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000
+        )
+        transcript.append(f"$ {' '.join(argv)}  -> exit {res.returncode}")
+        assert res.returncode == 0, "\n".join(transcript) + "\n" + res.stderr[-4000:]
+        assert "Traceback" not in res.stderr
+        results.append(res)
+    init, demos, warm, train, evaluated = results
+
+    # Demonstrations in the agent's own prompt: its system prompt and its description of `submit`.
+    stats = json.loads(demos.stdout)
+    assert stats["episodes"] == stats["passed"] == 4
+    first = json.loads((tmp_path / "demos.jsonl").read_text().splitlines()[0])
+    assert first["messages"][0]["content"].startswith("You are WordBot.")
+
+    # The warm start from the checkpoint: round 0 measured, SFT rounds until held-out pass@1 is in the band.
+    shown = json.loads(warm.stdout)
+    rounds = shown["rounds"]
+    assert rounds[0]["round"] == 0 and rounds[0]["sft_steps"] == 0
+    assert 0.2 <= shown["pass_at_1"] <= 0.8 and rounds[-1]["pass_at_1"] == shown["pass_at_1"], rounds
+    assert all(r["pass_at_1"] < 0.2 for r in rounds[:-1]) and shown["advice"] is None
+
+    # Two GRPO steps on the harness env, then pass@k of both checkpoints through the agent.
+    metrics = [json.loads(x) for x in (tmp_path / "runs/wordbot/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    summary = json.loads((tmp_path / "runs/eval/summary.json").read_text())
+    assert [m["model"] for m in summary["models"]] == ["warm", "grpo"]
+    for m in summary["models"]:
+        assert [p["k"] for p in m["pass_at"]] == [1, 2, 4]
+        assert set(m["finish_reasons"]) <= {"submitted", "max_turns"}  # no agent error, no timeout
+    assert "warm: pass@1" in evaluated.stdout and "grpo: pass@1" in evaluated.stdout
+    print("\n".join(transcript))

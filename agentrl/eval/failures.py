@@ -20,8 +20,8 @@ OUTSIDE_THE_POLICY = ("agent_error", "timeout", "env_error", "engine_error")
 
 WHAT_TO_DO = {
     "agent_error": "your agent raised it, not the environment (`agentrl env check` plays the environment "
-    "without your agent): fix the agent, e.g. by running one episode (`agentrl rollout --env ENV --tasks 1`) "
-    "and reading the trajectory's `error`",
+    "without your agent): fix the agent, e.g. by running one episode (`agentrl rollout --env ENV --model "
+    "CHECKPOINT --tasks 1 --group-size 1 --out one.jsonl`) and reading the trajectory's `error`",
     "timeout": "the episodes ran past rollout.episode_timeout_s: raise it, or look for an agent that waits "
     "forever (a blocking call, a request the gateway never answers)",
     "env_error": "the environment failed: run `agentrl env check ENV` and read the trajectories' `error`",
