@@ -175,7 +175,9 @@ class SandboxCommand:
             raise RuntimeError(relay.broken)
         if code != 0:
             tail = relay.output.strip()[-800:]
-            raise RuntimeError(f"the harness command exited {code}" + (f"; its output ends: {tail}" if tail else ""))
+            raise RuntimeError(
+                f"the harness command exited {code}" + (f"; its output ends: {tail}" if tail else "")
+            )
 
 
 class HarnessEnv:
@@ -223,7 +225,6 @@ class HarnessEnv:
         if isinstance(env, str):
             from agentrl.registry import make
 
-            env_kwargs.setdefault("tools_in_prompt", False)
             env = make(env, **env_kwargs)
         elif env_kwargs:
             raise ValueError(
@@ -300,9 +301,10 @@ class HarnessTask:
         self.task = task
         """The environment's `Task` (id, prompt, metadata): what the agent works on."""
         self.prompt = task.prompt
-        self.messages: list[dict[str, Any]] = [dict(m) for m in first_messages]
-        """The environment's first messages (system instructions, the task), as OpenAI messages."""
         self.tools: list[dict[str, Any]] = [dict(s) for s in episode.env.toolbox.schemas]
+        self.messages: list[dict[str, Any]] = _without_tools(first_messages, episode.env, self.tools)
+        """The environment's first messages (system instructions, the task), as OpenAI messages; the tools
+        are not written in them (they go as `tools`, and the session writes them where the env does)."""
         """The environment's tools as OpenAI tool schemas (`tools=` of a chat completion)."""
         self.model: str = episode.gateway.model_name
         self.done = False
@@ -373,6 +375,20 @@ def _declared(session: Session, default: Sequence[dict[str, Any]]) -> frozenset[
     if not tool_lists:
         return _tool_names(default)
     return frozenset().union(*(_tool_names(t) for t in tool_lists))
+
+
+def _without_tools(messages: list[Message], env: Any, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first messages with the tools' block taken out of the system message, where the environment
+    wrote it (`tools_in_prompt`): a harness passes the tools as `tools`, and its session writes the same
+    block back (`tools_prompt="system"`), so the model's prompt is the native one, token for token."""
+    out = [dict(m) for m in messages]
+    if not tools or not out or out[0].get("role") != "system" or not getattr(env, "tools_in_prompt", False):
+        return out
+    suffix = "\n\n" + env.parser.system_block(tools)
+    content = out[0].get("content") or ""
+    if content.endswith(suffix):
+        out[0]["content"] = content[: -len(suffix)]
+    return out
 
 
 def _normal(message: Any) -> dict[str, Any] | None:
@@ -503,6 +519,9 @@ class HarnessEpisode:
             parser=env.parser,
             group_id=self.group_id,
             on_close=on_close,
+            # The tools are shown where the native environment shows them: in its system prompt, written
+            # by its tool-call format; an environment built without them there leaves them to the template.
+            tools_prompt="system" if getattr(env.env, "tools_in_prompt", True) else "template",
         )
         task = HarnessTask(self, env.task, obs)
         client = AsyncOpenAI(

@@ -165,12 +165,37 @@ def parse_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
         ) from None
     if not isinstance(data, dict):
         raise GatewayError(400, f"The request body must be a JSON object, got {type(data).__name__}.")
+    _refuse_non_text(data.get("messages"))
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc) from None
     _refuse_unsupported(req)
     return req, data
+
+
+def _refuse_non_text(messages: Any) -> None:
+    """Content parts other than text (images, audio, files), refused by name: the policy reads text only."""
+    if not isinstance(messages, list):
+        return
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise non_text_part(f"messages[{i}].content[{j}]", kind, f"messages.{i}.content.{j}")
+
+
+def non_text_part(where: str, kind: Any, param: str) -> GatewayError:
+    return GatewayError(
+        400,
+        f"{where} is a content part of type {kind!r}: this model reads text only (no images, audio or files); "
+        "send text parts ({'type': 'text', 'text': ...}) or a string.",
+        param=param,
+        code="unsupported_content",
+    )
 
 
 # Pydantic names the member of a union it tried inside an error's location; OpenAI's `param` does not.

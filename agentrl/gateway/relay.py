@@ -35,6 +35,7 @@ MAX_CONNECTIONS = 64
 URL_VARS = ("OPENAI_BASE_URL", "OPENAI_API_BASE")
 """Set to the session's URL inside the sandbox (the SDK's name, and the older one litellm also reads)."""
 
+
 @cache
 def _script() -> bytes:
     return (Path(__file__).parent / "relay_inside.py").read_bytes()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,9 +42,10 @@ def serve(
     out: str | Path | None = None,
     echo: Callable[[str], None] = print,
     stop: threading.Event | None = None,
+    note: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True),
 ) -> int:
     """Serve until `stop` is set (by default: until SIGINT or SIGTERM); write the sessions' trajectories to
-    `out`; return how many were written."""
+    `out` (saying so on stderr at once, before the slow shutdown); return how many were written."""
     stop = stop or _stop_on_signals()
     gateway = Gateway(
         policy, host=host, port=port, uds=uds, parser=parser, model_name=model_name, aliases=aliases
@@ -54,12 +56,17 @@ def serve(
             line = {"session": i, "url": s.url, "model": gateway.model_name}
             echo(json.dumps({**line, "aliases": sorted(gateway.aliases)} if gateway.aliases else line))
         stop.wait()
+        # Written before the server and the engine shut down (seconds): what was asked for comes first.
+        calls = sum(len(s.samples) for s in opened)
+        where = f" to {out}" if out is not None else " (no --out: not kept)"
+        note(f"stopping: writing the calls of {len(opened)} sessions ({calls} completions){where}")
         trajectories = []
         for i, s in enumerate(opened):
             s.close("submitted")
             trajectories += session_trajectories(s, task_id=f"session-{i}")
-    if out is not None:
-        save_trajectories(out, trajectories)
+        if out is not None:
+            save_trajectories(out, trajectories)
+            note(f"wrote {len(trajectories)} trajectories to {out}; shutting the server and the engine down")
     return len(trajectories)
 
 
@@ -99,6 +106,8 @@ def _stop_on_signals() -> threading.Event:
 
     def handler(_signum: int, _frame: Any) -> None:
         stop.set()
+        # A second Ctrl-C while shutting down interrupts at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)

@@ -52,7 +52,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from agentrl.gateway.protocol import GatewayError, parse_request, session_not_found
-from agentrl.gateway.session import Choice, Completion, Session, _count
+from agentrl.gateway.session import Choice, Completion, Session, ToolsPrompt, _count
 from agentrl.parsers import get_parser
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker
@@ -74,7 +74,10 @@ class Gateway:
         template_kwargs: as `ChatMasker`'s (a rollout passes its masker's, so both render alike).
     model_name: the model id clients must name; aliases: other names it answers to. parser: the default tool-call format of sessions.
     host, port: where to listen (port 0: a free port); uds: a unix socket path instead.
-    max_n: the most choices one request may ask for.
+    max_n: the most choices one request may ask for. tools_prompt: how sessions show a request's tools to
+        the model by default: "system" writes them into the system message with the session's tool-call
+        format, as a native environment does (`tools_in_prompt`), so that a policy trained natively sees
+        the prompt it knows; "template" passes them to the chat template's `tools`.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Gateway:
         port: int = 0,
         uds: str | os.PathLike[str] | None = None,
         max_n: int = 8,
+        tools_prompt: ToolsPrompt = "system",
     ):
         self.policy = policy
         self.tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
@@ -107,6 +111,9 @@ class Gateway:
         self.parser = get_parser(parser)
         self.host, self.port, self.uds = host, port, None if uds is None else os.fspath(uds)
         self.max_n = max_n
+        if tools_prompt not in ("system", "template"):
+            raise ValueError(f"tools_prompt must be 'system' or 'template', got {tools_prompt!r}")
+        self.tools_prompt: ToolsPrompt = tools_prompt
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self._maskers: collections.OrderedDict[str, ChatMasker] = collections.OrderedDict()
@@ -149,6 +156,7 @@ class Gateway:
             access_log=False,  # session tokens are in the paths: never log them
             lifespan="off",
             timeout_keep_alive=300,  # a harness may think for minutes between two calls
+            timeout_graceful_shutdown=2,  # stopping does not wait on harnesses' idle connections
             backlog=4096,
         )
         self._server = uvicorn.Server(config)
@@ -228,6 +236,7 @@ class Gateway:
         group_id: str = "",
         on_close: Callable[[Session], None] | None = None,
         policy: Any = None,
+        tools_prompt: ToolsPrompt | None = None,
     ) -> Session:
         """Open one episode's session; its `url` is the base URL its harness gets.
 
@@ -238,6 +247,7 @@ class Gateway:
         the request asks (see `agentrl.gateway.session`). on_close: called once when the session ends.
         policy: the policy that samples this session's completions (default: the gateway's; a scripted one
         plays demonstrations through a harness, `agentrl.kit.demonstrations`).
+        tools_prompt: how its requests' tools reach the model (default: the gateway's `tools_prompt`).
         """
         if self._thread is None:
             raise RuntimeError("start the gateway (Gateway(...).start()) before opening sessions")
@@ -255,6 +265,7 @@ class Gateway:
             group_id=group_id,
             on_close=on_close,
             policy=policy,
+            tools_prompt=tools_prompt or self.tools_prompt,
         )
         with self._sessions_lock:
             self._sessions[token] = s
@@ -495,12 +506,12 @@ async def _sse(
         )
         calls = ch.message.get("tool_calls")
         if calls:
+            # The calls' tokens are the text's tokens: their log-probs come with the first chunk, as
+            # many as the unstreamed reply's.
+            lp = (
+                {"content": _token_logprobs(ch.content_ids, ch.sample.logprobs, decode)} if logprobs else None
+            )
             if ch.message.get("content"):
-                lp = (
-                    {"content": _token_logprobs(ch.content_ids, ch.sample.logprobs, decode)}
-                    if logprobs
-                    else None
-                )
                 yield chunk(
                     {
                         "index": i,
@@ -509,15 +520,17 @@ async def _sse(
                         "finish_reason": None,
                     }
                 )
+                lp = None
             for k, call in enumerate(calls):
                 yield chunk(
                     {
                         "index": i,
                         "delta": {"tool_calls": [{"index": k, **call}]},
-                        "logprobs": None,
+                        "logprobs": lp,
                         "finish_reason": None,
                     }
                 )
+                lp = None
         else:
             offset = 0
             for text, ids in _text_pieces(ch, decode):

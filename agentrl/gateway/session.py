@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -39,13 +40,14 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.cluster import episode_group
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     GatewayError,
+    NamedToolChoice,
     message_key,
     normal_message,
     reply_key,
@@ -60,6 +62,11 @@ if TYPE_CHECKING:
     from agentrl.types import FinishReason, Message
 
 log = logging.getLogger(__name__)
+
+ToolsPrompt = Literal["system", "template"]
+"""How a request's tools reach the model: written into the system message by the session's tool-call
+format (`ToolCallFormat.system_block`, what a native environment shows with `tools_in_prompt`), or passed
+to the chat template's `tools`."""
 
 # Gateway metrics, process-wide (as the masker's DRIFT_METRICS): sessions opened, calls served, calls
 # that did not extend their session (drift), branches they started, requests whose sampling arguments
@@ -193,6 +200,7 @@ class Session:
         group_id: str,
         on_close: Callable[[Session], None] | None,
         policy: Any = None,
+        tools_prompt: ToolsPrompt = "system",
     ):
         self.gateway = gateway
         self.policy = policy if policy is not None else gateway.policy
@@ -205,6 +213,7 @@ class Session:
         self.parser = parser
         self.lock_sampling = lock_sampling
         self.group_id = group_id
+        self.tools_prompt = tools_prompt
         self._on_close = on_close
         self._lock = threading.Lock()
         self.samples: list[Sample] = []
@@ -271,6 +280,13 @@ class Session:
             # Closed meanwhile (the episode timed out or ended): the engine's requests were aborted for
             # that reason, not because it failed (a gather cancelled that way reports a CancelledError).
             raise session_not_found()
+        if exc is not None and plan.samplings[0].structural_tag is not None and isinstance(exc, ValueError):
+            # The engine refused the constraint when it was added (nothing was sampled): the request's fault.
+            raise GatewayError(
+                400,
+                f"The tool_choice constraint was refused by the engine: {str(exc)[:300]}",
+                param="tool_choice",
+            ) from exc
         if exc is not None:
             # As in the native loop: the engine's failure ends the episode (with its own reason, if it names one).
             self.close(getattr(exc, "finish_reason", "env_error"), f"{type(exc).__name__}: {exc}")
@@ -285,9 +301,22 @@ class Session:
 
     def _plan(self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None) -> _Plan:
         cfg = self.rollout
+        asked = req.max_completion_tokens or req.max_tokens
+        if asked and asked > cfg.max_tokens_per_turn:
+            name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            raise GatewayError(
+                400,
+                f"'{name}' is {asked}, above this session's limit of {cfg.max_tokens_per_turn} tokens per "
+                f"completion (the rollout's max_tokens_per_turn); ask for at most {cfg.max_tokens_per_turn}, or "
+                "leave it unset.",
+                param=name,
+            )
         messages = [normal_message(m) for m in req.messages]
+        in_system = self.tools_prompt == "system" and bool(raw_tools)
+        parse_tools = bool(req.tools) and req.tool_choice != "none"
+        structure = self._structure(req, raw_tools) if parse_tools else None
         try:
-            masker = self.gateway.masker_for(raw_tools)
+            masker = self.gateway.masker_for(None if in_system else raw_tools)
         except Exception as exc:  # tools the chat template cannot render
             raise _unrenderable(exc, "tools") from None
         tools_key = json.dumps(raw_tools, sort_keys=True) if raw_tools else ""
@@ -317,6 +346,8 @@ class Session:
             forced_ids, forced_messages, drifted = ids, new, parent.drifted
         else:
             template = [dict(m) for m in messages]
+            if in_system:
+                template = tools_in_system(template, self.parser.system_block(raw_tools))
             try:
                 seq = masker.start(template)
             except Exception as exc:  # a conversation the chat template cannot render
@@ -339,11 +370,9 @@ class Session:
                 param="messages",
                 code="context_length_exceeded",
             )
-        asked = req.max_completion_tokens or req.max_tokens
         max_tokens = min(cfg.max_tokens_per_turn, budget, *([asked] if asked else []))
-        samplings = [self._sampling(req, call, i, max_tokens, masker) for i in range(req.n)]
+        samplings = [self._sampling(req, call, i, max_tokens, masker, structure) for i in range(req.n)]
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        parse_tools = bool(req.tools) and req.tool_choice != "none"
         _count(calls=1)
         return _Plan(
             call,
@@ -361,8 +390,45 @@ class Session:
             drifted,
         )
 
+    def _structure(self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None) -> str | None:
+        """The constraint that honours the request's `tool_choice` and `parallel_tool_calls` at sampling time
+        (None: sampled freely), or a `GatewayError` where it cannot be honoured."""
+        named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        required = req.tool_choice == "required" or named is not None
+        single = named is not None or req.parallel_tool_calls is False
+        if not required and not single:
+            return None
+        what = (
+            f"tool_choice {req.tool_choice!r}"
+            if required and named is None
+            else f"tool_choice naming {named!r}"
+            if named is not None
+            else "parallel_tool_calls false"
+        )
+        if not getattr(self.policy, "supports_constraints", False):
+            raise GatewayError(
+                400,
+                f"{what} cannot be honoured by this engine ({type(self.policy).__name__} samples without "
+                "constraints); leave tool_choice 'auto' (and parallel_tool_calls unset), or serve with vLLM.",
+                param="tool_choice",
+            )
+        return tool_call_structure(
+            self.parser,
+            raw_tools or [],
+            [named] if named else None,
+            required=required,
+            single=single,
+            what=what,
+        )
+
     def _sampling(
-        self, req: ChatCompletionRequest, call: int, choice: int, max_tokens: int, masker: ChatMasker
+        self,
+        req: ChatCompletionRequest,
+        call: int,
+        choice: int,
+        max_tokens: int,
+        masker: ChatMasker,
+        structure: str | None = None,
     ) -> SamplingConfig:
         cfg = self.rollout
         temperature, top_p = cfg.temperature, cfg.top_p
@@ -386,6 +452,7 @@ class Session:
             max_tokens=max_tokens,
             seed=seed,
             stop_token_ids=masker.stop_token_ids,
+            structural_tag=structure,
         )
 
     def _record(self, plan: _Plan, gens: list[Generation]) -> Completion:
@@ -555,6 +622,96 @@ class Session:
                 if reply_key(s.reply) == key:
                     return s
         return None
+
+
+def tool_call_structure(
+    parser: ToolCallParser,
+    tools: list[dict[str, Any]],
+    names: list[str] | None,
+    *,
+    required: bool,
+    single: bool,
+    what: str = "tool_choice",
+) -> str:
+    """The structure (xgrammar's structural tag, JSON) of a reply whose calls are written in `parser`'s
+    format to the functions in `tools` (those named in `names`), each call's arguments following its
+    function's JSON schema. `required`: the reply is one or more calls and nothing else (one when
+    `single`); else free text with at most one call, then the end of the turn. The format's own
+    wording comes from its `render_calls`, so the constrained text is what the model writes unconstrained."""
+    key = json.dumps([parser.name, tools, names, required, single], sort_keys=True)
+    return _structure_cached(key, parser, what)
+
+
+@functools.lru_cache(maxsize=256)
+def _structure_cached(key: str, parser: ToolCallParser, what: str) -> str:
+    _name, tools, names, required, single = json.loads(key)
+    try:
+        one = parser.render_calls([("f", {})])
+        two = parser.render_calls([("f", {}), ("f", {})])
+    except NotImplementedError:
+        raise GatewayError(
+            400,
+            f"{what} cannot be honoured: the tool-call format {parser.name!r} cannot write calls.",
+            param="tool_choice",
+        ) from None
+    separator = two[len(one) : len(two) - len(one)]
+    tags = []
+    for tool in tools:
+        function = tool.get("function") or {}
+        name = function.get("name")
+        if names is not None and name not in names:
+            continue
+        text = parser.render_calls([(name, {})])
+        cut = text.rfind("{}")
+        schema = function.get("parameters") or {"type": "object"}
+        tags.append(
+            {
+                "type": "tag",
+                "begin": text[:cut],
+                "content": {"type": "json_schema", "json_schema": schema},
+                "end": text[cut + 2 :],
+            }
+        )
+    if required:
+        fmt: dict[str, Any] = {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": separator,
+            "at_least_one": True,
+            "stop_after_first": single,
+        }
+    else:
+        begins = [t["begin"] for t in tags]
+        trigger = begins[0]
+        while any(not b.startswith(trigger) for b in begins):  # the prefix every call begins with
+            trigger = trigger[:-1]
+        trigger = trigger or begins[0]
+        fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": True}
+    structure = json.dumps({"type": "structural_tag", "format": fmt})
+    try:
+        import xgrammar
+    except ImportError:  # the engine validates it
+        return structure
+    try:
+        xgrammar.Grammar.from_structural_tag(structure)
+    except Exception as exc:
+        raise GatewayError(
+            400,
+            f"{what} cannot be honoured for these tools: their schemas do not compile to a constraint "
+            f"({type(exc).__name__}: {str(exc)[:300]}).",
+            param="tools",
+        ) from None
+    return structure
+
+
+def tools_in_system(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
+    """`messages` with the tools' block written into the system message, as an environment writes it
+    (`ToolEnv.system_prompt`: its instructions, a blank line, the block); a system message of its own when
+    the conversation has none."""
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{block}"}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
 
 
 def new_call_id() -> str:

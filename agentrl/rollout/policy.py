@@ -108,6 +108,12 @@ class SamplingConfig(BaseModel):
         description="Name of a LoRA adapter added with `add_adapter` to sample with; None: the adapter pushed "
         "last (`load_adapter`, or the one the engine started with), or the base model when there is none.",
     )
+    structural_tag: str | None = Field(
+        None,
+        description="Constrain the sample to this structure (xgrammar's structural tag, as JSON; vLLM's "
+        "structured outputs): tokens outside it are masked before sampling, and the log-probs are those of "
+        "the masked distribution. Only engines whose `supports_constraints` is true take it.",
+    )
 
 
 @dataclass(frozen=True)
@@ -542,10 +548,19 @@ class VLLMPolicy:
     def version(self) -> int:
         return self._version
 
+    supports_constraints = True
+    """Takes `SamplingConfig.structural_tag` (vLLM's structured outputs)."""
+
     def sampling_params(self, sampling: SamplingConfig) -> Any:
         from vllm import SamplingParams
 
+        extra: dict[str, Any] = {}
+        if sampling.structural_tag is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            extra["structured_outputs"] = StructuredOutputsParams(structural_tag=sampling.structural_tag)
         return SamplingParams(
+            **extra,
             n=1,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -1128,6 +1143,8 @@ class HFPolicy:
 
         if not prompt_ids:
             raise ValueError("generate needs at least one prompt token id")
+        if sampling.structural_tag is not None:
+            raise ValueError("HFPolicy samples without constraints; SamplingConfig.structural_tag needs VLLMPolicy")
         gen = torch.Generator().manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
         stop = set(sampling.stop_token_ids)
         eos = self.model.config.eos_token_id

@@ -115,6 +115,8 @@ class _Slot:
 class RayPolicy:
     """`engines` vLLM engines on a Ray cluster, serving one model as one `Policy` (see the module doc)."""
 
+    supports_constraints = True  # each engine is a VLLMPolicy
+
     def __init__(
         self,
         model: str | os.PathLike[str],

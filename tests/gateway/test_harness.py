@@ -57,14 +57,53 @@ def policy(tiny_model_dir: Path):
 
 
 def native_env():
-    return agentrl.make(GUESS, tools_in_prompt=False, max_turns=3)
+    return agentrl.make(GUESS, max_turns=3)
+
+
+@pytest.mark.parametrize("env_id", [GUESS, "agentrl/calc-v0"])
+@pytest.mark.parametrize("tools_in_prompt", [True, False])
+def test_harness_prompt_is_the_native_prompt(tiny_model_dir, env_id, tools_in_prompt):
+    """The first request of a harness episode is the native loop's prompt, id for id, for the same task:
+    the tools written where the environment writes them, by the same renderer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    record = RecordingPolicy(ToolCallPolicy(tok, lambda _p, _n: "I give up."))
+    kwargs = {"max_turns": 1, "backend": "local"} if env_id != GUESS else {"max_turns": 1}
+    cfg = RolloutConfig(group_size=1, max_tokens_per_turn=16)
+    schemas = agentrl.make(env_id, **kwargs).toolbox.schemas
+    # Natively without the tools in the prompt, the template is what shows them (as the harness's session does).
+    masker = ChatMasker(tok, tools=None if tools_in_prompt else schemas)
+    native = collect_sync(
+        lambda: agentrl.make(env_id, tools_in_prompt=tools_in_prompt, **kwargs),
+        [0, 1],
+        record,
+        cfg,
+        seed=3,
+        masker=masker,
+    )
+    harness = collect_sync(
+        lambda: HarnessEnv(env_id, openai_agent, tools_in_prompt=tools_in_prompt, **kwargs),
+        [0, 1],
+        record,
+        cfg,
+        seed=3,
+        masker=ChatMasker(tok),
+    )
+    prompts = [p for p, _s, _g in record.calls]
+    assert len(prompts) == 4 and sorted(prompts[:2]) == sorted(prompts[2:])
+    for a, b in zip(native, harness, strict=True):
+        assert a.token_ids[: a.prompt_len] == b.token_ids[: b.prompt_len]
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+    text = tok.decode(prompts[0])
+    assert text.count("<tools>\n") == 1 and "You may call one or more functions" in text
+    assert ("like this:" in text) == tools_in_prompt  # the env's own wording, else the template's
 
 
 @pytest.mark.vllm
 def test_harness_equals_native_loop(policy):
     tok = policy.tokenizer
-    schemas = native_env().toolbox.schemas
-    native = collect_sync(native_env, [0, 1], policy, CFG, seed=7, masker=ChatMasker(tok, tools=schemas))
+    native = collect_sync(native_env, [0, 1], policy, CFG, seed=7, masker=ChatMasker(tok))
     harness = collect_sync(
         lambda: HarnessEnv(GUESS, openai_agent, max_turns=3),
         [0, 1],

@@ -170,7 +170,7 @@ def test_tool_calls_parsed_and_streamed(tokenizer):
             async with client(session) as c:
                 plain = await c.chat.completions.create(model=gw.model_name, messages=MESSAGES, tools=TOOLS)
                 stream = await c.chat.completions.create(
-                    model=gw.model_name, messages=MESSAGES, tools=TOOLS, stream=True
+                    model=gw.model_name, messages=MESSAGES, tools=TOOLS, stream=True, logprobs=True
                 )
                 chunks = [chunk async for chunk in stream]
                 bare = await c.chat.completions.create(
@@ -188,6 +188,10 @@ def test_tool_calls_parsed_and_streamed(tokenizer):
     assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in streamed] == [
         ("guess", {"number": 51})
     ]
+    # Log-probs on every streamed token, as many as the unstreamed reply's.
+    streamed_lps = [t.logprob for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert len(streamed_lps) == len(session.samples[1].sampled_ids) - 1
+    assert streamed_lps == session.samples[1].logprobs[: len(streamed_lps)]
     # Ids as OpenAI's: a new one per call, given once in the stream.
     assert call.id.startswith("call_") and streamed[0].id.startswith("call_") and call.id != streamed[0].id
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
@@ -228,6 +232,16 @@ def test_bad_input_is_an_openai_4xx_and_the_server_goes_on(gateway, tiny_model_d
             ),
             400,
         ),
+        "audio content": (
+            json.dumps(
+                {
+                    "model": model,
+                    "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}],
+                }
+            ),
+            400,
+        ),
+        "max_tokens above the session's limit": (_ok_body(model, max_tokens=100_000), 400),
         "wrong model": (_ok_body("gpt-4o"), 404),
         "n too large": (_ok_body(model, n=gateway.max_n + 1), 400),
         "n zero": (_ok_body(model, n=0), 400),
@@ -246,6 +260,10 @@ def test_bad_input_is_an_openai_4xx_and_the_server_goes_on(gateway, tiny_model_d
     for name, (body, status) in cases.items():
         r = _post(url, body)
         assert r.status_code == status, (name, r.status_code, r.text)
+        if "content" in name:
+            assert "text only" in r.json()["error"]["message"], name
+        if "limit" in name:
+            assert f"limit of {ROLLOUT.max_tokens_per_turn} tokens" in r.json()["error"]["message"]
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], name
         assert "Traceback" not in r.text, name
@@ -322,8 +340,20 @@ def test_serve_writes_each_sessions_calls(tiny_model_dir, tokenizer, tmp_path):
 
     worker = threading.Thread(target=agent)
     worker.start()
-    written = serve(policy, rollout=ROLLOUT, sessions=2, port=0, out=out, echo=lines.append, stop=stop)
+    notes: list[str] = []
+
+    def note(message: str) -> None:
+        notes.append(message)
+        if len(notes) == 1:  # said before anything is written
+            assert not out.exists()
+
+    written = serve(
+        policy, rollout=ROLLOUT, sessions=2, port=0, out=out, echo=lines.append, stop=stop, note=note
+    )
     worker.join()
+    assert (
+        str(out) in notes[0] and "2 completions" in notes[0] and f"wrote 2 trajectories to {out}" in notes[1]
+    )
     trajs = load_trajectories(out)
     assert written == len(trajs) == 2
     assert [t.task_id for t in trajs] == ["session-0", "session-1"]

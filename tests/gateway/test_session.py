@@ -17,7 +17,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.gateway.server import Gateway
-from agentrl.gateway.session import GATEWAY_METRICS
+from agentrl.gateway.session import GATEWAY_METRICS, tools_in_system
 from agentrl.rollout.config import RolloutConfig
 from tests import fixtures_model
 from tests.gateway.scripted import (
@@ -79,8 +79,9 @@ def test_extension_reuses_sampled_ids_and_masks_observations(served):
     assert session.drifted_calls == 0 and not branch.drifted
     # What the native loop builds from the same conversation: one prompt, the sampled ids appended as
     # sampled (mask 1), each observation as a template delta tokenized once (mask 0).
-    masker = gw.masker_for(TOOLS)
-    seq = masker.start(copy.deepcopy(MESSAGES))
+    # The tools written into the system message by the session's tool-call format, as a native env writes them.
+    masker = gw.masker_for(None)
+    seq = masker.start(tools_in_system(copy.deepcopy(MESSAGES), session.parser.system_block(TOOLS)))
     for i, (prompt, _sampling, gen) in enumerate(record.calls):
         assert prompt == seq.token_ids, f"call {i} was not given the extended context"
         masker.add_turn(seq, gen.token_ids, gen.logprobs, gen.stop_reason)
