@@ -51,6 +51,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from agentrl.gateway import dialects
 from agentrl.gateway.protocol import GatewayError, parse_request, session_not_found
 from agentrl.gateway.session import Choice, Completion, Session, ToolsPrompt, _count
 from agentrl.parsers import get_parser
@@ -319,7 +320,10 @@ def _build_app(gateway: Gateway) -> Any:
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> Any:
         if exc.status_code == 404:
-            message = "Not found: the gateway serves only /s/<session token>/v1/chat/completions and /models."
+            message = (
+                "Not found: the gateway serves only /s/<session token>/v1/chat/completions, /responses, /messages "
+                "and /models."
+            )
         else:
             message = str(exc.detail)
         code = "not_found" if exc.status_code == 404 else None
@@ -384,6 +388,52 @@ def _build_app(gateway: Gateway) -> Any:
                 media_type="text/event-stream",
             )
         return _completion_json(completion, gateway.model_name, bool(req.logprobs), decode)
+
+    @app.post("/s/{token}/v1/responses")
+    async def responses(token: str, request: Request) -> Any:
+        try:
+            session = gateway._lookup(token)
+            req = dialects.parse_responses(await _read_body(request), session.response_history)
+            if req.chat.model != gateway.model_name:
+                raise _no_model(req.chat.model)
+            completion = await session.complete(req.chat, req.tools)
+        except GatewayError as exc:
+            if exc.status >= 500:
+                log.warning("gateway request failed: %s (%r)", exc.message, exc.__cause__)
+            return _error(exc)
+        decode = gateway.masker_for(None).decode
+        rid = dialects.response_id()
+        ch = completion.choices[0]
+        # What a later `previous_response_id` continues: this request's conversation (its instructions
+        # are not carried over, as OpenAI's are not) and the reply.
+        asked = [m.model_dump(exclude_none=True) for m in req.chat.messages]
+        session.remember_response(rid, asked[1:] if req.data.get("instructions") else asked, ch.message)
+        if req.stream:
+            return StreamingResponse(
+                dialects.responses_sse(req, completion, rid, gateway.model_name, decode),
+                media_type="text/event-stream",
+            )
+        output = dialects.response_output(ch, decode)
+        status = "incomplete" if ch.finish_reason == "length" else "completed"
+        return dialects.response_json(req, completion, rid, gateway.model_name, output, status)
+
+    @app.post("/s/{token}/v1/messages")
+    async def messages(token: str, request: Request) -> Any:
+        try:
+            session = gateway._lookup(token)
+            req = dialects.parse_messages(await _read_body(request), session.rollout.max_tokens_per_turn)
+            if req.chat.model != gateway.model_name:
+                raise _no_model(req.chat.model)
+            completion = await session.complete(req.chat, req.tools)
+        except GatewayError as exc:
+            if exc.status >= 500:
+                log.warning("gateway request failed: %s (%r)", exc.message, exc.__cause__)
+            return JSONResponse(dialects.anthropic_error(exc), status_code=exc.status)
+        if req.stream:
+            return StreamingResponse(
+                dialects.messages_sse(req, completion, gateway.model_name), media_type="text/event-stream"
+            )
+        return dialects.message_json(req, completion, gateway.model_name)
 
     return app
 

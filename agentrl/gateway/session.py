@@ -77,6 +77,8 @@ _metrics_lock = threading.Lock()
 # A seed offset per extra choice of an `n > 1` request: choice 0 samples with the native loop's seed.
 _CHOICE_SEED_STRIDE = 0x9E3779B97F4A7C15
 _SEED_RANGE = 2**63
+# Responses a session keeps for `previous_response_id` (the Responses API): its most recent ones.
+_KEPT_RESPONSES = 64
 
 
 def _count(**deltas: int) -> None:
@@ -225,12 +227,18 @@ class Session:
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.generate_s = 0.0
+        self._responses: dict[str, list[dict[str, Any]]] = {}
         self._inflight: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = set()
 
     @property
     def url(self) -> str:
         """The base URL an OpenAI client takes (`OpenAI(base_url=session.url)`)."""
         return f"{self.gateway.url}/s/{self.token}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        """The base URL an Anthropic client takes (it adds `/v1/messages`)."""
+        return f"{self.gateway.url}/s/{self.token}"
 
     @property
     def closed(self) -> bool:
@@ -548,6 +556,29 @@ class Session:
                     "tool_calls" if reason == "stop" else finish
                 )
         return {"role": "assistant", "content": text}, finish
+
+    # --- the Responses API's stored responses ------------------------------------------------------------
+
+    def remember_response(self, rid: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> None:
+        """Keep a response's conversation for a later `previous_response_id` (the most recent ones)."""
+        with self._lock:
+            self._responses[rid] = [*messages, dict(reply)]
+            while len(self._responses) > _KEPT_RESPONSES:
+                self._responses.pop(next(iter(self._responses)))
+
+    def response_history(self, rid: str) -> list[dict[str, Any]]:
+        """The conversation `previous_response_id=rid` continues (a 404 for a response this session did not give)."""
+        with self._lock:
+            history = self._responses.get(rid)
+        if history is None:
+            raise GatewayError(
+                404,
+                f"Previous response with id '{rid[:80]}' not found: a session continues its own responses only "
+                f"(its last {_KEPT_RESPONSES}).",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        return [dict(m) for m in history]
 
     # --- the tree ------------------------------------------------------------------------------------
 
