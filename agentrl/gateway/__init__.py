@@ -28,6 +28,8 @@ _EXPORTS = {
     "HarnessTask": "agentrl.gateway.harness",
     "SandboxCommand": "agentrl.gateway.harness",
     "tool_loop_agent": "agentrl.gateway.harness",
+    "responses_loop_agent": "agentrl.gateway.harness",
+    "messages_loop_agent": "agentrl.gateway.harness",
 }
 
 __all__ = sorted(_EXPORTS)

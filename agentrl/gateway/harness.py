@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -110,6 +111,85 @@ async def tool_loop_agent(client: Any, task: HarnessTask) -> None:
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         messages += await task.step(message)
+
+
+async def responses_loop_agent(client: Any, task: HarnessTask) -> None:
+    """`tool_loop_agent` written against the Responses API (`client.responses`): the same episodes, the same
+    prompts and trajectories (one session logic behind every dialect)."""
+    instructions = "\n\n".join(m["content"] for m in task.messages if m["role"] == "system") or None
+    items: list[dict[str, Any]] = [
+        {"role": m["role"], "content": m["content"]} for m in task.messages if m["role"] != "system"
+    ]
+    tools = [{"type": "function", **t["function"]} for t in task.tools]
+    while not task.done:
+        r = await client.responses.create(
+            model=task.model, instructions=instructions, input=items, tools=tools
+        )
+        calls = [o for o in r.output if o.type == "function_call"]
+        message: dict[str, Any] = {"role": "assistant", "content": r.output_text or None}
+        if calls:
+            message["tool_calls"] = [
+                {"id": o.call_id, "type": "function", "function": {"name": o.name, "arguments": o.arguments}}
+                for o in calls
+            ]
+        items += [o.model_dump(exclude_none=True) for o in r.output]
+        for m in await task.step(message):
+            if m["role"] == "tool":
+                items.append(
+                    {"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]}
+                )
+            else:
+                items.append({"role": m["role"], "content": m["content"]})
+
+
+async def messages_loop_agent(_client: Any, task: HarnessTask) -> None:
+    """`tool_loop_agent` written against Anthropic's Messages API (the `anthropic` SDK, at the session's
+    `task.anthropic_url`)."""
+    import anthropic
+
+    system = "\n\n".join(m["content"] for m in task.messages if m["role"] == "system")
+    messages: list[dict[str, Any]] = [
+        {"role": m["role"], "content": m["content"]} for m in task.messages if m["role"] != "system"
+    ]
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            "input_schema": t["function"].get("parameters") or {"type": "object"},
+        }
+        for t in task.tools
+    ]
+    async with anthropic.AsyncAnthropic(
+        base_url=task.anthropic_url, api_key="agentrl-session", max_retries=0
+    ) as c:
+        while not task.done:
+            r = await c.messages.create(
+                model=task.model, max_tokens=4096, system=system, messages=messages, tools=tools
+            )
+            text = "".join(b.text for b in r.content if b.type == "text")
+            uses = [b for b in r.content if b.type == "tool_use"]
+            message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if uses:
+                message["tool_calls"] = [
+                    {
+                        "id": b.id,
+                        "type": "function",
+                        "function": {"name": b.name, "arguments": json.dumps(b.input)},
+                    }
+                    for b in uses
+                ]
+            messages.append(
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]}
+            )
+            results: list[dict[str, Any]] = []
+            for m in await task.step(message):
+                if m["role"] == "tool":
+                    results.append(
+                        {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+                    )
+                else:
+                    results.append({"type": "text", "text": m["content"]})
+            messages.append({"role": "user", "content": results})
 
 
 class SandboxCommand:
@@ -307,6 +387,11 @@ class HarnessTask:
         are not written in them (they go as `tools`, and the session writes them where the env does)."""
         """The environment's tools as OpenAI tool schemas (`tools=` of a chat completion)."""
         self.model: str = episode.gateway.model_name
+        session = episode.session
+        self.url: str = session.url if session is not None else ""
+        """The session's OpenAI base URL (what `client` points at), for an agent that brings its own client."""
+        self.anthropic_url: str = session.anthropic_url if session is not None else ""
+        """The session's base URL for Anthropic's clients (the Messages API)."""
         self.done = False
         """True once the episode is over: further steps do nothing, further completions get 404."""
         self._lock = asyncio.Lock()

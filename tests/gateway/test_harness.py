@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl.gateway.harness import HarnessEnv, HarnessTask
+from agentrl.gateway.harness import HarnessEnv, HarnessTask, messages_loop_agent, responses_loop_agent
 from agentrl.gateway.harness import tool_loop_agent as openai_agent  # the native loop's agent, as a harness
 from agentrl.gateway.session import GATEWAY_METRICS
 from agentrl.rollout.config import RolloutConfig
@@ -209,6 +209,30 @@ def test_tool_calls_run_in_the_env_and_the_reward_lands(tiny_model_dir):
         assert t.branches == 1 and t.drifted_calls == 0 and t.tool_calls == t.turns >= 1
         assert assert_all_sampled(t, record) == t.turns
         assert not (t.drift and t.drift.drifted)
+
+
+@pytest.mark.parametrize("agent", [openai_agent, responses_loop_agent, messages_loop_agent])
+def test_every_dialect_gives_the_native_trajectory(tiny_model_dir, agent):
+    """The native loop written against chat completions, the Responses API and Anthropic's Messages API:
+    the same episodes give the native loop's trajectories, id for id (one session logic behind each)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = RolloutConfig(group_size=1, max_tokens_per_turn=64)
+    native = collect_sync(
+        lambda: agentrl.make(GUESS, max_turns=12),
+        [0, 1],
+        ToolCallPolicy(tok, _bisect),
+        cfg,
+        seed=0,
+        masker=ChatMasker(tok),
+    )
+    record = RecordingPolicy(ToolCallPolicy(tok, _bisect))
+    harness = collect_sync(lambda: HarnessEnv(GUESS, agent, max_turns=12), [0, 1], record, cfg, seed=0)
+    for a, b in zip(native, harness, strict=True):
+        assert a.passed and b.passed and b.branches == 1 and b.drifted_calls == 0
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask and a.turns == b.turns >= 2
+        assert assert_all_sampled(b, record) == b.turns
 
 
 async def crashing_agent(client, task: HarnessTask) -> None:
