@@ -4,7 +4,8 @@ the OpenAI API play (and are trained on) episodes, token-exact.
 - `server`: `Gateway`, the HTTP server (FastAPI on uvicorn) and its routes, one session URL per episode;
 - `session`: `Session`, one episode's calls captured (prompt ids, sampled ids, log-probs, policy
   version) and stitched into trajectories, with branches where the history drifted;
-- `protocol`: the OpenAI request and error formats;
+- `protocol`: the OpenAI request and error formats; `dialects`: the Responses and Anthropic Messages APIs,
+  translated to and from it;
 - `harness`: `HarnessEnv`, an environment whose episodes a user's agent plays through a session: a
   callable on the host, or a command inside the sandbox (`SandboxCommand`);
 - `relay`: a sandbox command's only way out, to its session, over the sandbox's own stdio;

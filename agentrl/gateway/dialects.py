@@ -31,7 +31,7 @@ from agentrl.gateway.protocol import (
     _validation_error,
     non_text_part,
 )
-from agentrl.gateway.session import Choice, Completion
+from agentrl.gateway.session import Choice, Completion, text_pieces
 
 # --- shared --------------------------------------------------------------------------------------------
 
@@ -373,8 +373,6 @@ async def responses_sse(
 ) -> AsyncIterator[bytes]:
     """The Responses streaming events of a finished completion; the text deltas add up to the text and
     carry the log-probs of their tokens."""
-    from agentrl.gateway.server import _text_pieces
-
     ch = c.choices[0]
     output = response_output(ch, decode)
     final = "incomplete" if ch.finish_reason == "length" else "completed"
@@ -403,7 +401,7 @@ async def responses_sse(
             )
             offset = 0
             pieces = (
-                _text_pieces(ch, decode)
+                text_pieces(ch, decode)
                 if not ch.message.get("tool_calls")
                 else [(part["text"], ch.content_ids)]
             )

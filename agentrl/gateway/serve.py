@@ -53,7 +53,7 @@ def serve(
     with gateway:
         opened = [gateway.session(rollout=rollout, lock_sampling=False) for _ in range(sessions)]
         for i, s in enumerate(opened):
-            line = {"session": i, "url": s.url, "model": gateway.model_name}
+            line = {"session": i, "url": s.url, "anthropic_url": s.anthropic_url, "model": gateway.model_name}
             echo(json.dumps({**line, "aliases": sorted(gateway.aliases)} if gateway.aliases else line))
         stop.wait()
         # Written before the server and the engine shut down (seconds): what was asked for comes first.

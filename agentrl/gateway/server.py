@@ -9,10 +9,14 @@
 Routes, each under one session's base URL `/s/<token>/v1` (the token is 192 random bits, the only
 way to a session; nothing else is served):
 
-- `POST /chat/completions`: tools, tool_choice, n, temperature, top_p, max_tokens,
+- `POST /chat/completions`: tools, tool_choice, parallel_tool_calls, n, temperature, top_p, max_tokens,
   max_completion_tokens, stop, seed, logprobs, stream (with `stream_options.include_usage`);
+- `POST /responses` (the Responses API) and `POST /messages` (Anthropic's Messages API), translated to
+  the same request (`agentrl.gateway.dialects`);
 - `GET /models`, `GET /models/{id}`: the one model served (`model_name`), which also answers to its
   `aliases` (the names an agent hard-codes).
+
+Every parameter per dialect, and what each unsupported one returns: docs/AGENTS.md.
 
 Prompts are rendered by the tokenizer's own chat template (`agentrl.rollout.masker.ChatMasker`, the
 native loop's renderer), tool calls parsed from the sampled text by the session's format
@@ -53,7 +57,7 @@ from starlette.exceptions import HTTPException
 
 from agentrl.gateway import dialects
 from agentrl.gateway.protocol import GatewayError, parse_request, session_not_found
-from agentrl.gateway.session import Choice, Completion, Session, ToolsPrompt, _count
+from agentrl.gateway.session import Completion, Session, ToolsPrompt, _count, text_pieces
 from agentrl.parsers import get_parser
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker
@@ -394,8 +398,8 @@ def _build_app(gateway: Gateway) -> Any:
         try:
             session = gateway._lookup(token)
             req = dialects.parse_responses(await _read_body(request), session.response_history)
-            if req.chat.model != gateway.model_name:
-                raise _no_model(req.chat.model)
+            if not gateway.serves(req.chat.model):
+                raise _no_model(req.chat.model, gateway.model_name)
             completion = await session.complete(req.chat, req.tools)
         except GatewayError as exc:
             if exc.status >= 500:
@@ -422,8 +426,8 @@ def _build_app(gateway: Gateway) -> Any:
         try:
             session = gateway._lookup(token)
             req = dialects.parse_messages(await _read_body(request), session.rollout.max_tokens_per_turn)
-            if req.chat.model != gateway.model_name:
-                raise _no_model(req.chat.model)
+            if not gateway.serves(req.chat.model):
+                raise _no_model(req.chat.model, gateway.model_name)
             completion = await session.complete(req.chat, req.tools)
         except GatewayError as exc:
             if exc.status >= 500:
@@ -509,25 +513,6 @@ def _completion_json(
     }
 
 
-def _text_pieces(ch: Choice, decode: Callable[[list[int]], str]) -> list[tuple[str, list[int]]]:
-    """The content as streamed: one piece per sampled token whose text is complete (a token that ends
-    inside a UTF-8 character waits for the next), with the ids each piece covers; the pieces add up to
-    exactly the content."""
-    content = ch.message.get("content") or ""
-    pieces: list[tuple[str, list[int]]] = []
-    emitted = 0
-    start = 0
-    for j in range(1, len(ch.content_ids) + 1):
-        text = decode(ch.content_ids[:j])[: len(content)]
-        if text.endswith("\ufffd") or len(text) <= emitted or not content.startswith(text):
-            continue
-        pieces.append((text[emitted:], ch.content_ids[start:j]))
-        emitted, start = len(text), j
-    if emitted < len(content) or start < len(ch.content_ids):
-        pieces.append((content[emitted:], ch.content_ids[start:]))
-    return [p for p in pieces if p[0] or p[1]]
-
-
 async def _sse(
     c: Completion, model: str, logprobs: bool, include_usage: bool, decode: Callable[[list[int]], str]
 ) -> AsyncIterator[bytes]:
@@ -583,7 +568,7 @@ async def _sse(
                 lp = None
         else:
             offset = 0
-            for text, ids in _text_pieces(ch, decode):
+            for text, ids in text_pieces(ch, decode):
                 lp = None
                 if logprobs:
                     lp = {

@@ -181,6 +181,25 @@ class Completion:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+def text_pieces(ch: Choice, decode: Callable[[list[int]], str]) -> list[tuple[str, list[int]]]:
+    """The content as streamed: one piece per sampled token whose text is complete (a token that ends
+    inside a UTF-8 character waits for the next), with the ids each piece covers; the pieces add up to
+    exactly the content."""
+    content = ch.message.get("content") or ""
+    pieces: list[tuple[str, list[int]]] = []
+    emitted = 0
+    start = 0
+    for j in range(1, len(ch.content_ids) + 1):
+        text = decode(ch.content_ids[:j])[: len(content)]
+        if text.endswith("\ufffd") or len(text) <= emitted or not content.startswith(text):
+            continue
+        pieces.append((text[emitted:], ch.content_ids[start:j]))
+        emitted, start = len(text), j
+    if emitted < len(content) or start < len(ch.content_ids):
+        pieces.append((content[emitted:], ch.content_ids[start:]))
+    return [p for p in pieces if p[0] or p[1]]
+
+
 class Session:
     """One episode's session (see the module docstring); `url` is what its harness talks to.
 
