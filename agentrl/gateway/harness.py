@@ -425,7 +425,7 @@ class HarnessTask:
             sample = session.sample_for(normal) if normal is not None else None
             if sample is not None:
                 text = sample.action_text
-                offered = _tool_names(sample.masker.tools)
+                offered = _tool_names(sample.tools)
             else:  # a message the agent wrote itself: in the environment's tool-call format
                 text = _render(normal, ep.env.parser) if normal is not None else str(message)
                 offered = _declared(session, self.tools)
@@ -456,7 +456,7 @@ def _tool_names(tools: Sequence[dict[str, Any]] | None) -> frozenset[str]:
 def _declared(session: Session, default: Sequence[dict[str, Any]]) -> frozenset[str]:
     """Every tool the session's requests declared so far (the environment's, before the first request)."""
     with session._lock:
-        tool_lists = [s.masker.tools for s in session.samples]
+        tool_lists = [s.tools for s in session.samples]
     if not tool_lists:
         return _tool_names(default)
     return frozenset().union(*(_tool_names(t) for t in tool_lists))

@@ -126,6 +126,8 @@ class Sample:
     """The renderer of its conversation (the chat template with the request's tools)."""
     continued: bool = False
     """Whether a later call extends this sample (then it is not a leaf)."""
+    tools: list[dict[str, Any]] | None = None
+    """The tools its request declared (OpenAI tool schemas), however they were shown to the model."""
 
 
 @dataclass
@@ -158,6 +160,7 @@ class _Plan:
     stops: list[str]
     parse_tools: bool
     drifted: bool
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -415,6 +418,7 @@ class Session:
             stops,
             parse_tools,
             drifted,
+            raw_tools,
         )
 
     def _structure(self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None) -> str | None:
@@ -513,6 +517,7 @@ class Session:
                 reply=_normal_reply(message),
                 drifted=plan.drifted,
                 masker=masker,
+                tools=plan.tools,
             )
             samples.append(sample)
             choices.append(Choice(message, finish, sample, content_ids))
@@ -551,7 +556,7 @@ class Session:
             # A call to a function the request did not declare is not a tool call: OpenAI's API never
             # returns one; the text comes back whole (and the environment refuses to run it).
             declared = {
-                (t.get("function") or {}).get("name") or t.get("name") for t in plan.masker.tools or ()
+                (t.get("function") or {}).get("name") or t.get("name") for t in plan.tools or ()
             }
             if (
                 parsed is not None

@@ -143,6 +143,8 @@ def test_demos_through_a_harness_are_the_oracle_in_the_agents_own_prompt_token_e
 ):
     """The user's agent plays the demonstrations: its system prompt and its tool schemas render the
     prompt, the oracle's message is what the model is taught to sample, ids as the gateway records."""
+    from agentrl.gateway.session import tools_in_system
+    from agentrl.parsers import get_parser
     from tests.own_agent import SUBMIT, SYSTEM
 
     out = tmp_path / "own.jsonl"
@@ -150,12 +152,16 @@ def test_demos_through_a_harness_are_the_oracle_in_the_agents_own_prompt_token_e
     assert stats.episodes == stats.passed == stats.trajectories == 4 and stats.first_failure == ""
     assert load_trajectories(out) == trajectories
     pick = agentrl.task_source("test/Pick-v0")
-    own = ChatMasker(masker.tokenizer, tools=[SUBMIT])
+    # The agent's tools written into its system message as the environment writes tools (the native prompt's form).
+    block = get_parser("hermes").system_block([SUBMIT])
     for i, t in enumerate(trajectories):
         task = pick.get(i, "train")
         assert t.task_id == task.id and t.passed and t.branches == 1 and t.finish_reason == "submitted"
-        prompt = own.start(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Request: {task.prompt}"}]
+        prompt = masker.start(
+            tools_in_system(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Request: {task.prompt}"}],
+                block,
+            )
         )
         assert t.token_ids[: t.prompt_len] == prompt.token_ids  # the agent's prompt, not the environment's
         assert "Hand in the word you were asked for." in masker.decode(t.token_ids[: t.prompt_len])
