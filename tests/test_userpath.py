@@ -241,3 +241,36 @@ def test_own_agent_warm_started_through_its_harness_into_the_band_trained_and_ev
         assert set(m["finish_reasons"]) <= {"submitted", "max_turns"}  # no agent error, no timeout
     assert "warm: pass@1" in evaluated.stdout and "grpo: pass@1" in evaluated.stdout
     print("\n".join(transcript))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_training_an_agent_that_raises_says_so_names_it_and_keeps_the_episodes(tiny_model_dir, tmp_path):  # noqa: F811
+    """Every episode `agent_error`: the first step says so with the agent's own exception, the stop names
+    an error of the agent (not the environment's), the command exits 2, and the run keeps the episodes."""
+    module, _, _ = _guide()
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "wordbot.py").write_text(module)
+    (tmp_path / "mylab" / "broken.py").write_text(
+        "import agentrl\nimport mylab.wordbot\n\n\n"
+        "async def broken_bot(client, task):\n"
+        '    raise ConnectionError("my agent\'s own backend is down")\n\n\n'
+        "agentrl.register('mylab/Broken-v0', 'agentrl.gateway:HarnessEnv', env='mylab/Pick-v0', agent=broken_bot)\n"
+    )
+    (tmp_path / "broken.yaml").write_text(
+        f"env: mylab.broken:mylab/Broken-v0\nmodel: {tiny_model_dir}\nout: runs/broken\nsteps: 3\n"
+        "stop_uninformative_after: 1\nrollout: {group_size: 2, max_tokens_per_turn: 16}\n"
+        "curriculum: {batch_groups: 1}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [AGENTRL, "train", "broken.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert res.returncode == 2, res.stderr[-4000:]
+    err = " ".join(res.stderr.split())
+    assert "episodes ended outside the policy's control (agent_error" in err
+    assert "the agent raised ConnectionError: my agent's own backend is down" in err
+    assert "an error of the agent (agent_error), not of the environment" in err
+    kept = (tmp_path / "runs/broken/failed_episodes.jsonl").read_text().splitlines()
+    assert kept and all("my agent's own backend is down" in json.loads(x)["error"] for x in kept)

@@ -141,3 +141,25 @@ def test_warm_start_on_a_plugin_env_unlike_calc_stops_in_the_band(tmp_path):
     # The target met: no advice (below it, `test_a_target_pass_trains_in_measured_rounds...` has one).
     recipe = WarmStartRecipe.model_validate(record["recipe"])
     assert advice(record, recipe) is None and '"advice": null' in result.output
+
+
+def test_from_a_checkpoint_only_the_main_stage_and_the_recipes_from_scratch_keep_their_hash(tmp_path):
+    from pydantic import ValidationError
+
+    from agentrl.errors import UserError
+
+    scratch = WarmStartRecipe()
+    assert "start_from" not in scratch.build_fields()  # every cached build from scratch stays valid
+    recipe = WarmStartRecipe(start_from=str(tmp_path / "mine"), target_pass=0.2)
+    assert recipe.short_stage == 0 and scratch.short_stage == scratch.short_demos
+    assert WarmStartRecipe.model_validate_json(recipe.model_dump_json()) == recipe  # the measurement's copy
+    with pytest.raises(ValidationError, match="short_demos: settings of the tiny model built from scratch"):
+        WarmStartRecipe(start_from="x", short_demos=8)
+    with pytest.raises(UserError, match="mine"):  # not a checkpoint: said before anything runs
+        warm_start(tmp_path / "out", recipe)
+    assert not (tmp_path / "out").exists()
+    rounds = [{"round": 0, "sft_steps": 0, "sft_last_loss": None, "pass_at_1": 0.1}]
+    said = advice({"build": {"rounds": rounds}}, recipe)
+    assert said == "held-out pass@1 0.100 of the checkpoint is below the target 0.2"
+    above = advice({"build": {"rounds": [{**rounds[0], "pass_at_1": 0.9}]}}, recipe)
+    assert above is not None and "above the learnability band" in above
