@@ -97,6 +97,14 @@ MINI = (
     "python3 -m minisweagent.run.mini -y --exit-immediately -l 0 -m openai/$AGENTRL_MODEL "
     '-c mini.yaml -c agent.step_limit=6 -o /tmp/mini.traj.json -t "$AGENTRL_TASK"'
 )
+# The same CLI speaking the other dialects through litellm: Anthropic's Messages API (its base URL is the
+# session's without /v1) and the Responses API.
+MINI_DIALECTS = {
+    "chat": MINI,
+    "messages": 'ANTHROPIC_API_BASE="${OPENAI_BASE_URL%/v1}" ANTHROPIC_API_KEY=agentrl-session '
+    + MINI.replace("-m openai/", "-m anthropic/"),
+    "responses": MINI.replace("-m openai/", "-m openai/responses/"),
+}
 MINI_ENV = {
     "MSWEA_CONFIGURED": "true",  # no first-run questions
     "MSWEA_COST_TRACKING": "ignore_errors",  # a local model has no price
@@ -113,9 +121,11 @@ def bash_call(command: str) -> str:
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_model_dir):
+@pytest.mark.parametrize("dialect", list(MINI_DIALECTS))
+def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_model_dir, dialect):
     """Scripted replies (the tiny model cannot repair anything): the commands mini-swe-agent runs are its
-    own, in the container; the fix it applies is scored by the hidden tests."""
+    own, in the container; the fix it applies is scored by the hidden tests. In each dialect the CLI
+    speaks (chat completions, Anthropic's Messages, Responses), one token-exact branch."""
     meta = toolz_repair_task.metadata
     fix = (
         "python3 - <<'EOF'\nimport pathlib\n"
@@ -134,7 +144,9 @@ def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_mode
         update={"episode_timeout_s": 300.0, "max_tokens_per_turn": 4096, "max_total_tokens": 32768}
     )
     [t] = collect_sync(
-        lambda: _env(toolz_repair_task, command=MINI, command_env=MINI_ENV, install=MINI_INSTALL),
+        lambda: _env(
+            toolz_repair_task, command=MINI_DIALECTS[dialect], command_env=MINI_ENV, install=MINI_INSTALL
+        ),
         [0],
         record,
         cfg,
