@@ -20,7 +20,6 @@ answers errors in its own shape (Anthropic: `{"type": "error", "error": {...}}`)
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -31,7 +30,7 @@ from agentrl.gateway.protocol import (
     _validation_error,
     non_text_part,
 )
-from agentrl.gateway.session import Choice, Completion, text_pieces
+from agentrl.gateway.session import Choice, Completion, random_hex, text_pieces
 
 # --- shared --------------------------------------------------------------------------------------------
 
@@ -289,7 +288,7 @@ def _responses_input(items: Any) -> list[dict[str, Any]]:
 
 
 def response_id() -> str:
-    return f"resp_{secrets.token_hex(24)}"
+    return f"resp_{random_hex(48)}"
 
 
 def response_output(ch: Choice, decode: Callable[[list[int]], str]) -> list[dict[str, Any]]:
@@ -302,7 +301,7 @@ def response_output(ch: Choice, decode: Callable[[list[int]], str]) -> list[dict
         items.append(
             {
                 "type": "message",
-                "id": f"msg_{secrets.token_hex(24)}",
+                "id": f"msg_{random_hex(48)}",
                 "status": "completed" if ch.finish_reason != "length" else "incomplete",
                 "role": "assistant",
                 "content": [
@@ -319,7 +318,7 @@ def response_output(ch: Choice, decode: Callable[[list[int]], str]) -> list[dict
         items.append(
             {
                 "type": "function_call",
-                "id": f"fc_{secrets.token_hex(24)}",
+                "id": f"fc_{random_hex(48)}",
                 "call_id": call["id"],
                 "name": call["function"]["name"],
                 "arguments": _arguments(call),
@@ -652,7 +651,7 @@ def message_json(req: MessagesRequest, c: Completion, model: str) -> dict[str, A
     ch = c.choices[0]
     reason, sequence = _stop(req, ch)
     return {
-        "id": f"msg_{secrets.token_hex(12)}",
+        "id": f"msg_{random_hex(24)}",
         "type": "message",
         "role": "assistant",
         "model": model,

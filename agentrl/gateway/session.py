@@ -33,10 +33,10 @@ import functools
 import hashlib
 import json
 import logging
+import random
 import secrets
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -180,7 +180,7 @@ class Completion:
     choices: list[Choice]
     prompt_tokens: int
     policy_version: int
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    id: str = field(default_factory=lambda: f"chatcmpl-{random_hex(32)}")
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -555,9 +555,7 @@ class Session:
                 parsed = None
             # A call to a function the request did not declare is not a tool call: OpenAI's API never
             # returns one; the text comes back whole (and the environment refuses to run it).
-            declared = {
-                (t.get("function") or {}).get("name") or t.get("name") for t in plan.tools or ()
-            }
+            declared = {(t.get("function") or {}).get("name") or t.get("name") for t in plan.tools or ()}
             if (
                 parsed is not None
                 and parsed.calls
@@ -769,9 +767,20 @@ def tools_in_system(messages: list[dict[str, Any]], block: str) -> list[dict[str
     return [{"role": "system", "content": block}, *messages]
 
 
+# Ids of completions, calls and responses: unique, not secret (the session token is the credential). Drawn
+# from one generator seeded once by the OS: a system call per id costs a loaded box milliseconds.
+_ids = random.Random(secrets.randbits(128))
+_ids_lock = threading.Lock()
+
+
+def random_hex(digits: int) -> str:
+    with _ids_lock:
+        return f"{_ids.getrandbits(4 * digits):0{digits}x}"
+
+
 def new_call_id() -> str:
     """A tool call's id as OpenAI writes them: unique per call (96 random bits)."""
-    return f"call_{secrets.token_hex(12)}"
+    return f"call_{random_hex(24)}"
 
 
 def _unrenderable(exc: Exception, what: str) -> GatewayError:
