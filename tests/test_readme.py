@@ -59,6 +59,8 @@ PYTHON_BLOCKS = {
     "class LeakTheAnswerFile": "test_attack_plugin_snippet",
     "# mylab/wordbot.py": "test_own_agent_warm_start_snippet",
     "# mylab/service.py": "test_agent_service_snippet",
+    "mcp-server-sqlite": "test_mcp_tools_snippet",
+    'get(\n    "judge",': "test_judged_reward_snippet",
 }
 
 
@@ -420,3 +422,31 @@ def test_every_yaml_block_is_a_valid_training_config():
     for _, text in found:
         data = yaml.safe_load(text)
         TrainConfig.model_validate({"model": "runs/sft", **data})  # a fragment: the rest at its defaults
+
+
+@pytest.mark.docker
+def test_mcp_tools_snippet(capsys):
+    from agentrl.mcp.images import ensure_image
+
+    ensure_image()  # built by `make setup` (agentrl sandbox build); here only checked
+    namespace: dict = {}
+    exec(compile(block("mcp-server-sqlite"), "docs/ENVIRONMENTS.md", "exec"), namespace)
+    names, count = capsys.readouterr().out.splitlines()[:2]
+    assert "'read_query'" in names and names.startswith("['submit'")
+    assert count == "[{'count(*)': 2}]" and namespace["reward"] == 1.0
+
+
+def test_judged_reward_snippet(tmp_path, monkeypatch, capsys):
+    from tests.verifiers.test_judge import Endpoint, scores
+
+    endpoint = Endpoint()
+    endpoint.reply = scores(10, 7)
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = block('get(\n    "judge",').replace("http://127.0.0.1:8000/v1", endpoint.url)
+        exec(compile(code, "docs/VERIFIERS.md", "exec"), {})
+    finally:
+        endpoint.close()
+    reward, judged, details = capsys.readouterr().out.split(" ", 2)
+    assert float(reward) == pytest.approx((2 * 10 + 7) / 30) and judged == "True" and "C1 10/10" in details
+    assert (tmp_path / "judge-cache.jsonl").is_file()

@@ -179,7 +179,9 @@ class JudgeVerifier:
     in one call (the rollout does it); request_timeout_s, retries: per request, and tries after the first;
     temperature, max_tokens: the judge's sampling; max_answer_chars: longer answers are cut (the judge is
     told); pass_threshold: the reward at which `passed`; cache_path: a JSON-lines file of verdicts shared by
-    runs (None: in memory only).
+    runs (None: in memory only); constrain: ask the endpoint to decode only the score format (vLLM's
+    `structured_outputs` regex: a small model that would ramble still answers in format; a server without it
+    refuses the request, which is then not judged).
     """
 
     base_url: str = ""
@@ -195,6 +197,7 @@ class JudgeVerifier:
     max_answer_chars: int = 8000
     pass_threshold: float = 0.7
     cache_path: str | None = None
+    constrain: bool = False
     name: str = "judge"
     criteria: list[Criterion] = field(init=False)
 
@@ -286,6 +289,7 @@ class JudgeVerifier:
             self.max_tokens,
             PROMPT_VERSION,
             group,
+            self.constrain,
         ]
         rubric = [[c.text, c.weight] for c in self.criteria] + [
             task.prompt,
@@ -332,7 +336,7 @@ class JudgeVerifier:
         for attempt in range(1, self.retries + 2):
             nonce = secrets.token_hex(8)  # fresh per try: a reply can only quote this call's marker
             try:
-                raw = self._complete(self.messages(task, answers, nonce, group))
+                raw = self._complete(self.messages(task, answers, nonce, group), _format(nonce, letter, n))
             except Exception as exc:
                 why = f"the judge's endpoint failed: {type(exc).__name__}: {str(exc)[:300]}"
             else:
@@ -345,14 +349,16 @@ class JudgeVerifier:
                 time.sleep(min(2.0, 0.25 * 2**attempt))
         return JudgeResult(None, f"{why} (after {self.retries + 1} tries)", self.retries + 1, raw)
 
-    def _complete(self, messages: list[dict[str, str]]) -> str:
+    def _complete(self, messages: list[dict[str, str]], regex: str) -> str:
         self.calls += 1
+        extra = {"structured_outputs": {"regex": regex}} if self.constrain else None
         reply = self._openai().chat.completions.create(
             model=self.model,
             messages=messages,
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             timeout=self.request_timeout_s,
+            extra_body=extra,
         )
         return reply.choices[0].message.content or ""
 
@@ -367,6 +373,11 @@ class JudgeVerifier:
                 # Retries are ours (out-of-format answers are retried too); the SDK's would hide the count.
                 self._client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0)
             return self._client
+
+
+def _format(nonce: str, letter: str, n: int) -> str:
+    """The reply a constrained judge may write: the scores marker and one score line each, nothing else."""
+    return f"SCORES {nonce}\n" + "".join(f"{letter}{i}: (10|[0-9])\n" for i in range(1, n + 1))
 
 
 def answer_of(episode: Episode) -> str:
