@@ -21,6 +21,9 @@ from agentrl.agents import tool_call
 from agentrl.env import EnvError, ToolEnv
 from agentrl.env_settings import EnvSettingsError
 from agentrl.mcp import MCPServer, client
+from tests import fixtures_model
+
+tiny_model_dir = fixtures_model.tiny_model_dir
 
 TIME = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "Etc/UTC"]
 TASK = {"id": "time/0", "prompt": "What time is it in Tokyo?", "answer": "x"}
@@ -128,3 +131,31 @@ def test_server_settings_are_validated_in_one_line():
     env = make_env(mcp_servers=["http://127.0.0.1:9/mcp"])
     assert env.settings.mcp_servers[0].url == "http://127.0.0.1:9/mcp" and not env.needs_sandbox
     assert agentrl.MCPServer is MCPServer
+
+
+def test_a_harness_agent_gets_the_servers_tools_through_the_gateway(tiny_model_dir):
+    """An OpenAI-API agent (the gateway's tool-loop agent) sees the server's tools in `tools=` and calls
+    them like any other; the environment runs the calls against the server."""
+    from transformers import AutoTokenizer
+
+    from agentrl.gateway.harness import HarnessEnv, tool_loop_agent
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.loop import collect_sync
+    from tests.gateway.scripted import ToolCallPolicy
+
+    seen: list[list[str]] = []
+
+    async def agent(client, task):
+        seen.append([t["function"]["name"] for t in task.tools])
+        await tool_loop_agent(client, task)
+
+    def write(prompt: str, n: int) -> str:
+        if n % 2 == 0:
+            return tool_call("get_current_time", timezone="Asia/Tokyo")
+        return tool_call("submit", answer="+09:00" if "+09:00" in prompt else "none")
+
+    policy = ToolCallPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), write)
+    env = lambda: HarnessEnv(make_env(verifier=("regex", {"pattern": r"\+09:00"})), agent)  # noqa: E731
+    (traj,) = collect_sync(env, [0], policy, RolloutConfig(group_size=1, max_tokens_per_turn=64), seed=0)
+    assert seen == [["submit", "get_current_time", "convert_time"]]
+    assert traj.finish_reason == "submitted" and traj.reward == 1.0 and traj.tool_calls == 2
