@@ -50,6 +50,8 @@ def serve_judge(
     argv += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--dtype", "float32" if not on_gpu else "auto", "--max-model-len", str(max_model_len)]
     argv += ["--max-num-seqs", "8", "--disable-log-stats"]
+    if not on_gpu:
+        argv += ["--enforce-eager"]  # as the rollout engine: no torch.compile on CPU (minutes of C++ builds)
     # The server's log goes to a file (a pipe nobody reads would fill and stall it); its end names a failure.
     log = tempfile.NamedTemporaryFile(prefix="agentrl-judge-server-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -52,7 +52,7 @@ class MCPServer(BaseModel):
     )
     headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent to a url server.")
     startup_timeout_s: float = Field(
-        60.0,
+        120.0,
         gt=0,
         description="Start, handshake and tool listing, in seconds; past it the episode cannot start.",
     )

@@ -538,7 +538,10 @@ async def collect(
 
 async def _group_judge(pool: _EnvPool) -> Any:
     """The environments' verifier when it judges groups (`group` set and `judge_group`), else None."""
-    env = await pool.acquire()
+    try:
+        env = await pool.acquire()
+    except Exception:  # an env that cannot be made fails each episode on its own, as without a judge
+        return None
     pool.release(env, True)
     verifier = getattr(env, "verifier", None)
     if getattr(verifier, "group", False) is True and callable(getattr(verifier, "judge_group", None)):

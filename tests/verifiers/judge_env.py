@@ -31,8 +31,11 @@ RUBRIC = [
 
 
 class SupportTasks:
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
     def generate(self, index: int, split: str = "train") -> Task:
-        question, reference = CASES[random.Random(f"{split}/{index}").randrange(len(CASES))]
+        question, reference = CASES[random.Random(f"{self.seed}/{split}/{index}").randrange(len(CASES))]
         return Task(
             id=f"support/{split}/{index}",
             prompt=f"A customer writes: {question!r} Reply to the customer in one or two sentences, then submit the reply.",

@@ -40,8 +40,11 @@ def test_judge_attacks_against_a_real_model_free_and_constrained(judge_url):
     assert all(
         r["judged"] == 0 and r["exploited"] == 0 for n, r in free["attacks"].items() if n != "judge-empty"
     )
-    # Constrained, every reply is in format: each attack's episode got a judged score.
-    assert all(r["judged"] == 2 for r in constrained["attacks"].values())
+    # Constrained, every reply is in format: each attack's episode got a judged score, but the overlong one,
+    # whose 8,000 characters shown overflow this judge's 2,048-token context: refused, not judged, paid nothing.
+    rows = constrained["attacks"]
+    assert all(r["judged"] == 2 for n, r in rows.items() if n != "judge-overlong")
+    assert rows["judge-overlong"]["judged"] == 0 and rows["judge-overlong"]["mean_reward"] == 0.0
 
 
 def test_grpo_on_a_judged_env_with_a_tiny_local_judge(judge_url, tiny_model_dir, tmp_path):  # noqa: F811
