@@ -159,3 +159,40 @@ def test_a_harness_agent_gets_the_servers_tools_through_the_gateway(tiny_model_d
     (traj,) = collect_sync(env, [0], policy, RolloutConfig(group_size=1, max_tokens_per_turn=64), seed=0)
     assert seen == [["submit", "get_current_time", "convert_time"]]
     assert traj.finish_reason == "submitted" and traj.reward == 1.0 and traj.tool_calls == 2
+
+
+def test_a_url_server_over_streamable_http():
+    """The URL path (the SDK's Streamable HTTP client). The reference servers speak stdio only, so the
+    server here is the SDK's own `MCPServer` with one tool, served by uvicorn on the loopback."""
+    import socket
+    import threading
+
+    import uvicorn
+    from mcp.server.mcpserver import MCPServer as SDKServer
+
+    sdk = SDKServer("adder")
+
+    @sdk.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(sdk.streamable_http_app(), host="127.0.0.1", port=port, log_level="error")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        with make_env(mcp_servers=[f"http://127.0.0.1:{port}/mcp"]) as env:
+            _, info = env.reset(seed=0)
+            assert [s["function"]["name"] for s in info["tools"]] == ["submit", "add"]
+            obs, *_ = env.step(tool_call("add", a=2, b=3))
+            assert obs[0]["content"].strip() == "5"
+    finally:
+        server.should_exit = True
+        thread.join(10)
