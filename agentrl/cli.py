@@ -727,7 +727,9 @@ def eval_cmd(
 
 
 @settings_command(
-    app, "rollout", model_options(RolloutConfig, flat=True, exclude={"on_push", "max_restarts"})  # no pushes here
+    app,
+    "rollout",
+    model_options(RolloutConfig, flat=True, exclude={"on_push", "max_restarts"}),  # no pushes here
 )
 def rollout_cmd(
     settings: dict[str, Any],
@@ -812,6 +814,12 @@ def gateway_cmd(
         "", "--out", help="Write the sessions' calls here as trajectories (JSONL) at exit."
     ),
     seed: int = typer.Option(0, help="The engine's sampling seed."),
+    tools_prompt: str = typer.Option(
+        "system",
+        "--tools-prompt",
+        help="Where a request's tools reach the model: 'system' (written into the system message by the "
+        "tool-call format, as agentrl's environments show them) or 'template' (the chat template's tools).",
+    ),
     alias: list[str] = typer.Option(
         [], "--alias", help="Another model name to answer to (the one your agent hard-codes); repeatable."
     ),
@@ -828,6 +836,8 @@ def gateway_cmd(
     cfg = _validated(RolloutConfig, "option", **settings)
     check_model_dir(model)
     get_parser(parser)  # an unknown format: one line naming the registered ones
+    if tools_prompt not in ("system", "template"):
+        raise typer.BadParameter(f"--tools-prompt takes 'system' or 'template', got {tools_prompt!r}")
     with make_policy(model, cfg, seed=seed) as policy:
         written = serve(
             policy,
@@ -838,6 +848,7 @@ def gateway_cmd(
             uds=unix_socket or None,
             parser=parser,
             aliases=alias,
+            tools_prompt=tools_prompt,
             out=out or None,
             echo=typer.echo,
         )
@@ -861,7 +872,9 @@ def demo(
         help="CPU kernel paths: pinned (the same rounding on any x86-64 box: agentrl.kit.numerics) or native.",
     ),
     overrides: list[str] = typer.Option(
-        [], "--set", help="Override a key of the GRPO config (examples/calc_grpo.yaml), e.g. --set optim.lr=5e-5."
+        [],
+        "--set",
+        help="Override a key of the GRPO config (examples/calc_grpo.yaml), e.g. --set optim.lr=5e-5.",
     ),
 ) -> None:
     """Train a small tool-using agent with GRPO on calc-v0 and report pass@k before and after."""

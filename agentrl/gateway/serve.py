@@ -39,6 +39,7 @@ def serve(
     parser: str = "hermes",
     model_name: str = "agentrl-policy",
     aliases: Sequence[str] = (),
+    tools_prompt: str = "system",
     out: str | Path | None = None,
     echo: Callable[[str], None] = print,
     stop: threading.Event | None = None,
@@ -48,7 +49,14 @@ def serve(
     `out` (saying so on stderr at once, before the slow shutdown); return how many were written."""
     stop = stop or _stop_on_signals()
     gateway = Gateway(
-        policy, host=host, port=port, uds=uds, parser=parser, model_name=model_name, aliases=aliases
+        policy,
+        host=host,
+        port=port,
+        uds=uds,
+        parser=parser,
+        model_name=model_name,
+        aliases=aliases,
+        tools_prompt=tools_prompt,  # type: ignore[arg-type]
     )
     with gateway:
         opened = [gateway.session(rollout=rollout, lock_sampling=False) for _ in range(sessions)]
