@@ -484,6 +484,9 @@ class Session:
             seed=seed,
             stop_token_ids=masker.stop_token_ids,
             structural_tag=structure,
+            # Once the constrained calls are written, the turn ends with the template's end-of-turn token
+            # (the grammar would otherwise also allow the model's EOS, which the template never writes).
+            ignore_eos=structure is not None,
         )
 
     def _record(self, plan: _Plan, gens: list[Generation]) -> Completion:
