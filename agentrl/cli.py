@@ -93,6 +93,24 @@ def _format_override(parser: str) -> dict[str, str]:
     return {"parser": parser} if parser else {}
 
 
+def _settings(pairs: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` options as `agentrl.make` overrides; a value is read as YAML (`path=tasks/`,
+    `max_turns=5`, `from_map={"python:*": "agentrl/base:bookworm"}`)."""
+    import yaml
+
+    from agentrl.errors import UserError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set path=tasks/")
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+_SET_HELP = "An environment setting, KEY=VALUE (repeatable; the value read as YAML): --set path=tasks/."
+
 _PARSER_HELP = "Tool-call format the environment is made with (hermes, llama3-json); default: its own."
 
 
@@ -135,7 +153,9 @@ verifier_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(verifier_app, name="verifier")
-tasks_app = typer.Typer(help="Task sets: synthesize and inspect them.", no_args_is_help=True)
+tasks_app = typer.Typer(
+    help="Task sets: synthesize them, export them as Harbor / SWE-bench.", no_args_is_help=True
+)
 app.add_typer(tasks_app, name="tasks")
 tasks_synth_app = typer.Typer(help="Synthesize tasks for an environment.", no_args_is_help=True)
 tasks_app.add_typer(tasks_synth_app, name="synth")
@@ -152,7 +172,10 @@ def envs_list() -> None:
 
 
 @env_app.command("show")
-def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0.")) -> None:
+def env_show(
+    env_id: str = typer.Argument(..., help="Environment id, e.g. agentrl/calc-v0."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+) -> None:
     """Print an environment's spec, its settings (type, default, what each does), tools, and one sample task."""
     import json
 
@@ -164,7 +187,7 @@ def env_show(env_id: str = typer.Argument(..., help="Environment id, e.g. agentr
     typer.echo(f"max turns:   {s.max_turns}")
     typer.echo(f"description: {s.description}")
     typer.echo("\n".join(settings_lines(s)))
-    env = make(env_id, backend="local", use_pool=False)
+    env = make(env_id, backend="local", use_pool=False, **_settings(set_))
     typer.echo(
         f"tool calls:  at most {env.max_tool_calls_per_step} per message, {env.step_budget_s:g}s in all"
     )
@@ -194,6 +217,7 @@ def env_check(
     backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
     tasks: int = typer.Option(5, help="How many tasks the oracle must solve."),
     parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """Run `check_env` on an environment, then its oracle on N tasks (each must score 1)."""
     from agentrl.agents import run_episode
@@ -202,7 +226,7 @@ def env_check(
     from agentrl.protocols import has_oracle
     from agentrl.registry import make
 
-    env = _played(make(env_id, backend=backend, **_format_override(parser)), env_id)
+    env = _played(make(env_id, backend=backend, **_format_override(parser), **_settings(set_)), env_id)
     try:
         try:
             check_env(env)
@@ -258,6 +282,7 @@ def verifier_check(
     tasks: int = typer.Option(5, "--tasks", min=1, help="How many tasks to check (task indices 0..N-1)."),
     backend: str = typer.Option("docker", help="Sandbox backend: docker, bwrap or local."),
     parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """Check the env's verifier on N tasks: the reference must pass, the untouched start must fail.
 
@@ -267,7 +292,7 @@ def verifier_check(
     from agentrl.registry import make
 
     env = make(
-        env_id, backend=backend, **_format_override(parser)
+        env_id, backend=backend, **_format_override(parser), **_settings(set_)
     )  # an unknown id: the message says what exists
     dropped = 0
     try:
@@ -296,6 +321,7 @@ def verifier_audit(
         False, "--list", help="List the attacks (built-in and plugins), then exit."
     ),
     parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
 ) -> None:
     """Play the reward-hacking attack library against an env's verifier, through env.step only.
 
@@ -316,7 +342,7 @@ def verifier_audit(
         typer.echo("error: give an environment id (agentrl envs list shows them), or --list", err=True)
         raise typer.Exit(2)
     try:
-        env = _played(make(env_id, backend=backend, **_format_override(parser)), env_id)
+        env = _played(make(env_id, backend=backend, **_format_override(parser), **_settings(set_)), env_id)
     except KeyError as exc:
         typer.echo(f"error: {exc.args[0]}", err=True)
         raise typer.Exit(2) from None
@@ -382,6 +408,40 @@ def tasks_synth_python_repair(
             f"only {len(result.tasks)} of {n} tasks: the packages ran out of good candidates", err=True
         )
         sys.exit(1)
+
+
+@tasks_app.command("export")
+def tasks_export(
+    env_id: str = typer.Argument(
+        ..., help="Environment id whose tasks have hidden tests, e.g. agentrl/python-repair-v0."
+    ),
+    out: str = typer.Option(
+        ..., "--out", help="Folder to write: harbor/ (task directories) and swebench/ (JSONL + images/)."
+    ),
+    fmt: str = typer.Option("both", "--format", help="harbor, swebench or both."),
+    split: str = typer.Option("train", "--split", help="The split whose tasks are written."),
+    n: int = typer.Option(0, "--n", min=0, help="Tasks 0..n-1 of the split (0: all of a fixed set)."),
+    set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+) -> None:
+    """Write an env's tasks as Harbor task directories and SWE-bench-style JSONL, with their image recipes."""
+    from agentrl.envs.harbor.export import export_harbor, export_swebench
+    from agentrl.errors import UserError
+    from agentrl.registry import task_source
+
+    if fmt not in ("harbor", "swebench", "both"):
+        raise UserError(f"--format {fmt!r}: expected harbor, swebench or both")
+    source = task_source(env_id, split=split, **_settings(set_))
+    size = source.size(split)
+    count = n or size
+    if not count:
+        raise UserError(f"{env_id} has an unbounded task supply; say how many with --n")
+    tasks = [source.get(i, split) for i in range(count)]
+    if fmt in ("harbor", "both"):
+        dirs = export_harbor(tasks, Path(out) / "harbor", source_env=env_id)
+        typer.echo(f"harbor: {len(dirs)} task directories in {Path(out) / 'harbor'}")
+    if fmt in ("swebench", "both"):
+        path = export_swebench(tasks, Path(out) / "swebench", source_env=env_id)
+        typer.echo(f"swebench: {len(tasks)} instances in {path} (image recipes in {path.parent / 'images'})")
 
 
 @sandbox_app.command("build")

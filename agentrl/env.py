@@ -362,11 +362,19 @@ class ToolEnv(gymnasium.Env[list, str]):
             except Exception as exc:  # a sandbox that will not close must not stop the next episode
                 log.warning("closing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
 
+    def sandbox_workdir(self, task: Task) -> str:
+        """Where the agent's workspace is mounted for `task` (a task image's own WORKDIR, say)."""
+        return DEFAULT_WORKDIR
+
     def _acquire_sandbox(self, task: Task) -> Sandbox:
         labels = {"agentrl.env_id": self.env_id}
         image = task.image if self.sandbox_image is None else self.sandbox_image(task.image)
         kwargs = dict(
-            image=image, limits=self.limits, workdir=DEFAULT_WORKDIR, env=self.sandbox_env, labels=labels
+            image=image,
+            limits=self.limits,
+            workdir=self.sandbox_workdir(task),
+            env=self.sandbox_env,
+            labels=labels,
         )
         if self.use_pool and self.backend == "docker":
             from agentrl.sandbox.hosts import default_host_pool

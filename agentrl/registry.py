@@ -485,6 +485,12 @@ BUILTINS: tuple[tuple[str, str, int, str], ...] = (
         30,
         "Fix a bug planted by an AST mutation in a real package; scored by the package's own tests.",
     ),
+    (
+        "agentrl/harbor-v0",
+        "agentrl.envs.harbor.env:HarborEnv",
+        30,
+        "Harbor task directories (path=): the task's image, instruction, tests/test.sh and solve.sh.",
+    ),
 )
 """(id, entry point, max_turns, description) of each built-in environment."""
 

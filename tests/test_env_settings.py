@@ -28,6 +28,7 @@ BUILTINS = [
     "agentrl/sqlite-v0",
     "agentrl/guess-number-v0",
     "agentrl/python-repair-v0",
+    "agentrl/harbor-v0",
 ]
 TASKS = [Task(id="s/0", prompt="Say 1.", answer="1")]
 

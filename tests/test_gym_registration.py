@@ -20,6 +20,7 @@ BUILTIN_IDS = [
     "agentrl/sqlite-v0",
     "agentrl/guess-number-v0",
     "agentrl/python-repair-v0",
+    "agentrl/harbor-v0",
 ]
 
 

@@ -61,6 +61,8 @@ PYTHON_BLOCKS = {
     "# mylab/service.py": "test_agent_service_snippet",
     "mcp-server-sqlite": "test_mcp_tools_snippet",
     'get(\n    "judge",': "test_judged_reward_snippet",
+    "register_task_set(": "test_harbor_task_set_snippet",
+    "register_instances(": "test_swebench_instances_snippet",
 }
 
 
@@ -73,6 +75,25 @@ def test_every_python_block_is_run_here():
     for marker, test in PYTHON_BLOCKS.items():
         assert len([t for _, t in blocks("python") if marker in t]) == 1, f"{test}: no block holds {marker!r}"
         assert test in globals(), test
+
+
+@pytest.mark.docker
+def test_harbor_task_set_snippet():
+    namespace: dict = {}
+    exec(compile(block("register_task_set("), "docs/ENVIRONMENTS.md", "exec"), namespace)
+    assert namespace["reward"] == 1.0
+
+
+@pytest.mark.docker
+def test_swebench_instances_snippet(tmp_path, monkeypatch):
+    from agentrl.envs.harbor.export import export_swebench
+    from tests.envs.test_harbor import _repair_like_task
+
+    export_swebench([_repair_like_task(tmp_path)], tmp_path / "swe")  # swe/instances.jsonl + swe/images/
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block("register_instances("), "docs/ENVIRONMENTS.md", "exec"), namespace)
+    assert namespace["reward"] == 1.0
 
 
 @pytest.mark.docker

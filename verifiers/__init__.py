@@ -1,6 +1,6 @@
 """Verifier plugins: score an episode from the sandbox's final state (`verify(sandbox, task, episode) -> Verdict`).
 
-Built-ins: `hidden-tests`, `exact-match`, `numeric`, `regex`, `tool-used`, `state`, `composite`,
+Built-ins: `hidden-tests`, `test-script` (Harbor's tests/test.sh), `exact-match`, `numeric`, `regex`, `tool-used`, `state`, `composite`,
 `auto`, `judge` (a model behind an OpenAI-compatible endpoint). Third-party plugins register a factory under the `agentrl.verifiers` entry-point group:
 
     [project.entry-points."agentrl.verifiers"]
@@ -23,6 +23,7 @@ from agentrl.verifiers.composite import CompositeVerifier
 from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
 from agentrl.verifiers.judge import JudgeVerifier
 from agentrl.verifiers.state import AutoVerifier, StateVerifier
+from agentrl.verifiers.test_script import TestScriptVerifier
 
 register("exact-match", ExactMatchVerifier)
 register("numeric", NumericVerifier)
@@ -33,6 +34,7 @@ register("composite", CompositeVerifier)
 register("auto", AutoVerifier)
 register("hidden-tests", HiddenTestsVerifier)
 register("judge", JudgeVerifier)
+register("test-script", TestScriptVerifier)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -44,6 +46,7 @@ __all__ = [
     "NumericVerifier",
     "RegexVerifier",
     "StateVerifier",
+    "TestScriptVerifier",
     "ToolUsedVerifier",
     "Verdict",
     "Verifier",
