@@ -107,13 +107,11 @@ class TestScriptVerifier:
         timeout = self.task_timeout_s(task)
         # 1. Nothing of the agent's runs from here on.
         sandbox.kill_agent_processes()
-        # 2. The tests and an empty log folder, where only root writes.
+        # 2. The tests, and the log folder, where only root writes. Root (no capabilities) never
+        # deletes what the verifier identity made: that one empties its own folder in step 3 (the
+        # same sandbox verified twice: the audit's answer probes).
         res = sandbox.exec(
-            [
-                "/bin/sh",
-                "-c",
-                f"rm -rf {TESTS_DIR} {LOGS_DIR} && mkdir -p {LOGS_DIR} && chmod 1777 {LOGS_DIR}",
-            ],
+            ["/bin/sh", "-c", f"rm -rf {TESTS_DIR} && mkdir -p {LOGS_DIR} && chmod 1777 {LOGS_DIR}"],
             privileged=True,
             timeout=60,
         )
@@ -138,7 +136,7 @@ class TestScriptVerifier:
             **{str(k): str(v) for k, v in dict(task.metadata.get("verifier_env") or {}).items()},
         }
         run = (
-            f'mkdir -p -m 0755 {REWARD_DIR} "$HOME" && '
+            f'umask 022 && rm -rf {REWARD_DIR} && mkdir -p -m 0755 {REWARD_DIR} "$HOME" && '
             f"if command -v bash >/dev/null; then exec bash {TESTS_DIR}/{self.script}; "
             f"else exec sh {TESTS_DIR}/{self.script}; fi"
         )

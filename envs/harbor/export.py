@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from agentrl.envs.swebench.instances import VERIFIER_HINTS
 from agentrl.errors import UserError
 from agentrl.task import Task
 
@@ -298,6 +299,7 @@ def export_swebench(tasks: Iterable[Task], out: str | Path, *, source_env: str =
                 "split": task.split,
                 "agentrl_task_id": task.id,
                 "source_env": source_env,
+                **{k: task.metadata[k] for k in VERIFIER_HINTS if task.metadata.get(k)},
             }
         )
     path = out / "instances.jsonl"

@@ -31,6 +31,8 @@ from agentrl.types import SPLITS
 
 REQUIRED = ("instance_id", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 REPO_DIR = "/testbed"
+VERIFIER_HINTS = ("FAIL_TO_PASS_LINES", "FAIL_TO_PASS_ERRORS", "FAIL_TO_PASS_VALUES", "TWIN_SITES")
+"""Optional row keys passed on to the hidden-tests verifier (where each failing test fails on the base)."""
 
 
 class InstanceError(UserError):
@@ -119,6 +121,8 @@ def instance_task(row: Mapping[str, Any], *, images_dir: Path | None = None, whe
             if context is not None and (context / "Dockerfile").is_file()
             else None,
             "image_name": image or None,
+            # What the hidden-tests verifier reads about the failing tests, where a row has it.
+            **{k: row[k] for k in VERIFIER_HINTS if row.get(k)},
         },
     )
 
