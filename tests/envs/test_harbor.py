@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import agentrl
+from agentrl.env import EnvError
 from agentrl.envs.harbor.export import export_harbor, export_swebench
 from agentrl.envs.harbor.tasks import EXAMPLES_DIR, HarborTaskError, find_task_dirs, load_task, load_tasks
 from agentrl.envs.swebench.instances import InstanceError, instance_task, patch_files
@@ -268,8 +269,9 @@ def test_a_failing_dockerfile_is_an_error_that_names_the_step(tmp_path):
     (d / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nRUN echo about to fail && exit 3\n")
     env = agentrl.make("agentrl/harbor-v0", path=str(d))
     try:
+        # reset says it as an EnvError (a sandbox that could not start), the build's own words in it.
         with pytest.raises(
-            ImageBuildError,
+            EnvError,
             match=r"failed at Step 2/\d+ : RUN echo about to fail.*returned a non-zero code: 3",
         ):
             env.reset(options={"index": 0})
