@@ -196,8 +196,8 @@ def _load() -> None:
     import agentrl.checks.attacks
     import agentrl.checks.attacks_executor
     import agentrl.checks.attacks_harness
-    import agentrl.checks.attacks_judge
     import agentrl.checks.attacks_history
+    import agentrl.checks.attacks_judge
     import agentrl.checks.attacks_reuse  # noqa: F401
 
     ATTACK_PLUGINS.load_all()  # one broken plugin warns; it must not take the audit down
