@@ -21,6 +21,7 @@ BUILTIN_IDS = [
     "agentrl/guess-number-v0",
     "agentrl/python-repair-v0",
     "agentrl/harbor-v0",
+    "agentrl/sqlite-mcp-v0",
 ]
 
 
