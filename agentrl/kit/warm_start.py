@@ -133,6 +133,12 @@ class WarmStartRecipe(BaseModel):
     max_rounds: int = Field(
         8, ge=1, description="Most SFT rounds of the main stage while below `target_pass`."
     )
+    round_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="SFT passes of each round after the first (None: `epochs`): a coarse first round, then "
+        "finer ones, so that a sharp rise is measured inside the band rather than past it.",
+    )
     numerics: Numerics = Field(
         "pinned",
         description="CPU kernel paths of the SFT: `pinned` (MKL, ATen and oneDNN on paths that round the same "
@@ -177,8 +183,9 @@ class WarmStartRecipe(BaseModel):
     def build_fields(self) -> dict[str, Any]:
         """The fields the model depends on (the measurement fields are not among them)."""
         fields = self.model_dump(exclude=set(_EVAL_FIELDS))
-        if fields["start_from"] is None:  # the hash of every recipe from scratch stays what it was
-            del fields["start_from"]
+        for added in ("start_from", "round_epochs"):  # unset, the hash of an older recipe stays what it was
+            if fields[added] is None:
+                del fields[added]
         return fields
 
     def eval_fields(self) -> dict[str, Any]:
@@ -481,7 +488,8 @@ def _main_stage(
     stages: list[dict[str, Any]],
     demos: Path | None = None,
 ) -> Path:
-    """The main stage (the environment's own context) from `base`; `demos` reuses a round's demonstrations."""
+    """The main stage (the environment's own context) from `base`; `demos` reuses a round's demonstrations
+    (a round after the first: `round_epochs` passes)."""
     return _stage(
         "main",
         work,
@@ -490,7 +498,7 @@ def _main_stage(
         recipe,
         recipe.demos,
         {},
-        recipe.epochs,
+        recipe.epochs if demos is None else recipe.round_epochs or recipe.epochs,
         recipe.lr,
         threads,
         stages,
