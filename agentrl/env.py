@@ -48,8 +48,8 @@ from agentrl.sandbox.base import (
     Sandbox,
     SandboxDead,
     SandboxError,
-    open_sandbox,
 )
+from agentrl.sandbox.provider import SandboxProvider
 from agentrl.spaces import Messages, UnicodeText
 from agentrl.step_limits import (
     MessageLengthLimit,
@@ -209,12 +209,10 @@ class ToolEnv(gymnasium.Env[list, str]):
         self.offered_tools: frozenset[str] | None = None
         """The tools the model was offered, when not all of the toolbox's (a harness agent that declares
         tools of its own: `agentrl.gateway.harness`): a call to another one is refused, not run."""
-        if s.backend == "docker":
-            # From the main thread (where envs are usually made), so that SIGTERM/SIGINT remove
-            # this process's containers even when a rollout opens them on worker threads.
-            from agentrl.sandbox.reaper import install_signal_handlers
-
-            install_signal_handlers()
+        if self.needs_sandbox:
+            # From the main thread (where envs are usually made), so that SIGTERM/SIGINT remove this
+            # process's sandboxes (docker's outlive it) even when a rollout opens them on worker threads.
+            SandboxProvider(s.backend, pooled=s.use_pool).install_exit_handlers()
 
     @property
     def max_tool_calls_per_step(self) -> int:
@@ -376,22 +374,10 @@ class ToolEnv(gymnasium.Env[list, str]):
             env=self.sandbox_env,
             labels=labels,
         )
-        if self.use_pool and self.backend == "docker":
-            from agentrl.sandbox.hosts import default_host_pool
-
-            # sandbox.docker_hosts / AGENTRL_DOCKER_HOSTS: placed on the least-loaded engine.
-            if (hosts := default_host_pool()) is not None:
-                sb = hosts.acquire(**kwargs)
-                self._lender = hosts
-                return sb
-        if self.use_pool:
-            from agentrl.sandbox.pool import get_default_pool
-
-            pool = get_default_pool()
-            sb = pool.acquire(backend=self.backend, **kwargs)
-            self._lender = pool
-            return sb
-        return open_sandbox(self.backend, **kwargs)
+        provider = SandboxProvider(self.backend, pooled=self.use_pool)
+        sb = provider.acquire(**kwargs)
+        self._lender = provider  # gets it back after the episode: reset and reused, or closed
+        return sb
 
     def _prepare_sandbox(self, task: Task) -> Sandbox:
         sb = self._acquire_sandbox(task)

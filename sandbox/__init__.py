@@ -11,7 +11,8 @@ Modules: `spec` (SandboxSpec, Limits, Capabilities), `base` (the protocol, error
 the pieces every backend shares), `process` (the host process runner of local and bwrap),
 `hostfs` (their host-side file access), one module per backend (`docker`, `bwrap`, `local`),
 `executor` and `executor_inside` (the resident executor the agent's commands run through),
-`pool` (warm sandboxes), `engine` and `reaper` (the Docker engine, and what a crashed run left),
+`pool` (warm sandboxes), `provider` (where an environment's sandboxes come from: placement, reuse,
+clean-up, decided by a backend's capabilities), `engine` and `reaper` (the Docker engine, and what a crashed run left),
 `settings` (SandboxSettings: Docker hosts, pool size, engine timeouts, their AGENTRL_ overrides),
 `hostkill` (killing a sandbox's processes from the host, through its cgroup),
 `images` (offline image builds), `doctor` (which backends work here).
@@ -37,6 +38,7 @@ from agentrl.sandbox.base import (
     capabilities_of,
     open_sandbox,
 )
+from agentrl.sandbox.provider import SandboxProvider
 
 
 def install_exit_handlers() -> bool:
@@ -64,6 +66,7 @@ __all__ = [
     "SandboxDead",
     "SandboxError",
     "SandboxPathError",
+    "SandboxProvider",
     "SandboxSpec",
     "backend_capabilities",
     "capabilities_of",

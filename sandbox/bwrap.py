@@ -742,7 +742,11 @@ class BwrapSandbox(SandboxBase):
     # One uid, so no separate users, but a verifier identity by mount view; every process of an
     # exec dies with it (see the module docstring).
     capabilities = Capabilities(
-        isolated=True, network_isolation=True, protected_dir=True, verifier_identity=True
+        isolated=True,
+        network_isolation=True,
+        protected_dir=True,
+        verifier_identity=True,
+        resident_executor=True,
     )
 
     def __init__(self, spec: SandboxSpec | None = None, **fields: Unpack[SpecFields]) -> None:

@@ -366,6 +366,10 @@ class DockerSandbox(SandboxBase):
         verifier_identity=True,
         separate_users=True,
         background_processes=True,
+        resident_executor=True,
+        engine_images=True,
+        outlives_process=True,
+        host_placement=True,
     )
 
     def __init__(

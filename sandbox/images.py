@@ -39,13 +39,13 @@ class BaseRecipe:
     # Bumped by hand when the post-processing below changes in a way the hash cannot see.
     revision: int = 1
 
-    def digest(self, mirror: str) -> str:
+    def digest(self, mirror: str | None) -> str:
         blob = json.dumps(
             {
                 "suite": self.suite,
                 "variant": self.variant,
                 "include": sorted(self.include),
-                "mirror": mirror,
+                "mirror": mirror or "debootstrap's default",
                 "revision": self.revision,
                 "uid": AGENT_UID,
                 "user": AGENT_USER,
@@ -72,11 +72,12 @@ def _log(msg: str) -> None:
     print(f"[images] {msg}", file=sys.stderr, flush=True)
 
 
-def apt_mirror() -> str:
-    """The Debian mirror apt on this machine already uses (deb822 or one-line sources)."""
-    candidates = [Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")]
+def apt_mirror(etc_apt: Path = Path("/etc/apt")) -> str | None:
+    """The Debian mirror apt on this machine already uses (deb822 or one-line sources); None when apt names
+    none, and debootstrap then uses its own default mirror."""
+    candidates = [etc_apt / "sources.list.d/debian.sources", etc_apt / "sources.list"]
     candidates += (
-        sorted(Path("/etc/apt/sources.list.d").glob("*")) if Path("/etc/apt/sources.list.d").exists() else []
+        sorted((etc_apt / "sources.list.d").glob("*")) if (etc_apt / "sources.list.d").exists() else []
     )
     for path in candidates:
         if not path.is_file():
@@ -88,7 +89,7 @@ def apt_mirror() -> str:
             if "debian-security" in uri or "debian" not in uri:
                 continue
             return uri.rstrip("/")
-    return "http://deb.debian.org/debian"
+    return None
 
 
 def image_recipe_hash(client, tag: str) -> str | None:
@@ -142,14 +143,15 @@ def build_base(recipe: BaseRecipe, *, force: bool = False, client=None) -> str:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="agentrl-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
-        _log(f"debootstrap {recipe.suite} ({recipe.variant}, +{','.join(recipe.include)}) from {mirror}")
+        source = mirror or "debootstrap's default mirror"
+        _log(f"debootstrap {recipe.suite} ({recipe.variant}, +{','.join(recipe.include)}) from {source}")
         cmd = [
             "debootstrap",
             f"--variant={recipe.variant}",
             f"--include={','.join(recipe.include)}",
             recipe.suite,
             str(root),
-            mirror,
+            *([mirror] if mirror else []),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -237,6 +237,20 @@ class Capabilities:
     background_processes: bool = False
     """A process started in the background (`server &`) outlives the exec that started it, until
     the sandbox closes (docker, local; not bwrap, where each exec is its own pid namespace)."""
+    resident_executor: bool = False
+    """The agent's commands run through a resident executor inside the sandbox
+    (`agentrl.sandbox.executor`), unless `SandboxSpec.executor` is off (docker, bwrap)."""
+    engine_images: bool = False
+    """`SandboxSpec.image` must be in the container engine the sandbox starts on: an environment that
+    builds its own image builds it there first (docker; bwrap reads the image's exported root file
+    system, local ignores the image)."""
+    outlives_process: bool = False
+    """A sandbox is not a child of the process that opened it (docker: a container of the engine), so a
+    process killed without closing it leaves it running: signal handlers and the reaper remove it
+    (`agentrl.sandbox.provider`, `agentrl.sandbox.reaper`)."""
+    host_placement: bool = False
+    """Sandboxes can be placed on several engines, local or remote (`sandbox.docker_hosts`): the
+    provider puts each on the least-loaded one (docker)."""
 
     def lacking(self, *names: str) -> tuple[str, ...]:
         """Which of the named capabilities this sandbox does not have (unknown names raise)."""

@@ -4,6 +4,8 @@ an environment's private parts, where the shared types are defined."""
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -402,3 +404,82 @@ def test_importing_the_core_loads_no_kit_module():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+BACKEND_NAMES = {"docker", "bwrap", "local"}
+
+
+def _names_a_backend(node: ast.AST) -> bool:
+    """A string constant that is a built-in backend's name, alone or in a tuple, list or set."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKEND_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_backend(e) for e in node.elts)
+    return False
+
+
+def backend_name_tests(path: Path) -> list[int]:
+    """The lines of `path` that compare something with a built-in backend's name (`== "docker"`,
+    `in ("docker", "bwrap")`)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(_names_a_backend(n) for n in [node.left, *node.comparators]):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_outside_the_sandbox_tests_a_backend_name(tmp_path):
+    """Environments, checks, verifiers and task generators ask a backend's capabilities (`resident_executor`,
+    `engine_images`, `outlives_process`, ...) or its provider, never its name: a backend of a plugin
+    then works wherever a built-in does."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for name, path in modules().items()
+        if not name.startswith("agentrl.sandbox")
+        for line in backend_name_tests(path)
+    ]
+    assert not found, f"backend names tested outside agentrl.sandbox (ask its capabilities): {found}"
+    planted = tmp_path / "planted.py"
+    planted.write_text('def f(env):\n    return env.backend not in ("docker", "bwrap") or env.x == "local"\n')
+    assert backend_name_tests(planted) == [2, 2]
+
+
+# Addresses and names the tree may hold: this machine's, RFC 2606's documentation names, and names that
+# are not hosts at all (a Debian package, a Kubernetes resource).
+_OUR_HOSTS = re.compile(
+    r"^(127(\.\d+){1,3}|0\.0\.0\.0|localhost|\[::1\]|::1|([\w-]+\.)*example\.(com|org|net))$"
+)
+NOT_HOSTS = {
+    "docker.io": "the Debian package of the Docker engine (scripts/ensure-system.sh)",
+    "nvidia.com": "nvidia.com/gpu, the Kubernetes resource name of a GPU (examples/k8s)",
+}
+_URL_HOST = re.compile(r"\b(?:https?|tcp|ssh|ftp|wss?|git)://(?:[^/\s\"'@]*@)?([A-Za-z0-9.-]+)")
+_IPV4 = re.compile(r"(?<![\w.])(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?![\w.])")
+_DOMAIN = re.compile(r"(?<![\w.-])((?:[a-z0-9-]+\.)+(?:com|org|net|ai))\b")
+
+
+def outside_hosts(text: str) -> list[str]:
+    """The host names and addresses in `text` that are not this machine's nor documentation names: URL hosts
+    with a dot (a single label such as `node2` is a placeholder), IPv4 literals, bare .com/.org/.net/.ai names."""
+    url_hosts = [h.rstrip(".") for h in _URL_HOST.findall(text)]
+    found = [h for h in url_hosts if "." in h] + _IPV4.findall(text) + _DOMAIN.findall(text)
+    return sorted({h for h in found if not _OUR_HOSTS.match(h) and h not in NOT_HOSTS})
+
+
+def test_no_outside_host_is_named_in_the_tree(tmp_path):
+    """Code, tests and docs name no outside host: a tool's own default serves (debootstrap's mirror, W&B's
+    server), and isolation tests aim at this machine's loopback (`tests/fixtures_net.py`)."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    found = {}
+    for name in listed.stdout.splitlines():
+        path = ROOT / name
+        if path.suffix in {".png", ".jpg", ".gz", ".whl"} or not path.is_file() or path == Path(__file__):
+            continue  # (this file holds the planted names below)
+        hosts = outside_hosts(path.read_text(errors="ignore"))
+        if hosts:
+            found[name] = hosts
+    assert not found, f"outside hosts named in the tree: {found}"
+    planted = (
+        "mirror = 'http://deb.debian.org/debian'; dns = '1.1.1.1'; see pypi.org; ok: http://127.0.0.1:8000"
+    )
+    assert outside_hosts(planted) == ["1.1.1.1", "deb.debian.org", "pypi.org"]

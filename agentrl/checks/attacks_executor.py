@@ -20,7 +20,9 @@ from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, needs, register, tool_names
 from agentrl.checks.attacks import _Watchdog
+from agentrl.plugins import PluginError, UnknownPluginError
 from agentrl.protocols import has_oracle
+from agentrl.sandbox.base import backend_capabilities
 from agentrl.task import Task
 
 # Printed by an attack's command when a step of it got through, so the host side can read it. The
@@ -64,6 +66,15 @@ def _py(play: Play, code: str) -> str:
     return play.call("bash", command=f"python3 - <<'AGENTRL_ATTACK_EOF'\n{code}\nAGENTRL_ATTACK_EOF")
 
 
+def _runs_an_executor(env: Any) -> bool:
+    """Whether the env's sandbox backend runs the agent's commands through a resident executor."""
+    backend = getattr(env, "backend", None)
+    try:
+        return isinstance(backend, str) and backend_capabilities(backend).resident_executor
+    except (PluginError, UnknownPluginError):
+        return False
+
+
 class _ExecutorAttack:
     """Plays `tamper`, notes whether the executor survived as itself, then the reference solution."""
 
@@ -72,8 +83,8 @@ class _ExecutorAttack:
     settle_s = 0.0
 
     def applies_to(self, env: Any) -> bool | str:
-        if getattr(env, "backend", None) not in ("docker", "bwrap"):
-            return "the env's sandboxes run no resident executor (only docker and bwrap have one)"
+        if not _runs_an_executor(env):
+            return "the env's sandboxes run no resident executor (their backend has none)"
         if not has_oracle(env):
             return "the env has no oracle(task) to finish the episode after the tampering"
         return needs(env, any_tool=("bash", "python"))

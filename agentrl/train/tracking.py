@@ -13,6 +13,7 @@ says so in one line before a run starts rather than failing after the first step
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -42,11 +43,33 @@ def wandb_mode(requested: str) -> str | None:
         return None
     if requested != "auto":
         return requested
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or (
-        netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-    )
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or _netrc_has_wandb_key()
     return "online" if has_key else "offline"
+
+
+def _netrc_has_wandb_key() -> bool:
+    """Whether the netrc file ($NETRC, else ~/.netrc) holds a login for the W&B server this `wandb` talks
+    to: its own default, or WANDB_BASE_URL (`wandb login` writes it there)."""
+    import netrc
+    import urllib.parse
+
+    import wandb
+
+    settings = wandb.Settings()
+    # What `wandb.init` would read: its settings file (`wandb login --host`), then the environment.
+    # (Methods of wandb's settings since 0.19; an older or newer wandb without them keeps its default.)
+    with contextlib.suppress(Exception):
+        settings.update_from_system_settings()
+    with contextlib.suppress(Exception):
+        settings.update_from_env_vars(dict(os.environ))
+    host = urllib.parse.urlparse(settings.base_url).hostname
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    if not host or not path.is_file():
+        return False
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (netrc.NetrcParseError, OSError):  # a file netrc refuses (its permissions): read it as text
+        return host in path.read_text(errors="ignore").split()
 
 
 class Tracker:

@@ -47,7 +47,7 @@ from agentrl.envs.python_repair.packages import (
     tests_dir,
     unpacked,
 )
-from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, open_sandbox
+from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, backend_capabilities, open_sandbox
 from agentrl.task import Task
 from agentrl.types import Split
 from agentrl.verifiers.hidden_tests import Report, install_tests, run_tests
@@ -140,7 +140,7 @@ class SuiteRunner:
     RUN_DIR = f"{PROTECTED_DIR}/synth"
 
     def __init__(self, spec: PackageSpec, *, backend: str = "docker", limits: Limits | None = None):
-        if backend == "docker":
+        if backend_capabilities(backend).engine_images:
             ensure_image(spec)
         self.spec = spec
         self.sandbox: Sandbox = open_sandbox(
@@ -396,7 +396,7 @@ def synthesize_package(spec: PackageSpec, want: int, config: SynthConfig) -> lis
     if kept >= want:
         return trials
     # Sources and image come from the build step; on a fresh machine it runs here, once.
-    if config.backend == "docker":
+    if backend_capabilities(config.backend).engine_images:
         ensure_image(spec)
     else:
         unpacked(spec)

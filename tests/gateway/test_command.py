@@ -13,10 +13,11 @@ from agentrl.envs.python_repair.env import PythonRepairEnv
 from agentrl.gateway.harness import HarnessEnv
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.loop import collect_sync
-from tests import fixtures_model
+from tests import fixtures_model, fixtures_net
 from tests.gateway.scripted import RecordingPolicy, ToolCallPolicy, assert_all_sampled
 
 tiny_model_dir = fixtures_model.tiny_model_dir
+loopback_listener = fixtures_net.loopback_listener
 
 # A client with the standard library only (the image has no openai SDK): one completion, then proof that
 # the rest of the gateway and the network are out of reach. Any failure exits non-zero: `agent_error`.
@@ -34,12 +35,16 @@ for path in ("/v1/models", "/s/" + "A" * 32 + "/v1/models", "/docs"):
         sys.exit("reached " + path)
     except urllib.error.HTTPError as exc:
         assert exc.code == 404, (path, exc.code)
-for host in ("10.0.0.1", "172.17.0.1", "1.1.1.1"):
-    try:
-        socket.create_connection((host, 80), timeout=3)
-        sys.exit("network reachable: " + host)
-    except OSError:
-        pass
+# A listener on the host's loopback, which the test process reaches: the sandbox's loopback is its own.
+host_port = int(os.environ["HOST_PORT"])
+assert host_port != int(root.rsplit(":", 1)[1]), "the host's port is the relay's: rerun"
+try:
+    socket.create_connection(("127.0.0.1", host_port), timeout=3)
+    sys.exit("the host's loopback is reachable")
+except OSError:
+    pass
+if open("/proc/net/dev").read().count(":") != 1:
+    sys.exit("an interface besides loopback: " + open("/proc/net/dev").read())
 assert open(os.environ["AGENTRL_TASK_FILE"]).read() == os.environ["AGENTRL_TASK"]
 """
 
@@ -62,11 +67,21 @@ def _env(task, backend: str = "docker", **harness) -> HarnessEnv:
 
 @pytest.mark.docker
 @pytest.mark.parametrize("backend", ["docker", "bwrap"])
-def test_a_command_reaches_its_session_and_nothing_else(backend, toolz_repair_task, tiny_model_dir):
+def test_a_command_reaches_its_session_and_nothing_else(
+    backend, toolz_repair_task, tiny_model_dir, loopback_listener
+):
+    assert loopback_listener.reachable_from_here()
+    seen = len(loopback_listener.accepted)
     record = RecordingPolicy(ToolCallPolicy(_tok(tiny_model_dir), _reply("I looked at it.")))
+    command_env = {"HOST_PORT": str(loopback_listener.port)}
     [t] = collect_sync(
-        lambda: _env(toolz_repair_task, backend, command=["python3", "-c", CLIENT]), [0], record, CFG, seed=0
+        lambda: _env(toolz_repair_task, backend, command=["python3", "-c", CLIENT], command_env=command_env),
+        [0],
+        record,
+        CFG,
+        seed=0,
     )
+    assert len(loopback_listener.accepted) == seen
     assert t.finish_reason == "submitted", t.error
     assert t.reward == 0.0 and not t.passed and t.verdict_details  # scored on the untouched mutant
     assert t.turns == 1 and t.branches == 1 and assert_all_sampled(t, record) == 1
@@ -122,7 +137,9 @@ def bash_call(command: str) -> str:
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize("dialect", list(MINI_DIALECTS))
-def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_model_dir, dialect):
+def test_mini_swe_agent_repairs_a_package_in_docker(
+    toolz_repair_task, tiny_model_dir, dialect, loopback_listener
+):
     """Scripted replies (the tiny model cannot repair anything): the commands mini-swe-agent runs are its
     own, in the container; the fix it applies is scored by the hidden tests. In each dialect the CLI
     speaks (chat completions, Anthropic's Messages, Responses), one token-exact branch."""
@@ -134,7 +151,9 @@ def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_mode
         "EOF"
     )
     steps = [
-        "python3 -c \"import urllib.request as u; u.urlopen('http://pypi.org', timeout=5)\" 2>/dev/null || echo OFFLINE",
+        # The host's loopback listener, which the test reaches: the container's loopback is its own.
+        f"python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:{loopback_listener.port}', "
+        'timeout=5)" 2>/dev/null || echo OFFLINE',
         fix,
         "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
     ]
@@ -157,6 +176,7 @@ def test_mini_swe_agent_repairs_a_package_in_docker(toolz_repair_task, tiny_mode
     assert t.turns == 3 and t.branches == 1 and t.drifted_calls == 0
     assert assert_all_sampled(t, record) == 3
     assert any("OFFLINE" in str(m.get("content")) for m in t.messages), "the sandbox has no network"
+    assert loopback_listener.reachable_from_here() and len(loopback_listener.accepted) == 1
 
 
 @pytest.mark.docker

@@ -121,7 +121,16 @@ def test_something_that_declares_no_capabilities_has_none():
 def test_each_backend_promises_what_its_module_documents():
     docker, bwrap, local = (backend_capabilities(b) for b in ("docker", "bwrap", "local"))
     assert docker.lacking(*(f.name for f in dataclasses.fields(Capabilities))) == ()  # every one
-    # One uid (no separate users); each exec is its own pid namespace (no background processes).
-    assert bwrap == dataclasses.replace(docker, separate_users=False, background_processes=False)
+    # One uid (no separate users); each exec is its own pid namespace (no background processes); its
+    # root is an exported file system (no engine images); its processes are this one's children, on
+    # this machine (nothing outlives it, no placement on other engines).
+    assert bwrap == dataclasses.replace(
+        docker,
+        separate_users=False,
+        background_processes=False,
+        engine_images=False,
+        outlives_process=False,
+        host_placement=False,
+    )
     # No isolation of any kind; processes live until close().
     assert local == Capabilities(background_processes=True)
