@@ -10,9 +10,13 @@ demo: setup
 # out (`--heavy`: Docker, vLLM, Ray, GPU, slow), one at a time, since each starts engines of its own;
 # it ends with its 25 slowest tests, where the suite's time goes.
 test: setup
-	.venv/bin/ruff check .
+	$(LINT)
 	$(QUICK_LANE)
 	.venv/bin/python -m pytest --heavy --durations=25 $(PYTEST_ARGS)
+
+# Lint: ruff, then mypy over the public API (scripts/typecheck.py: `[tool.mypy]` in pyproject.toml says
+# which modules; seconds with its cache in build/, about 20 s of CPU without).
+LINT = .venv/bin/ruff check . && .venv/bin/python scripts/typecheck.py
 
 # The quick lane, a subset of `make test`: lint and the tests that need no Docker engine, no vLLM and
 # no Ray (nor a GPU, nor minutes each), in 2-3 minutes. `--quick` (tests/conftest.py) deselects
@@ -24,14 +28,14 @@ CHECK_WORKERS ?= 2
 QUICK_LANE = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest --quick -q -n $(CHECK_WORKERS) $(PYTEST_ARGS)
 check:
 	AGENTRL_SKIP_DOCKER=1 scripts/setup.sh
-	.venv/bin/ruff check .
+	$(LINT)
 	$(QUICK_LANE)
 
 setup:
 	scripts/setup.sh
 
 lint: setup
-	.venv/bin/ruff check .
+	$(LINT)
 
 # A short pass of the CPU benchmarks (a few minutes), one JSON each in runs/bench/; the full runs and
 # the measured numbers: benchmarks/RESULTS.md.

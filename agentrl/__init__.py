@@ -8,7 +8,7 @@ first use. It does register the built-in environment ids, with agentrl and with 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -53,6 +53,61 @@ _LAZY: dict[str, str] = {
     "Limits": "agentrl.sandbox",
 }
 
+
+# The same names for type checkers; at run time `__getattr__` below loads each on first use.
+if TYPE_CHECKING:
+    from agentrl.agents import AnswerOracle, last_tool_output, run_episode, tool_call
+    from agentrl.checks.env_check import check_env
+    from agentrl.checks.verifier_check import VerifierCheck, check_verifier, filter_tasks
+    from agentrl.env import EnvError, ToolEnv
+    from agentrl.episode import Episode
+    from agentrl.errors import UserError
+    from agentrl.protocols import Agent, AgentEnv, OracleEnv
+    from agentrl.registry import EnvSpec, get_task, load_plugins, make, register, registry, spec, task_source
+    from agentrl.sandbox import Limits, open_sandbox
+    from agentrl.task import Task, load_tasks, save_tasks
+    from agentrl.tasksource import TaskPool, TaskSource
+    from agentrl.tools import Tool, ToolContext, ToolError, tool
+    from agentrl.types import Message, StepInfo
+
+__all__ = [
+    "Agent",
+    "AgentEnv",
+    "AnswerOracle",
+    "EnvError",
+    "EnvSpec",
+    "Episode",
+    "Limits",
+    "Message",
+    "OracleEnv",
+    "StepInfo",
+    "Task",
+    "TaskPool",
+    "TaskSource",
+    "Tool",
+    "ToolContext",
+    "ToolEnv",
+    "ToolError",
+    "UserError",
+    "VerifierCheck",
+    "check_env",
+    "check_verifier",
+    "filter_tasks",
+    "get_task",
+    "last_tool_output",
+    "load_plugins",
+    "load_tasks",
+    "make",
+    "open_sandbox",
+    "register",
+    "registry",
+    "run_episode",
+    "save_tasks",
+    "spec",
+    "task_source",
+    "tool",
+    "tool_call",
+]
 
 # Built-in ids into agentrl's registry and Gymnasium's (the registry module is light: no torch).
 importlib.import_module("agentrl.registry")

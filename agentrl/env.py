@@ -64,7 +64,7 @@ from agentrl.step_limits import (
 from agentrl.task import Task, TaskGenerator
 from agentrl.tasksource import TaskSource, as_task_source, coerce_task
 from agentrl.tools import ToolBox, ToolContext, ToolOutcome, ToolServerLost, ToolTimeout, run_tool
-from agentrl.types import FinishReason, Message, StepInfo
+from agentrl.types import CallStatus, FinishReason, Message, Role, StepInfo
 from agentrl.verifiers import Verdict, Verifier, get, run_verifier
 from agentrl.verifiers.base import verifier_deadline
 
@@ -115,7 +115,7 @@ class ToolEnv(gymnasium.Env[list, str]):
     read and write it.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012  (as gymnasium.Env declares it)
 
     #: Instructions at the top of the system prompt; subclasses override.
     instructions = (
@@ -429,7 +429,10 @@ class ToolEnv(gymnasium.Env[list, str]):
             exec_timeout_s=self.exec_timeout_s,
             state=self.initial_state(task),
         )
-        obs = [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": task.prompt}]
+        obs: list[Message] = [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": task.prompt},
+        ]
         self.episode.messages.extend(obs)
         info = {
             "task_id": task.id,
@@ -660,7 +663,7 @@ class ToolEnv(gymnasium.Env[list, str]):
             )
             return outcome, ToolCallRecord(_name(call), "unknown_tool", is_error=True)
         outcome = run_tool(tool, self._ctx, call.arguments, timeout_s=self.tool_deadline_s)
-        status = "ran" if outcome.ran else "invalid_arguments"
+        status: CallStatus = "ran" if outcome.ran else "invalid_arguments"
         record = ToolCallRecord(tool.name, status, outcome.is_error, outcome.timed_out, outcome.duration_s)
         return outcome, record
 
@@ -694,7 +697,7 @@ class ToolEnv(gymnasium.Env[list, str]):
         return self._finish()
 
     @staticmethod
-    def _error_message(content: str, role: str = "user") -> Message:
+    def _error_message(content: str, role: Role = "user") -> Message:
         # Errors echo parts of the model's text: keep them encodable (a lone surrogate would
         # break the tokenizer or the trajectory file downstream, not here).
         content = content.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -151,7 +151,8 @@ def _register_with_gymnasium(env_id: str) -> None:
     if previous is not None and not _is_ours(previous.entry_point):
         return  # an id Gymnasium (or another library) owns: never shadow it
     gym_registry.pop(env_id, None)  # ours, re-registered: no "Overriding" warning from Gymnasium
-    gymnasium.register(id=env_id, entry_point=functools.partial(make, env_id))
+    # `make` returns an `AgentEnv` (a protocol); Gymnasium types a creator as returning its `Env` class.
+    gymnasium.register(id=env_id, entry_point=functools.partial(make, env_id))  # type: ignore[arg-type]
 
 
 def _is_ours(entry_point: Any) -> bool:
@@ -422,7 +423,7 @@ def task_source(env_id: str | EnvSpec, *, split: Split = "train", **overrides: A
     kwargs = _constructor_kwargs(s, {"split": split, **overrides})
     cls = _load_entry_point(s.entry_point)
     model, declared = settings_model(s)
-    if declared and s.settings is None:  # the class's own model: its tasks from its validated settings
+    if declared and model is not None and s.settings is None:  # the class's own model: from its settings
         kwargs = {**kwargs, **_fields(_validated(s, model, kwargs, cls))}
     make_tasks = getattr(cls, "make_tasks", None)
     source = make_tasks(**kwargs) if callable(make_tasks) else None

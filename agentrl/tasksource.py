@@ -163,7 +163,7 @@ class TaskPool(TaskSource):
             if split_col in rows.column_names:
                 return [str(s) if s else default for s in rows[split_col]]
             return [default] * len(rows)
-        out = []
+        out: list[str] = []
         for row in rows:
             if isinstance(row, Task):
                 out.append(row.split if key_split is None else key_split)
@@ -257,7 +257,7 @@ class _LazySource(TaskSource):
 
     def __init__(self, factory: Callable[[], Any], name: str | None = None):
         self.factory = factory
-        self.name = name or getattr(factory, "__qualname__", "tasks")
+        self.name = name or str(getattr(factory, "__qualname__", "tasks"))
         self._source: TaskSource | None = None
 
     @property

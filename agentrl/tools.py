@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import AliasChoices, ConfigDict, ValidationError, create_model
+from pydantic import AliasChoices, BaseModel, ConfigDict, ValidationError, create_model
 
 from agentrl.deadline import DeadlineExceeded, ThreadLimitReached, call_with_deadline
 from agentrl.sandbox.base import (
@@ -102,7 +102,7 @@ class Tool:
     name: str
     description: str
     fn: Callable[..., Any]
-    params_model: type
+    params_model: type[BaseModel]
     parameters: dict[str, Any]
     terminal: bool = False
     needs_sandbox: bool = True
@@ -197,9 +197,11 @@ def tool(
                 raise TypeError(f"tool {f.__name__!r}: parameter {p.name!r} needs a type annotation")
             from pydantic import Field
 
-            default = ... if p.default is inspect.Parameter.empty else p.default
+            default: Any = ... if p.default is inspect.Parameter.empty else p.default
             other_names = list((aliases or {}).get(p.name, ()))
-            choices = {"validation_alias": AliasChoices(p.name, *other_names)} if other_names else {}
+            choices: dict[str, Any] = (
+                {"validation_alias": AliasChoices(p.name, *other_names)} if other_names else {}
+            )
             fields[p.name] = (hints[p.name], Field(default, description=arg_docs.get(p.name), **choices))
         model = create_model(f"{f.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
         schema = model.model_json_schema()

@@ -186,7 +186,7 @@ class FileTooLargeError(SandboxError, OSError):
         self.limit = limit
 
     def __str__(self) -> str:
-        return self.strerror
+        return str(self.strerror)
 
 
 # --------------------------------------------------------------------------------------
