@@ -63,6 +63,8 @@ PYTHON_BLOCKS = {
     'get(\n    "judge",': "test_judged_reward_snippet",
     "register_task_set(": "test_harbor_task_set_snippet",
     "register_instances(": "test_swebench_instances_snippet",
+    "# mylab/sandboxes.py": "test_sandbox_backend_snippet",
+    "# the GRPO loss by hand": "test_loss_snippet",
 }
 
 
@@ -121,6 +123,7 @@ def mylab(tmp_path, monkeypatch):
     (package / "verifiers.py").write_text(block("# mylab/verifiers.py"))
     (package / "attacks.py").write_text(block("class LeakTheAnswerFile"))
     (package / "samplers.py").write_text(block("# mylab/samplers.py"))
+    (package / "sandboxes.py").write_text(block("# mylab/sandboxes.py"))
     rows = [json.loads(line) for line in README_TASK_LINE.splitlines() if line.strip()]
     for i, (country, capital) in enumerate(MORE_TASKS, start=len(rows)):
         rows.append(
@@ -285,7 +288,13 @@ def test_agent_in_the_sandbox_snippet(toolz_repair_task, tiny_model_dir):  # noq
 def test_entry_points_resolve_to_the_snippets(mylab):
     import importlib
 
-    groups = {"agentrl.envs", "agentrl.verifiers", "agentrl.attacks", "agentrl.samplers"}
+    groups = {
+        "agentrl.envs",
+        "agentrl.verifiers",
+        "agentrl.attacks",
+        "agentrl.samplers",
+        "agentrl.sandbox_backends",
+    }
     seen = set()
     for page, text in blocks("toml"):
         for group, entries in tomllib.loads(text)["project"]["entry-points"].items():
@@ -361,6 +370,39 @@ def test_attack_plugin_snippet(mylab):
         assert isinstance(why_not, str) and "bash" in why_not
     finally:
         env.close()
+
+
+def test_sandbox_backend_snippet(mylab):
+    """The guide's backend, registered as its entry point would: opened by name, kept warm by the pool, and
+    an environment's tool calls run in it (at priority 19)."""
+    import warnings
+
+    from agentrl.sandbox import BACKENDS, backend_capabilities, open_sandbox
+    from agentrl.sandbox.pool import PoolKey, SandboxPool
+
+    with BACKENDS.isolated(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*NO isolation.*")
+        BACKENDS.register("nice", "mylab.sandboxes:NiceSandbox")
+        assert backend_capabilities("nice") == backend_capabilities("local")
+        with open_sandbox("nice") as sb:
+            assert sb.exec("ps -o ni= -p $$").stdout.strip() == "19"
+        with SandboxPool(size=1) as pool:
+            sb = pool.acquire_key(PoolKey.make("nice"))
+            assert type(sb).__name__ == "NiceSandbox"
+            pool.release(sb)
+        task = agentrl.Task(id="nice/0", prompt="How nice?", answer="19")
+        with agentrl.ToolEnv(
+            tasks=[task], tools=["bash", "submit"], verifier="exact-match", backend="nice", use_pool=False
+        ) as env:
+            env.reset(options={"task": task})
+            obs, *_ = env.step(
+                '<tool_call>\n{"name": "bash", "arguments": {"command": "ps -o ni= -p $$"}}\n</tool_call>'
+            )
+            assert obs[0]["content"].strip() == "19"
+
+
+def test_loss_snippet():
+    exec(compile(block("# the GRPO loss by hand"), "docs/EXTENDING.md", "exec"), {})
 
 
 # --- commands and configs ------------------------------------------------------------------------------
