@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from agentrl.env import EnvError, ToolEnv
     from agentrl.episode import Episode
     from agentrl.errors import UserError
+    from agentrl.mcp import MCPServer
     from agentrl.protocols import Agent, AgentEnv, OracleEnv
     from agentrl.registry import EnvSpec, get_task, load_plugins, make, register, registry, spec, task_source
     from agentrl.sandbox import Limits, open_sandbox
@@ -78,6 +79,7 @@ __all__ = [
     "EnvSpec",
     "Episode",
     "Limits",
+    "MCPServer",
     "Message",
     "OracleEnv",
     "StepInfo",
