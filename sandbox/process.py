@@ -65,37 +65,58 @@ def run_capped(
         raise SandboxError(f"could not start {argv[0]!r}: {exc}") from exc
     if on_start is not None:
         on_start(proc)
-
-    assert proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    streams = {out_fd: CappedOutput(output_limit), err_fd: CappedOutput(output_limit)}
-    timed_out = False
-    sel = selectors.DefaultSelector()
-    for fd in streams:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    pending = b""
-    in_fd = -1
-    if stdin is not None:
-        assert proc.stdin is not None
-        pending = stdin
-        in_fd = proc.stdin.fileno()
-        if pending:
-            os.set_blocking(in_fd, False)
-            sel.register(in_fd, selectors.EVENT_WRITE)
-        else:
-            proc.stdin.close()
-    exited_at: float | None = None
+    pipes = _Pipes(proc, stdin, output_limit)
     try:
-        while sel.get_map():
+        timed_out = pipes.pump(deadline, drain_after_exit_s)
+        timed_out = _reap(proc, deadline, kill_tree, timed_out)
+    finally:
+        pipes.close()
+    return ExecResult.captured(
+        KILLED if proc.returncode is None else proc.returncode,
+        pipes.stdout,
+        pipes.stderr,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+    )
+
+
+class _Pipes:
+    """A command's stdin, stdout and stderr on one selector: `stdin` written as the command reads it, each
+    output kept up to its cap, so the command never blocks on a full pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdin: bytes | None, output_limit: int) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.proc = proc
+        self.stdout, self.stderr = CappedOutput(output_limit), CappedOutput(output_limit)
+        self.outputs = {proc.stdout.fileno(): self.stdout, proc.stderr.fileno(): self.stderr}
+        self.sel = selectors.DefaultSelector()
+        for fd in self.outputs:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.pending = b""
+        self.in_fd = -1
+        if stdin is not None:
+            assert proc.stdin is not None
+            self.pending = stdin
+            self.in_fd = proc.stdin.fileno()
+            if stdin:
+                os.set_blocking(self.in_fd, False)
+                self.sel.register(self.in_fd, selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+
+    def pump(self, deadline: float, drain_after_exit_s: float) -> bool:
+        """Move bytes until the pipes close, or the command has exited `drain_after_exit_s` ago; True
+        when the deadline came first."""
+        exited_at: float | None = None
+        while self.sel.get_map():
             now = time.monotonic()
             if now >= deadline:
-                timed_out = True
-                break
-            if exited_at is None and proc.poll() is not None:
+                return True
+            if exited_at is None and self.proc.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at >= drain_after_exit_s:
-                break
+                return False
             wait = deadline - now
             if exited_at is not None:
                 wait = min(wait, drain_after_exit_s - (now - exited_at))
@@ -103,51 +124,61 @@ def run_capped(
                 # Wake up now and then: the command may exit while a background child keeps
                 # the pipes open, and only poll() notices that.
                 wait = min(wait, 0.05)
-            for key, _ in sel.select(max(wait, 0.0)):
-                fd = key.fd
-                if fd == in_fd:
-                    try:
-                        written = os.write(fd, pending[:65536])
-                        pending = pending[written:]
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:
-                        pending = b""  # the command stopped reading: the rest is dropped
-                    if not pending:
-                        sel.unregister(fd)
-                        assert proc.stdin is not None
-                        proc.stdin.close()
-                    continue
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                streams[fd].feed(chunk)
-        if timed_out:
-            kill_tree(proc)
+            for key, _ in self.sel.select(max(wait, 0.0)):
+                if key.fd == self.in_fd:
+                    self._write()
+                else:
+                    self._read(key.fd)
+        return False
+
+    def _write(self) -> None:
         try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0) + 5.0)
-        except subprocess.TimeoutExpired:
-            # The command closed its pipes but will not exit: it is over its deadline now.
-            timed_out = True
-            kill_tree(proc)
-            proc.wait(timeout=10)
-    finally:
-        sel.close()
-        for f in (proc.stdin, proc.stdout, proc.stderr):
+            written = os.write(self.in_fd, self.pending[:65536])
+            self.pending = self.pending[written:]
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            self.pending = b""  # the command stopped reading: the rest is dropped
+        if not self.pending:
+            self.sel.unregister(self.in_fd)
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+
+    def _read(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.sel.unregister(fd)
+            return
+        self.outputs[fd].feed(chunk)
+
+    def close(self) -> None:
+        self.sel.close()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
-    return ExecResult.captured(
-        KILLED if proc.returncode is None else proc.returncode,
-        streams[out_fd],
-        streams[err_fd],
-        timed_out=timed_out,
-        duration_s=time.monotonic() - start,
-    )
+
+
+def _reap(
+    proc: subprocess.Popen[bytes],
+    deadline: float,
+    kill_tree: Callable[[subprocess.Popen[bytes]], None],
+    timed_out: bool,
+) -> bool:
+    """Wait for the command (killed first when it `timed_out`); returns whether it overran its deadline."""
+    if timed_out:
+        kill_tree(proc)
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0) + 5.0)
+    except subprocess.TimeoutExpired:
+        # The command closed its pipes but will not exit: it is over its deadline now.
+        timed_out = True
+        kill_tree(proc)
+        proc.wait(timeout=10)
+    return timed_out
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
