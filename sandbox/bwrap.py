@@ -780,8 +780,22 @@ class BwrapSandbox(SandboxBase):
         except BaseException:
             _cleanup(self._root, self._holder, self._cgroups)  # a half-built sandbox leaves nothing
             raise
+        self.enforcement = self._enforcement(cg_note, holder_note)
+        self._residents = _Residents()
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._root, self._holder, self._cgroups, self._residents
+        )
+        self.files = self._host_view()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._executor = ExecutorSlot(self._start_executor, enabled=self.spec.executor)
+        self._trial_run()
+
+    def _enforcement(self, cg_note: str, holder_note: str) -> Enforcement:
+        """How each limit is enforced here (cgroups, a tmpfs holder, or rlimits), said as it is."""
         cg = self._cgroups is not None
-        self.enforcement = Enforcement(
+        return Enforcement(
             memory="cgroup (aggregate)" if cg else "RLIMIT_AS (per process)",
             pids=(
                 "cgroup pids.max"
@@ -798,11 +812,11 @@ class BwrapSandbox(SandboxBase):
             ),
             network="shared with host (limits.network)" if self.limits.network else "namespace (none)",
         )
-        self._residents = _Residents()
-        self._finalizer = weakref.finalize(
-            self, _cleanup, self._root, self._holder, self._cgroups, self._residents
-        )
-        self.files = HostView(
+
+    def _host_view(self) -> HostView:
+        """The host-side file access: the rootfs read-only, the bound directories, the masked paths."""
+        workdir = self.workdir
+        return HostView(
             [
                 Mount("/", self.rootfs, agent_writable=False, privileged_writable=False),
                 Mount(workdir, self.host_workdir, agent_writable=True, privileged_writable=True),
@@ -815,12 +829,10 @@ class BwrapSandbox(SandboxBase):
             ],
             workdir,
         )
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._executor = ExecutorSlot(self._start_executor, enabled=self.spec.executor)
-        # One trial run, so a broken setup fails here, with bwrap's own words, not at the first
-        # tool call; it starts the resident executor (or finds it cannot run here).
+
+    def _trial_run(self) -> None:
+        """One trial run, so a broken setup fails here, with bwrap's own words, not at the first tool
+        call; it starts the resident executor (or finds it cannot run here)."""
         try:
             trial = self.exec(["/bin/true"], timeout=30)
         except BaseException:
