@@ -9,7 +9,8 @@ with open_sandbox("bwrap", spec) as sb:
 
 Modules: `spec` (SandboxSpec, Limits, Capabilities), `base` (the protocol, errors, the factory and
 the pieces every backend shares), `process` (the host process runner of local and bwrap),
-`hostfs` (their host-side file access), one module per backend (`docker`, `bwrap`, `local`),
+`hostfs` (their host-side file access), one module per backend (`docker`, `bwrap`, `local`; bwrap's root file system in `rootfs`, its host-side
+cgroups and tmpfs holder in `hostlimits`),
 `executor` and `executor_inside` (the resident executor the agent's commands run through),
 `pool` (warm sandboxes), `provider` (where an environment's sandboxes come from: placement, reuse,
 clean-up, decided by a backend's capabilities), `engine` and `reaper` (the Docker engine, and what a crashed run left),

@@ -22,7 +22,7 @@ escape it). Either way a background process (`server &`) does not outlive the ex
 it (on docker it does).
 
 One long-lived process per sandbox does exist, for the disk cap only: the *tmpfs holder*
-(`_Holder`), a `read` on a pipe inside a user + mount namespace of ours where size-capped
+(`TmpfsHolder`), a `read` on a pipe inside a user + mount namespace of ours where size-capped
 tmpfs mounts cover the workspace and /tmp directories. Any user may mount a tmpfs in a user
 namespace of their own, so this works without root. Each exec `nsenter`s that namespace and
 runs bwrap from there (the entered capabilities vanish at bwrap's execve, since the uid is
@@ -121,23 +121,18 @@ back into -N, as the protocol (and `subprocess`) say.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
-import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn, Unpack
@@ -145,13 +140,11 @@ from typing import NoReturn, Unpack
 from agentrl.sandbox.base import (
     AGENT_UID,
     AGENT_USER,
-    DEFAULT_IMAGE,
     PROTECTED_DIR,
     Capabilities,
     ExecRequest,
     ExecResult,
     Identity,
-    Limits,
     SandboxBase,
     SandboxDead,
     SandboxError,
@@ -168,12 +161,19 @@ from agentrl.sandbox.executor import (
     launch_argv,
 )
 from agentrl.sandbox.hostfs import HostView, Mount
-from agentrl.sandbox.hostkill import CgroupView, Proc
+from agentrl.sandbox.hostkill import Proc
+from agentrl.sandbox.hostlimits import Cgroups, TmpfsHolder
 from agentrl.sandbox.process import kill_group, run_capped
 from agentrl.sandbox.reaper import process_start_ticks
+from agentrl.sandbox.rootfs import (
+    ROOTFS_ENV,
+    export_rootfs,
+    find_rootfs,
+    private_paths,
+)
+from agentrl.sandbox.rootfs import cached_rootfs as cached_rootfs  # (importable from here, as before)
+from agentrl.sandbox.rootfs import rootfs_cache_dir as rootfs_cache_dir
 
-ROOTFS_ENV = "AGENTRL_BWRAP_ROOTFS"
-_COMPLETE_MARK = ".agentrl-rootfs-complete"
 _PRLIMIT_PATHS = ("usr/bin/prlimit", "bin/prlimit")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Bound on the frozen kill of a timed-out exec's processes (milliseconds for a full pids limit).
@@ -181,7 +181,7 @@ _KILL_EXEC_S = 5.0
 
 
 # --------------------------------------------------------------------------------------
-# bwrap and the root file system
+# bwrap itself (its root file system: agentrl.sandbox.rootfs)
 # --------------------------------------------------------------------------------------
 
 
@@ -193,409 +193,6 @@ def bwrap_binary() -> str:
             "`dnf install bubblewrap`) or use another backend; `agentrl sandbox doctor` checks them all"
         )
     return path
-
-
-def rootfs_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "agentrl" / "rootfs"
-
-
-def _tag_file(image: str) -> Path:
-    return rootfs_cache_dir() / "tags" / re.sub(r"[^A-Za-z0-9_.-]", "_", image)
-
-
-class _ChunkReader(io.RawIOBase):
-    """A file object over the docker SDK's chunk generator, so tarfile can stream it."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._it: Iterator[bytes] = iter(chunks)
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        while not self._buf:
-            try:
-                self._buf = next(self._it)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-
-def _rootfs_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    # Device nodes cannot be made without root and are never needed (bwrap mounts its own
-    # /dev); FIFOs likewise.
-    if member.ischr() or member.isblk() or member.isfifo():
-        return None
-    # The "tar" filter refuses members that would land outside `dest` and clears setuid,
-    # setgid and group/other-write bits: a setuid binary is useless under no_new_privs, and
-    # stripping it removes the question entirely.
-    return tarfile.tar_filter(member, dest)
-
-
-def export_rootfs(image: str = DEFAULT_IMAGE, dest: Path | None = None) -> Path:
-    """Export `image`'s file system from the local Docker engine; return the directory.
-
-    With no `dest`, it goes to the cache keyed by image id and is reused when present.
-    Concurrent exports are safe: each extracts to a private directory, the first rename wins.
-    """
-    try:
-        import docker
-        import docker.errors
-
-        client = docker.from_env()
-        img = client.images.get(image)
-    except ImportError as exc:
-        raise SandboxError("the docker SDK is not installed: `pip install docker`") from exc
-    except Exception as exc:
-        if type(exc).__name__ == "ImageNotFound":
-            raise SandboxError(
-                f"image {image!r} is not in the local Docker engine; build it with `agentrl sandbox build` "
-                "(or `make setup`), or set AGENTRL_BWRAP_ROOTFS to an exported root file system"
-            ) from exc
-        raise SandboxError(
-            f"cannot reach Docker to export the bwrap root file system of {image!r} ({exc}); start Docker, "
-            f"or set {ROOTFS_ENV}=/path/to/rootfs (export one where Docker runs with "
-            f"`python -m agentrl.sandbox.bwrap export {image} DEST`)"
-        ) from exc
-    image_id = img.id.split(":", 1)[-1]
-    final = dest or rootfs_cache_dir() / image_id
-    if (final / _COMPLETE_MARK).exists():
-        if dest is None:  # only the cache is found by tag; a directory the caller chose is theirs
-            _record_tag(image, final)
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
-    work.chmod(0o755)  # it becomes "/" inside: mkdtemp's 0700 would hide it from other users
-    container = client.containers.create(img.id, command=["/bin/true"], labels={"agentrl.export": "1"})
-    try:
-        stream = io.BufferedReader(_ChunkReader(container.export(chunk_size=1 << 20)), 1 << 20)
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            tar.extractall(work, numeric_owner=True, filter=_rootfs_member)
-        (work / _COMPLETE_MARK).write_text(json.dumps({"image": image, "id": img.id}) + "\n")
-        try:
-            os.rename(work, final)
-        except OSError:
-            if not (final / _COMPLETE_MARK).exists():
-                raise
-            shutil.rmtree(work, ignore_errors=True)  # another process won the race
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    finally:
-        with contextlib.suppress(Exception):
-            container.remove(force=True)
-    if dest is None:
-        _record_tag(image, final)
-    return final
-
-
-def _record_tag(image: str, path: Path) -> None:
-    tag = _tag_file(image)
-    with contextlib.suppress(OSError):
-        tag.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tag.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(str(path) + "\n")
-        os.replace(tmp, tag)
-
-
-def cached_rootfs(image: str = DEFAULT_IMAGE) -> Path | None:
-    """The cached export of `image` found by its tag (no Docker needed), or None."""
-    tag = _tag_file(image)
-    if tag.exists():
-        cached = Path(tag.read_text().strip())
-        if (cached / _COMPLETE_MARK).exists():
-            return cached
-    return None
-
-
-_rootfs_memo: dict[str, Path] = {}
-_rootfs_lock = threading.Lock()
-
-
-def find_rootfs(image: str = DEFAULT_IMAGE) -> Path:
-    """The root file system for `image`: $AGENTRL_BWRAP_ROOTFS, else the cache, else a Docker export.
-
-    Memoized per process: an image rebuilt under the same tag is picked up by a new process.
-    """
-    override = os.environ.get(ROOTFS_ENV)
-    if override:
-        path = Path(override)
-        if not (path / "bin" / "sh").exists() and not (path / "usr" / "bin" / "sh").exists():
-            raise SandboxError(
-                f"{ROOTFS_ENV}={override!r} is not a root file system (no bin/sh in it); point it at an "
-                "exported image, e.g. from `python -m agentrl.sandbox.bwrap export IMAGE DEST`"
-            )
-        return path
-    with _rootfs_lock:
-        if image in _rootfs_memo and (_rootfs_memo[image] / _COMPLETE_MARK).exists():
-            return _rootfs_memo[image]
-        try:
-            path = export_rootfs(image)
-        except SandboxError:
-            # No Docker here: a rootfs exported earlier (or copied in) is found by its tag.
-            if (cached := cached_rootfs(image)) is not None:
-                _rootfs_memo[image] = cached
-                return cached
-            raise
-        _rootfs_memo[image] = path
-        return path
-
-
-_PRIVATE_SUFFIX = ".private-paths.json"
-_private_memo: dict[str, tuple[str, ...]] = {}
-
-
-def _is_private(mode: int) -> bool:
-    """Whether a user who owns nothing in the image could read it: docker's agent and verifier
-    are "other" to every file of the image, so the other-bits decide."""
-    if stat.S_ISDIR(mode):
-        return not mode & stat.S_IXOTH
-    if stat.S_ISREG(mode):
-        return not mode & stat.S_IROTH
-    return False
-
-
-def private_paths(rootfs: Path) -> tuple[str, ...]:
-    """The image's root-only paths (absolute, as seen inside), topmost only: every directory
-    other users cannot enter and every regular file they cannot read.
-
-    On docker these are unreadable to the agent and the verifier identity (their permission
-    bits do it). bwrap has one uid, which owns every exported file, so the bits protect
-    nothing: these paths are masked instead (an empty read-only tmpfs, or /dev/null for a file)
-    in every exec but privileged ones. Computed once per root file system (a walk of the
-    tree, ~0.1 s) and kept beside it (outside it: nothing of ours shows inside) when its
-    parent directory is writable.
-    """
-    key = str(rootfs)
-    if key in _private_memo:
-        return _private_memo[key]
-    sidecar = rootfs.parent / f"{rootfs.name}{_PRIVATE_SUFFIX}"
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        found = tuple(json.loads(sidecar.read_text())["private"])
-        _private_memo[key] = found
-        return found
-    out: list[str] = []
-    stack = [(rootfs, "")]
-    while stack:
-        host, inside = stack.pop()
-        try:
-            entries = list(os.scandir(host))
-        except OSError:
-            continue
-        for e in entries:
-            if e.name == _COMPLETE_MARK and not inside:
-                continue
-            path = f"{inside}/{e.name}"
-            if path in ("/proc", "/dev", "/sys"):
-                continue  # bwrap mounts its own
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if _is_private(st.st_mode):
-                out.append(path)
-            elif stat.S_ISDIR(st.st_mode):
-                stack.append((Path(e.path), path))
-    found = tuple(sorted(out))
-    _private_memo[key] = found
-    with contextlib.suppress(OSError):
-        tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"private": list(found)}) + "\n")
-        os.replace(tmp, sidecar)
-    return found
-
-
-# --------------------------------------------------------------------------------------
-# Enforcement helpers: cgroups and tmpfs (both need privileges; probed, never assumed)
-# --------------------------------------------------------------------------------------
-
-
-class _Cgroups:
-    """One sandbox's cgroups (v1: memory, pids, cpu dirs; v2: one dir). All execs join them."""
-
-    def __init__(self, dirs: list[Path]) -> None:
-        self.dirs = dirs
-
-    @classmethod
-    def create(cls, name: str, limits: Limits) -> tuple[_Cgroups | None, str]:
-        """Make and configure the cgroups, or return (None, why not)."""
-        root = Path("/sys/fs/cgroup")
-        made: list[Path] = []
-        try:
-            if (root / "cgroup.controllers").exists():  # cgroup v2
-                own = Path(Path("/proc/self/cgroup").read_text().strip().split("::", 1)[-1].lstrip("/"))
-                parent = root / own.parent if own.name else root
-                d = parent / name
-                d.mkdir()
-                made.append(d)
-                (d / "memory.max").write_text(str(limits.memory_mb << 20))
-                (d / "memory.swap.max").write_text("0")
-                (d / "pids.max").write_text(str(limits.pids))
-                (d / "cpu.max").write_text(f"{int(limits.cpus * 100_000)} 100000")
-            else:  # cgroup v1
-                for ctl in ("memory", "pids", "cpu"):
-                    d = root / ctl / "agentrl" / name
-                    d.mkdir(parents=True)
-                    made.append(d)
-                mem, pids, cpu = made[:3]
-                # The freezer is optional: it makes a timeout's kill exact (see `kill_all`); a
-                # freezer hierarchy this process may not write costs that, never the limits.
-                if (root / "freezer" / "cgroup.procs").exists():
-                    with contextlib.suppress(OSError):
-                        (root / "freezer" / "agentrl" / name).mkdir(parents=True)
-                        made.append(root / "freezer" / "agentrl" / name)
-                (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
-                if (mem / "memory.memsw.limit_in_bytes").exists():  # no swap either
-                    (mem / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb << 20))
-                (pids / "pids.max").write_text(str(limits.pids))
-                (cpu / "cpu.cfs_period_us").write_text("100000")
-                (cpu / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * 100_000)))
-        except OSError as exc:
-            for d in reversed(made):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            return None, f"no writable cgroup ({exc.strerror or exc})"
-        return cls(made), "cgroup"
-
-    def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs]
-
-    def pids(self) -> set[int]:
-        found: set[int] = set()
-        for d in self.dirs:
-            with contextlib.suppress(OSError):
-                found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
-        return found
-
-    def freezer(self) -> CgroupView | None:
-        """The cgroup that freezes the sandbox's processes (v2: the one; v1: the freezer's), if any."""
-        for d in self.dirs:
-            if (d / "cgroup.freeze").exists():
-                return CgroupView(d, v2=True)
-            if (d / "freezer.state").exists():
-                return CgroupView(d, v2=False)
-        return None
-
-    def kill(self, select: Callable[[list[Proc]], Iterable[int]], wait_s: float) -> bool:
-        """Kill what `select` picks among the sandbox's processes, frozen first so that nothing
-        (a fork bomb) forks while they are killed and the dying are not starved of CPU by the
-        living in the cgroup's quota; False without a freezer or when it did not finish."""
-        view = self.freezer()
-        return view is not None and view.kill(select, timeout_s=wait_s)
-
-    def kill_all(self, wait_s: float = 2.0, spare: Callable[[], set[int]] | None = None) -> None:
-        """Kill every process of the sandbox's but those `spare()` names (the resident executor
-        and its commands), and wait until they have left the cgroups."""
-
-        def pick(procs: list[Proc]) -> list[int]:
-            keep = spare() if spare else set()
-            return [p.pid for p in procs if p.pid not in keep]
-
-        if self.kill(pick, wait_s):
-            return
-        deadline = time.monotonic() + wait_s
-        while (pids := self.pids() - (spare() if spare else set())) and time.monotonic() < deadline:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.002)
-
-    def remove(self) -> None:
-        self.kill_all()
-        for d in self.dirs:
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)  # dying processes leave the cgroup a moment later
-
-
-class _Holder:
-    """Owns a sandbox's size-capped tmpfs mounts, unprivileged, for as long as the sandbox lives.
-
-    Mounting a tmpfs needs CAP_SYS_ADMIN, which any user has inside a user namespace of their
-    own. So one small process per sandbox lives in a user + mount namespace where the host's
-    "/" is bound as is and a `--size`d tmpfs covers the workspace and /tmp directories. Every
-    exec enters that namespace with `nsenter` (its caps vanish at the next execve, since the
-    uid is not 0 there) and runs bwrap from it, so bwrap binds the tmpfs, not the empty host
-    directory. The host side reaches the files through /proc/<holder>/root/<dir>.
-
-    The holder blocks reading a pipe whose only writer is this Python process: when we exit
-    or die, EOF ends it and the kernel frees the tmpfs. No polling, nothing to reap.
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes], pid: int, nsenter: str) -> None:
-        self.proc = proc
-        self.pid = pid
-        self.nsenter = nsenter
-
-    @classmethod
-    def start(cls, bwrap: str, dirs: list[Path], size_mb: int) -> tuple[_Holder | None, str]:
-        nsenter = shutil.which("nsenter")
-        if nsenter is None:
-            return None, "no nsenter (util-linux) on this host"
-        args = [
-            bwrap,
-            "--unshare-user",
-            "--uid",
-            str(AGENT_UID),
-            "--gid",
-            str(AGENT_UID),
-            "--dev-bind",
-            "/",
-            "/",
-        ]
-        for d in dirs:
-            args += ["--size", str(size_mb << 20), "--tmpfs", str(d)]
-        args += ["--", "/bin/sh", "-c", 'echo "$$" && read _']
-        try:
-            proc = subprocess.Popen(
-                args,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return None, f"could not start the tmpfs holder: {exc}"
-        assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline().strip()
-        if not line.isdigit():
-            holder = cls(proc, 0, nsenter)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-            err = proc.stderr.read().decode(errors="replace").strip() if proc.poll() is not None else ""
-            holder.stop()
-            return None, f"the tmpfs holder did not start ({err or 'no pid'})"
-        proc.stdout.close()
-        proc.stderr.close()
-        return cls(proc, int(line), nsenter), ""
-
-    def path(self, host_dir: Path) -> Path:
-        return Path(f"/proc/{self.pid}/root{host_dir}")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def enter(self) -> list[str]:
-        return [self.nsenter, f"--target={self.pid}", "--user", "--mount", "--preserve-credentials", "--"]
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
 
 
 def _descendants(procs: list[Proc], pid: int) -> set[int]:
@@ -662,7 +259,7 @@ class _Residents:
 
 
 def _cleanup(
-    root: Path, holder: _Holder | None, cgroups: _Cgroups | None, residents: _Residents | None = None
+    root: Path, holder: TmpfsHolder | None, cgroups: Cgroups | None, residents: _Residents | None = None
 ) -> None:
     """Everything a sandbox holds on the host. Runs from close() and, if close() was never
     called, when the sandbox is garbage collected or the interpreter exits."""
@@ -709,7 +306,7 @@ def reap_stale(tmpdir: str | None = None) -> list[str]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(executor[0]), signal.SIGKILL)
         groups = [Path(d) for d in meta.get("cgroups", []) if Path(d).is_dir()]
-        _cleanup(root, None, _Cgroups(groups) if groups else None)
+        _cleanup(root, None, Cgroups(groups) if groups else None)
         reaped.append(sid)
     return reaped
 
@@ -773,8 +370,8 @@ class BwrapSandbox(SandboxBase):
             _reaped_once = True
             reap_stale()
         self._root = Path(tempfile.mkdtemp(prefix=f"agentrl-{self.id}-"))
-        self._holder: _Holder | None = None
-        self._cgroups: _Cgroups | None = None
+        self._holder: TmpfsHolder | None = None
+        self._cgroups: Cgroups | None = None
         try:
             cg_note, holder_note = self._setup_host_side()
         except BaseException:
@@ -855,14 +452,14 @@ class BwrapSandbox(SandboxBase):
         for d in (self._ws_dir, self._tmp_dir, self._prot_dir):
             d.mkdir()
         # /verifier is capped too: a privileged exec binds it read-write and runs agent code.
-        self._holder, holder_note = _Holder.start(
+        self._holder, holder_note = TmpfsHolder.start(
             self._bwrap, [self._ws_dir, self._tmp_dir, self._prot_dir], self.limits.disk_mb
         )
         # ...and where the host side reaches them.
         self.host_workdir = self._holder.path(self._ws_dir) if self._holder else self._ws_dir
         self.host_tmp = self._holder.path(self._tmp_dir) if self._holder else self._tmp_dir
         self.host_protected = self._holder.path(self._prot_dir) if self._holder else self._prot_dir
-        self._cgroups, cg_note = _Cgroups.create(self.id, self.limits)
+        self._cgroups, cg_note = Cgroups.create(self.id, self.limits)
         self._write_meta()
         return cg_note, holder_note
 

@@ -272,7 +272,7 @@ def test_a_sandbox_failing_half_way_through_setup_leaves_nothing(bwrap_path, mon
     def broken(*args, **kwargs):
         raise OSError("simulated failure while creating cgroups")
 
-    monkeypatch.setattr(bw._Cgroups, "create", broken)
+    monkeypatch.setattr(bw.Cgroups, "create", broken)
     with pytest.raises(OSError, match="simulated"):
         BwrapSandbox()
     assert not list(Path(tempfile.gettempdir()).glob(f"agentrl-bwrap-{known.hex[:12]}-*"))
