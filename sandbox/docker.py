@@ -377,10 +377,7 @@ class DockerSandbox(SandboxBase):
     ) -> None:
         """docker_host: the engine to start it on (default DOCKER_HOST, else the local socket);
         `agentrl.sandbox.hosts.HostPool` picks one of `sandbox.docker_hosts` per sandbox."""
-        import docker.errors
-
         super().__init__(spec, **fields)
-        image, workdir = self.image, self.workdir
         self.files = _ContainerFiles(self)
         # Found at the first kill (`_host_cgroup`): None when this host cannot reach it.
         self._host_view: CgroupView | None = None
@@ -402,16 +399,30 @@ class DockerSandbox(SandboxBase):
         client = self._engine.client
         self._api = client.api
 
+        self.labels = self._labels()
+        self.name = f"agentrl-{uuid.uuid4().hex[:12]}"
+        self.id = self.name  # until the engine gives it an id
+        self._cid: str = self._create(client)
+        self.id = self._cid[:12]
+        self._start()
+
+    def _labels(self) -> dict[str, str]:
+        """The caller's labels, kept as given (they may name the run: agentrl.run_id), and the ownership
+        labels the reaper trusts (pid, host, start time, boot), which they cannot override."""
         owner = reaper.owner_labels()
-        # The caller's labels are kept as given, and may name the run (agentrl.run_id); the
-        # ownership labels the reaper trusts (pid, host, start time, boot) cannot be overridden.
-        self.labels: dict[str, str] = {
+        return {
             reaper.LABEL_RUN_ID: owner[reaper.LABEL_RUN_ID],
             LABEL_CREATED_AT: datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
             reaper.LABEL_ENGINE: self._engine.address,
             **self.spec.labels,
             **{k: v for k, v in owner.items() if k != reaper.LABEL_RUN_ID},
         }
+
+    def _create(self, client: Any) -> str:
+        """Create the container (not started); its id. Every failure leaves it removed, or owed."""
+        import docker.errors
+
+        image, workdir = self.image, self.workdir
         size = f"size={self.limits.disk_mb}m"
         # tmpfs mounts default to noexec; the agent runs its own scripts, so `exec` is explicit.
         # nosuid and nodev stay (Docker's defaults).
@@ -420,8 +431,6 @@ class DockerSandbox(SandboxBase):
             PROTECTED_DIR: f"{size},mode=0755,exec",
             workdir: f"{size},uid={AGENT_UID},gid={AGENT_UID},mode=0755,exec",
         }
-        self.name = f"agentrl-{uuid.uuid4().hex[:12]}"
-        self.id = self.name  # until the engine gives it an id
         memory = f"{self.limits.memory_mb}m"
         # Registered by name before the create is sent: a create that times out on our side may
         # still complete on the engine's, and exit handlers must find that container too.
@@ -465,8 +474,12 @@ class DockerSandbox(SandboxBase):
             reaper.defer(self.name)
             raise
         reaper.created(self.name)
-        self._cid: str = container.id
-        self.id = container.id[:12]
+        return str(container.id)
+
+    def _start(self) -> None:
+        """Start the created container and its resident executor; a failure removes the container."""
+        import docker.errors
+
         try:
             with self._engine.lifecycle(f"starting container {self.name}"):
                 self._api.start(self._cid)
@@ -477,7 +490,7 @@ class DockerSandbox(SandboxBase):
                 self.close()
             if isinstance(exc, docker.errors.APIError):
                 raise SandboxError(
-                    f"container from {image!r} would not start: {exc.explanation or exc}"
+                    f"container from {self.image!r} would not start: {exc.explanation or exc}"
                 ) from exc
             raise
         try:
