@@ -251,6 +251,9 @@ def test_agent_service_snippet(mylab, tiny_model_dir, monkeypatch):  # noqa: F81
             return '<tool_call>\n{"name": "lookup", "arguments": {"key": "France"}}\n</tool_call>'
         return '<tool_call>\n{"name": "submit", "arguments": {"answer": "Paris"}}\n</tool_call>'
 
+    import httpx  # noqa: F401  (imported once here: the agent's thread and the rollout's racing to import
+    # it first left one of them a partially initialized module, under load)
+
     agent = threading.Thread(target=mylab.service.serve_episodes, kwargs={"idle_s": 5}, daemon=True)
     agent.start()
     policy = ToolCallPolicy(AutoTokenizer.from_pretrained(tiny_model_dir), write)
