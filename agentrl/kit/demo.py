@@ -122,7 +122,10 @@ def _run(out: Path, console: TextIO, log_file: Path, s: _Settings) -> int:
     sizes = {"short_demos": 64, "demos": 32} if s.quick else {}
     recipe = WarmStartRecipe(**sizes, eval_tasks=0, backend=backend, seed=s.seed, numerics=s.numerics)
     with Stage(console, "1/3 warm start", _milestones(log_file, "[warm-start] ")):
-        ws = warm_start(out / "warm-start", recipe, threads=2)
+        # One OpenMP thread: the same reductions on any box (a sum split over two threads rounds
+        # otherwise), and no spin-waiting on a busy one: two threads that wait for each other at every
+        # operation took 9-23 s an SFT step beside other work, where one took ~0.3 s.
+        ws = warm_start(out / "warm-start", recipe, threads=1)
     report["warm_start"] = {
         "path": ws.path,
         "reused": ws.reused,
