@@ -11,7 +11,8 @@ run cut short still leaves what it measured):
    vLLM is not installed: the tests that need vLLM's CUDA build are then listed as not run), every test's
    outcome and duration. On a CPU every test skips.
 2. `train_gpu`: `benchmarks/train_gpu.py` (its whole JSON is kept): throughput, MFU and peak memory of
-   the GRPO step against a plain PyTorch loop, Qwen2.5-0.5B and -1.5B shapes (`--tiny`: the tiny model).
+   the GRPO step against a plain PyTorch loop, Qwen2.5-0.5B and -1.5B shapes (`--tiny`: the tiny model),
+   on an agentic batch and on a GRPO-shaped one (groups sharing a 1,000-token prompt).
 3. `agentrl_train`: a short `agentrl train` on the tiny model (built here) and the coin environment of
    the tests (no sandbox), the vLLM engine colocated with the trainer: it sleeps through each update and
    takes the weights by CUDA IPC. Its per-step times from metrics.jsonl, and the GPU's peak memory
@@ -56,6 +57,15 @@ NUMBERS: dict[str, str] = {
     "train_gpu/{shape}/speedup_vs_plain": "ours / plain tokens per second",
     "train_gpu/{shape}/activation_checkpointing_memory_cut": "peak memory saved by activation checkpointing",
     "train_gpu/{shape}/long_fits": "8,192-token trajectories at the defaults ran without running out of memory",
+    "train_gpu/{shape}/ours_compile_off/tokens_per_s": "ours with eager decoder layers (null where the "
+    "defaults do not compile them: CPU)",
+    "train_gpu/{shape}/grpo/ours/tokens_per_s": "GRPO-shaped batch (groups of 8 sharing a 1,000-token prompt): "
+    "trained tokens per second at the defaults, every episode counted whole",
+    "train_gpu/{shape}/grpo/ours/computed_tokens_per_s": "the positions the model ran per second (a shared "
+    "prompt once)",
+    "train_gpu/{shape}/grpo/ours/mfu": "MFU of that step, over the FLOPs it computed",
+    "train_gpu/{shape}/grpo/trained_speedup_vs_plain": "ours / plain trained tokens per second on that batch",
+    "train_gpu/{shape}/grpo/speedup_from_sharing": "ours / ours with share_prefix off on that batch",
     "agentrl_train/steps": "training steps that finished",
     "agentrl_train/wall_s": "the whole `agentrl train`, start-up included",
     "agentrl_train/step_s_median": "median step (rollout + update + push)",
@@ -347,6 +357,16 @@ def collect_numbers(result: dict[str, Any], shapes: tuple[str, ...]) -> dict[str
             "activation_checkpointing_memory_cut"
         )
         numbers[f"train_gpu/{shape}/long_fits"] = (r.get("long") or {}).get("ok")
+        numbers[f"train_gpu/{shape}/ours_compile_off/tokens_per_s"] = variants.get(
+            "ours_compile_off", {}
+        ).get("tokens_per_s")
+        grpo = r.get("grpo") or {}
+        grpo_ours = grpo.get("variants", {}).get("ours", {})
+        numbers[f"train_gpu/{shape}/grpo/ours/tokens_per_s"] = grpo_ours.get("tokens_per_s")
+        numbers[f"train_gpu/{shape}/grpo/ours/computed_tokens_per_s"] = grpo_ours.get("computed_tokens_per_s")
+        numbers[f"train_gpu/{shape}/grpo/ours/mfu"] = grpo_ours.get("mfu")
+        numbers[f"train_gpu/{shape}/grpo/trained_speedup_vs_plain"] = grpo.get("trained_speedup_vs_plain")
+        numbers[f"train_gpu/{shape}/grpo/speedup_from_sharing"] = grpo.get("speedup_from_sharing")
     run = steps.get("agentrl_train") or {}
     rows = run.get("metrics") or []
     numbers["agentrl_train/steps"] = len(rows) if "metrics" in run else None

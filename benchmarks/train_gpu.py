@@ -4,6 +4,7 @@
     python3 -P benchmarks/train_gpu.py --shapes 1.5B --out $OUT/train_gpu.json
     .venv/bin/python benchmarks/train_gpu.py --tiny        # CPU: the tiny model, the same JSON (CI runs it)
     python3 -P benchmarks/train_gpu.py --shapes 1.5B --quick --max-tokens-per-micro-batch 12288 --profile $OUT/prof
+    python3 -P benchmarks/train_gpu.py --shapes 1.5B --skip-agentic --skip-long   # the GRPO-shaped batch alone
 
 Random-init models of the Qwen2.5 shapes, built from a config (no hub, no vLLM, no Docker), bf16
 compute with fp32 master weights, one process (FSDP2 on a one-rank group, as `agentrl train` runs).
@@ -12,14 +13,26 @@ tokens, a prompt, then alternating sampled spans (loss mask 1) and tool observat
 rewards that vary within each group. Measured, in this run, on that same batch:
 
 - `ours`: `agentrl.train.trainer.grpo_step` at the default settings (token-budget micro-batches, packed
-  through the varlen attention where its kernel runs, lean log-probs);
+  through the varlen attention where its kernel runs, shared prefixes held once, decoder layers
+  compiled where `optim.compile: auto` compiles them (CUDA), lean log-probs);
 - `ours_packing_off` / `ours_packing_on`: the same with the packing mode the defaults did not
   choose on this device (length-bucketed padding, or packed rows);
+- `ours_compile_off`: `ours` with eager decoder layers, where the defaults compile them (what the
+  fused elementwise kernels are worth);
 - `plain`: a plain PyTorch loop: the transformers model under autocast, padded micro-batches of a
   fixed count in batch order, `model(ids, attention_mask).logits`, an fp32 log-softmax, the same
   GRPO loss (`agentrl.train.grpo.policy_loss`), AdamW;
 - `ours_activation_checkpointing`: `ours` with `optim.activation_checkpointing=true`;
 - `long`: `ours` at the defaults on 8 trajectories of 8,192 tokens (does it fit?).
+
+A second, GRPO-shaped batch (`grpo` in the JSON; `--skip-grpo` leaves it out): 8 groups of 8
+episodes, each group's episodes starting with the same 1,000-token prompt (system prompt, tool
+schemas, task), then 256-2,048 tokens of their own (sampled spans and observations). On it: `ours`
+(the prompt computed once per micro-batch, `optim.share_prefix: auto`), `ours_share_prefix_off`
+(every episode computes its prompt), and `plain`. Its tokens/s are given two ways: `tokens_per_s`,
+the tokens the step trained on (every episode's whole length, as an unshared trainer computes them),
+and `computed_tokens_per_s`, the positions the model actually ran (a shared prompt once; padding
+included for `plain`); MFU counts the FLOPs of what was computed.
 
 Per variant: tokens/s (real tokens, no padding, per second of optimizer step, median over the
 timed steps), MFU (model FLOPs: 6 x matmul parameters x tokens plus causal attention,
@@ -29,8 +42,8 @@ heap the variant takes, `agentrl.train.peak_memory.HeapPeak`, in a separate unti
 `--max-tokens-per-micro-batch` sets our token budget (the trainer's default otherwise); `--profile P`
 profiles one more step of `ours` per shape and writes its operator table to `P.<shape>.txt`, with the
 GPU's kernel time and the matrix products' share of it in the JSON.
-Targets (H100): 1.5B `ours` >= 1.3x `plain` tokens/s and MFU >= 30%; `long` fits;
-activation checkpointing cuts peak memory >= 40%.
+Targets (H100): 1.5B `ours` >= 1.3x `plain` tokens/s and MFU >= 35%; on the GRPO-shaped batch,
+`ours` >= 2x `plain` in trained tokens/s; `long` fits; activation checkpointing cuts peak memory >= 40%.
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -139,6 +152,44 @@ def synthesize(
     return out
 
 
+def synthesize_grpo(
+    groups: int, group_size: int, prompt_len: int, min_rest: int, max_rest: int, vocab: int, seed: int
+) -> list[Any]:
+    """A GRPO batch of agentic episodes: per group one prompt (mask 0) that all its episodes start with, then
+    each episode's own sampled spans (mask 1) and observations (mask 0); rewards 0/1 alternating in a group."""
+    from agentrl.rollout.trajectory import Trajectory
+
+    rng = random.Random(seed)
+    around = -math.log(vocab)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
+        for i in range(group_size):
+            rest = rng.randint(min_rest, max_rest)
+            mask: list[int] = []
+            action = True
+            while len(mask) < rest:
+                span = rng.randint(16, 256) if action else rng.randint(8, 192)
+                mask += [1 if action else 0] * span
+                action = not action
+            mask = [0] * prompt_len + mask[:rest]
+            out.append(
+                Trajectory(
+                    task_id=f"t{g}",
+                    group_id=f"g{g}",
+                    token_ids=prompt + [rng.randrange(vocab) for _ in range(rest)],
+                    loss_mask=mask,
+                    behavior_logprobs=[around + rng.uniform(-0.2, 0.2) if m else 0.0 for m in mask],
+                    prompt_len=prompt_len,
+                    reward=float(i % 2),
+                    passed=bool(i % 2),
+                    finish_reason="submitted",
+                    policy_version=0,
+                )
+            )
+    return out
+
+
 # --- FLOPs, timing, memory --------------------------------------------------------------------------
 
 
@@ -156,6 +207,26 @@ def step_flops(cfg: dict[str, Any], lengths: list[int]) -> float:
     p = matmul_params(cfg)
     d = cfg["hidden_size"]  # heads x head_dim
     return float(sum(6 * p * n + 6 * cfg["num_hidden_layers"] * d * n * n for n in lengths))
+
+
+def shared_step_flops(cfg: dict[str, Any], trajs: list[Any], max_tokens: int | None) -> tuple[float, int]:
+    """(model FLOPs, positions) of one forward+backward over `trajs` as the shared-prefix plan lays them out:
+    per micro-batch its common prefix once (causal within itself), and each remainder attending to the
+    prefix (a full rectangle) and causally to itself."""
+    from agentrl.train.packing import common_prefix, plan_micro_batches
+
+    p = matmul_params(cfg)
+    d = cfg["hidden_size"]
+    flops, positions = 0.0, 0
+    for mb in plan_micro_batches(trajs, 1, max_tokens=max_tokens, packed=True, share_prefix=True).for_rank(0):
+        ids = sorted(t.token_ids for t in mb)
+        prefix = common_prefix(ids[0], ids[-1]) if len(mb) > 1 else 0
+        rests = [len(i) - prefix for i in ids]
+        n = prefix + sum(rests)
+        attention = prefix * prefix + sum(r * r + 2 * r * prefix for r in rests)
+        flops += 6 * p * n + 6 * cfg["num_hidden_layers"] * d * attention
+        positions += n
+    return flops, positions
 
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:
@@ -186,17 +257,25 @@ class Variant:
     name: str
     build: Callable[[], tuple[Any, Any]]
     step: Callable[[Any, Any], None]
+    computed: list[float] = field(default_factory=list)
+    """Positions the model ran in each step (a shared prefix once, padding included), as the step reports them."""
 
 
-def _timing(times: list[float], tokens: int, flops: float, peak: float | None) -> dict[str, Any]:
+def _timing(
+    times: list[float], tokens: int, flops: float, peak: float | None, computed: list[float] | None = None
+) -> dict[str, Any]:
     step_s = statistics.median(times)
-    return {
+    out = {
         "ok": True,
         "step_s": round(step_s, 4),
         "step_s_all": [round(t, 4) for t in times],
         "tokens_per_s": round(tokens / step_s, 1),
         "mfu": round(flops / step_s / (peak * 1e12), 4) if peak else None,
     }
+    if computed:
+        out["computed_tokens_per_step"] = round(computed[-1])
+        out["computed_tokens_per_s"] = round(computed[-1] / step_s, 1)
+    return out
 
 
 def _timed_step(v: Variant, model: Any, opt: Any, device: torch.device) -> float:
@@ -246,7 +325,7 @@ def measure(
             "error": f"out of memory: {oom}",
             "peak_memory_gib": round(peak_alloc / 2**30, 3) if peak_alloc is not None else None,
         }
-    out = _timing(times, tokens, flops, peak)
+    out = _timing(times, tokens, flops, peak, v.computed)
     if peak_alloc is not None and peak_reserved is not None:
         out["peak_memory_gib"] = round(peak_alloc / 2**30, 3)
         out["peak_reserved_gib"] = round(peak_reserved / 2**30, 3)
@@ -271,7 +350,7 @@ def measure_interleaved(
     free(device)
     out = {}
     for v in variants:
-        out[v.name] = _timing(times[v.name], tokens, flops, peak)
+        out[v.name] = _timing(times[v.name], tokens, flops, peak, v.computed)
         out[v.name]["peak_memory_gib"] = cpu_peak_memory(v) if device.type != "cuda" else None
     return out
 
@@ -330,6 +409,7 @@ def new_model(shape: dict[str, Any], device: torch.device, seed: int) -> Any:
 
 
 def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: Any, **optim: Any) -> Variant:
+    from agentrl.train.compiled import resolve_compile
     from agentrl.train.config import TrainConfig
     from agentrl.train.distributed import shard_model
     from agentrl.train.trainer import grpo_step
@@ -343,13 +423,20 @@ def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: An
 
     def build() -> tuple[Any, Any]:
         model = new_model(shape, info.device, args.seed)
-        shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
+        shard_model(
+            model,
+            activation_checkpointing=cfg.optim.activation_checkpointing,
+            bf16=cfg.optim.bf16,
+            compiled=resolve_compile(cfg.optim.compile, info.device),
+        )
         return model, torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
 
     def step(model: Any, opt: Any) -> None:
-        grpo_step(model, opt, trajs, cfg, info, pad_id=0)
+        metrics = grpo_step(model, opt, trajs, cfg, info, pad_id=0)
+        variant.computed.append(metrics["batch/tokens_computed"])
 
-    return Variant(name, build, step)
+    variant = Variant(name, build, step)
+    return variant
 
 
 def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: Any) -> Variant:
@@ -369,6 +456,7 @@ def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: A
         k = args.plain_micro_batch
         for s in range(0, len(trajs), k):
             batch = collate(trajs[s : s + k], pad_id=0).to(device)
+            positions.append(batch.input_ids.numel())
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(
                     input_ids=batch.input_ids, attention_mask=batch.attention_mask
@@ -388,73 +476,44 @@ def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: A
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        variant.computed.append(float(sum(positions)))
+        positions.clear()
 
-    return Variant("plain", build, step)
+    positions: list[int] = []
+    variant = Variant("plain", build, step)
+    return variant
 
 
 # --- one shape ----------------------------------------------------------------------------------------
 
 
 def run_shape(name: str, info: Any, args: Any) -> dict[str, Any]:
+    from agentrl.train.compiled import resolve_compile
     from agentrl.train.config import OptimSettings
-    from agentrl.train.packing import resolve_packing
+    from agentrl.train.packing import resolve_packing, resolve_share_prefix
 
     shape = SHAPES[name]
     device = info.device
-    trajs = synthesize(
-        args.trajectories, args.group_size, args.min_len, args.max_len, shape["vocab_size"], args.seed
-    )
-    lengths = [len(t.token_ids) for t in trajs]
-    tokens = sum(lengths)
-    flops = step_flops(shape, lengths)
     peak = peak_tflops(device, args.peak_tflops)
     defaults = OptimSettings()
     bf16 = device.type == "cuda"
+    packs_here = resolve_packing(defaults.packing, device, bf16)
     result: dict[str, Any] = {
         "matmul_params": matmul_params(shape),
-        "trajectories": len(trajs),
-        "tokens_per_step": tokens,
-        "action_tokens_per_step": sum(sum(t.loss_mask) for t in trajs),
-        "length_range": [min(lengths), max(lengths)],
         "defaults": {
             "max_tokens_per_micro_batch": defaults.max_tokens_per_micro_batch,
             "micro_batch_size": defaults.micro_batch_size,
             "packing": defaults.packing,
-            "packs_here": resolve_packing(defaults.packing, device, bf16),
+            "packs_here": packs_here,
+            "shares_prefix_here": resolve_share_prefix(defaults.share_prefix, packs_here, device, bf16),
+            "compiles_here": resolve_compile(defaults.compile, device),
             "bf16": bf16,
         },
         "plain_micro_batch": args.plain_micro_batch,
         "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch or defaults.max_tokens_per_micro_batch,
-        "variants": {},
     }
-    variants = [ours("ours", shape, trajs, info, args), plain(shape, trajs, device, args)]
-    if not args.quick:
-        # The packing mode the defaults do not pick here, to show what the choice is worth.
-        other = "off" if result["defaults"]["packs_here"] else "on"
-        variants.insert(1, ours(f"ours_packing_{other}", shape, trajs, info, args, packing=other))
-        variants.append(
-            ours("ours_activation_checkpointing", shape, trajs, info, args, activation_checkpointing=True)
-        )
-    if args.interleave:
-        log(f"{name}: {', '.join(v.name for v in variants)}, interleaved ...")
-        result["variants"] = measure_interleaved(variants, device, tokens, flops, peak, args)
-    else:
-        for v in variants:
-            log(f"{name}: {v.name} ...")
-            result["variants"][v.name] = measure(v, device, tokens, flops, peak, args)
-            log(f"{name}: {v.name} {result['variants'][v.name]}")
-    got = result["variants"]
-    if got["ours"].get("ok") and got["plain"].get("ok"):
-        result["speedup_vs_plain"] = round(got["ours"]["tokens_per_s"] / got["plain"]["tokens_per_s"], 3)
-    ac = got.get("ours_activation_checkpointing", {})
-    if ac.get("ok") and got["ours"].get("ok"):
-        result["activation_checkpointing_memory_cut"] = round(
-            1 - ac["peak_memory_gib"] / got["ours"]["peak_memory_gib"], 3
-        )
-    if args.profile:
-        result["profile"] = profile_step(
-            ours("ours", shape, trajs, info, args), device, f"{args.profile}.{name}.txt"
-        )
+    if not args.skip_agentic:
+        result.update(run_agentic(name, shape, info, args, peak, result["defaults"]))
     if not args.skip_long:
         long = synthesize(
             args.long_trajectories,
@@ -480,6 +539,114 @@ def run_shape(name: str, info: Any, args: Any) -> dict[str, Any]:
             ),
         }
         log(f"{name}: long {result['long']}")
+    if not args.skip_grpo:
+        result["grpo"] = run_grpo(name, shape, info, args, peak, result["defaults"])
+    return result
+
+
+def _measure_all(
+    name: str, variants: list[Variant], info: Any, args: Any, tokens: int, flops: dict[str, float], peak: Any
+) -> dict[str, dict[str, Any]]:
+    """Every variant on one batch; `flops[v.name]` (or `flops["*"]`) is what that variant computes."""
+    device = info.device
+    if args.interleave:
+        log(f"{name}: {', '.join(v.name for v in variants)}, interleaved ...")
+        out = measure_interleaved(variants, device, tokens, flops["*"], peak, args)
+        for v in variants:  # measure_interleaved takes one FLOP count; MFU of the others from it
+            if v.name in flops and out[v.name].get("mfu") is not None:
+                out[v.name]["mfu"] = round(out[v.name]["mfu"] * flops[v.name] / flops["*"], 4)
+        return out
+    out = {}
+    for v in variants:
+        log(f"{name}: {v.name} ...")
+        out[v.name] = measure(v, device, tokens, flops.get(v.name, flops["*"]), peak, args)
+        log(f"{name}: {v.name} {out[v.name]}")
+    return out
+
+
+def run_agentic(
+    name: str, shape: dict[str, Any], info: Any, args: Any, peak: Any, defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """The agentic batch: 8 groups x 8 trajectories of 1,024-3,072 tokens with nothing in common."""
+    trajs = synthesize(
+        args.trajectories, args.group_size, args.min_len, args.max_len, shape["vocab_size"], args.seed
+    )
+    lengths = [len(t.token_ids) for t in trajs]
+    tokens = sum(lengths)
+    result: dict[str, Any] = {
+        "trajectories": len(trajs),
+        "tokens_per_step": tokens,
+        "action_tokens_per_step": sum(sum(t.loss_mask) for t in trajs),
+        "length_range": [min(lengths), max(lengths)],
+    }
+    variants = [ours("ours", shape, trajs, info, args), plain(shape, trajs, info.device, args)]
+    if not args.quick:
+        # The packing mode the defaults do not pick here, to show what the choice is worth.
+        other = "off" if defaults["packs_here"] else "on"
+        variants.insert(1, ours(f"ours_packing_{other}", shape, trajs, info, args, packing=other))
+        if defaults["compiles_here"]:  # what the fused elementwise kernels are worth
+            variants.insert(2, ours("ours_compile_off", shape, trajs, info, args, compile="off"))
+        variants.append(
+            ours("ours_activation_checkpointing", shape, trajs, info, args, activation_checkpointing=True)
+        )
+    got = _measure_all(name, variants, info, args, tokens, {"*": step_flops(shape, lengths)}, peak)
+    result["variants"] = got
+    if got["ours"].get("ok") and got["plain"].get("ok"):
+        result["speedup_vs_plain"] = round(got["ours"]["tokens_per_s"] / got["plain"]["tokens_per_s"], 3)
+    ac = got.get("ours_activation_checkpointing", {})
+    if ac.get("ok") and got["ours"].get("ok"):
+        result["activation_checkpointing_memory_cut"] = round(
+            1 - ac["peak_memory_gib"] / got["ours"]["peak_memory_gib"], 3
+        )
+    if args.profile:
+        result["profile"] = profile_step(
+            ours("ours", shape, trajs, info, args), info.device, f"{args.profile}.{name}.txt"
+        )
+    return result
+
+
+def run_grpo(
+    name: str, shape: dict[str, Any], info: Any, args: Any, peak: Any, defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """The GRPO-shaped batch: groups of `--grpo-group-size` episodes sharing a `--grpo-prompt-len` prompt."""
+    trajs = synthesize_grpo(
+        args.grpo_groups,
+        args.grpo_group_size,
+        args.grpo_prompt_len,
+        args.grpo_min_rest,
+        args.grpo_max_rest,
+        shape["vocab_size"],
+        args.seed + 2,
+    )
+    lengths = [len(t.token_ids) for t in trajs]
+    tokens = sum(lengths)
+    budget = args.max_tokens_per_micro_batch or defaults["max_tokens_per_micro_batch"]
+    unshared = step_flops(shape, lengths)
+    shared, positions = shared_step_flops(shape, trajs, budget)
+    result: dict[str, Any] = {
+        "groups": args.grpo_groups,
+        "group_size": args.grpo_group_size,
+        "prompt_len": args.grpo_prompt_len,
+        "rest_range": [args.grpo_min_rest, args.grpo_max_rest],
+        "trajectories": len(trajs),
+        "tokens_per_step": tokens,
+        "shared_plan_positions": positions,
+        "flops_convention": "MFU counts the FLOPs of what each variant computes: a shared prompt once for ours "
+        "where it shares, every episode whole otherwise",
+    }
+    variants = [ours("ours", shape, trajs, info, args), plain(shape, trajs, info.device, args)]
+    if not args.quick:
+        variants.insert(1, ours("ours_share_prefix_off", shape, trajs, info, args, share_prefix="off"))
+    flops = {"*": unshared, "ours": shared if defaults["shares_prefix_here"] else unshared}
+    got = _measure_all(f"{name}/grpo", variants, info, args, tokens, flops, peak)
+    result["variants"] = got
+    if got["ours"].get("ok") and got["plain"].get("ok"):
+        result["trained_speedup_vs_plain"] = round(
+            got["ours"]["tokens_per_s"] / got["plain"]["tokens_per_s"], 3
+        )
+    off = got.get("ours_share_prefix_off", {})
+    if off.get("ok") and got["ours"].get("ok"):
+        result["speedup_from_sharing"] = round(got["ours"]["tokens_per_s"] / off["tokens_per_s"], 3)
     return result
 
 
@@ -506,6 +673,23 @@ def main() -> int:
     )
     ap.add_argument("--long-trajectories", type=int, default=8)
     ap.add_argument("--skip-long", action="store_true", help="Skip the long-trajectory check.")
+    ap.add_argument("--skip-agentic", action="store_true", help="Skip the agentic batch (its variants).")
+    ap.add_argument("--skip-grpo", action="store_true", help="Skip the GRPO-shaped batch.")
+    ap.add_argument(
+        "--grpo-groups", type=int, default=None, help="Groups of the GRPO batch (default 8; tiny 2)."
+    )
+    ap.add_argument("--grpo-group-size", type=int, default=8, help="Episodes per group of the GRPO batch.")
+    ap.add_argument(
+        "--grpo-prompt-len",
+        type=int,
+        default=None,
+        help="Tokens of each group's prompt (default 1000; tiny 64).",
+    )
+    ap.add_argument(
+        "--grpo-rest",
+        default=None,
+        help="MIN,MAX tokens of each episode after the prompt (default 256,2048; tiny 16,96).",
+    )
     ap.add_argument("--quick", action="store_true", help="Only ours and plain.")
     ap.add_argument(
         "--peak-tflops", type=float, default=None, help="Dense bf16 peak for MFU (default: by device name)."
@@ -537,6 +721,16 @@ def main() -> int:
     args.max_len = args.max_len or (192 if tiny else 3072)
     args.plain_micro_batch = args.plain_micro_batch or (4 if tiny else 2)
     args.long_len = args.long_len or (512 if tiny else 8192)
+    args.grpo_groups = args.grpo_groups or (2 if tiny else 8)
+    args.grpo_prompt_len = args.grpo_prompt_len or (64 if tiny else 1000)
+    try:
+        args.grpo_min_rest, args.grpo_max_rest = (
+            int(x) for x in (args.grpo_rest or ("16,96" if tiny else "256,2048")).split(",")
+        )
+    except ValueError:
+        ap.error(f"--grpo-rest takes MIN,MAX (two integers), got {args.grpo_rest!r}")
+    if not 1 <= args.grpo_min_rest <= args.grpo_max_rest:
+        ap.error(f"--grpo-rest needs 1 <= MIN <= MAX, got {args.grpo_rest!r}")
     if args.interleave is None:
         args.interleave = tiny
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -562,19 +756,27 @@ def main() -> int:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     device_name = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu"
-    targets = {"speedup_vs_plain_1.5B": 1.3, "mfu_1.5B": 0.30, "activation_checkpointing_memory_cut": 0.40}
+    targets = {
+        "speedup_vs_plain_1.5B": 1.3,
+        "mfu_1.5B": 0.35,
+        "grpo_trained_speedup_vs_plain_1.5B": 2.0,
+        "activation_checkpointing_memory_cut": 0.40,
+    }
     meets: dict[str, Any] = {}
     if "1.5B" in results:
         r = results["1.5B"]
-        meets["speedup_vs_plain_1.5B"] = r.get("speedup_vs_plain", 0) >= 1.3
-        mfu = r["variants"]["ours"].get("mfu")
-        meets["mfu_1.5B"] = mfu is not None and mfu >= 0.30
+        if "variants" in r:
+            meets["speedup_vs_plain_1.5B"] = r.get("speedup_vs_plain", 0) >= 1.3
+            mfu = r["variants"]["ours"].get("mfu")
+            meets["mfu_1.5B"] = mfu is not None and mfu >= 0.35
         if "long" in r:
             meets["long_8k_fits_1.5B"] = bool(r["long"].get("ok"))
         if "activation_checkpointing_memory_cut" in r:
             meets["activation_checkpointing_memory_cut_1.5B"] = (
                 r["activation_checkpointing_memory_cut"] >= 0.40
             )
+        if "grpo" in r:
+            meets["grpo_trained_speedup_vs_plain_1.5B"] = r["grpo"].get("trained_speedup_vs_plain", 0) >= 2.0
     out = {
         "benchmark": "train_gpu",
         "mode": "tiny" if tiny else "gpu",
@@ -589,6 +791,14 @@ def main() -> int:
             "steps": args.steps,
             "warmup": args.warmup,
             "interleaved": args.interleave,
+        },
+        "grpo_batch": None
+        if args.skip_grpo
+        else {
+            "groups": args.grpo_groups,
+            "group_size": args.grpo_group_size,
+            "prompt_len": args.grpo_prompt_len,
+            "rest_range": [args.grpo_min_rest, args.grpo_max_rest],
         },
         "flops_convention": "6 x matmul params x tokens + 6 x layers x hidden x length^2 per sequence (causal)",
         "shapes": results,

@@ -47,12 +47,16 @@ def grpo_step_gradients(
     (those of every step appended to `every_step`), and its metrics."""
     from transformers import AutoModelForCausalLM
 
+    from agentrl.train.compiled import resolve_compile
     from agentrl.train.distributed import shard_model
     from agentrl.train.trainer import grpo_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
     bf16 = bool(cfg.optim.bf16)  # unset means fp32 here, on any device: the comparisons are fp32 ones
-    shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=bf16)
+    compiled = resolve_compile(cfg.optim.compile, info.device)  # as the trainer does: on GPUs by default
+    shard_model(
+        model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=bf16, compiled=compiled
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     grads: dict[str, torch.Tensor] = {}
 
@@ -68,7 +72,7 @@ def grpo_step_gradients(
     if cfg.loss.kl_coef > 0:  # the frozen start, as train() builds it
         ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
         ref_model.eval().requires_grad_(False)
-        shard_model(ref_model, bf16=bf16)
+        shard_model(ref_model, bf16=bf16, compiled=compiled)
     metrics = grpo_step(model, opt, trajs, cfg, info, pad_id=0, ref_model=ref_model)
     return grads, metrics
 

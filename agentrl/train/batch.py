@@ -47,10 +47,11 @@ class Batch:
     def num_action_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 
-    def to(self, device: torch.device | str) -> Batch:
-        """A copy with every tensor moved to `device` (ids and lists are shared)."""
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy with every tensor moved to `device` (ids and lists are shared). `non_blocking` from the
+        host: the copies do not wait for the kernels already queued on the device."""
         moved = {
-            f.name: (v.to(device) if isinstance(v, Tensor) else v)
+            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
             for f in fields(self)
             for v in [getattr(self, f.name)]
         }

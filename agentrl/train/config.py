@@ -205,8 +205,15 @@ class StepSettings(_Strict):
     share_prefix: PackingMode = Field(
         "auto",
         description="In a packed micro-batch, run the tokens every sequence starts with (the system prompt and "
-        "tool schemas, a GRPO group's prompt) once; the rest of each sequence attends to that one copy. auto: "
-        "on where packed attention runs its reference (CPU, fp32), off with the varlen flash kernel. Needs packing.",
+        "tool schemas, a GRPO group's prompt) once; the rest of each sequence attends to that one copy, and "
+        "micro-batches are planned to keep sequences with a long common start together. auto: on wherever "
+        "micro-batches are packed (the varlen flash kernel on GPUs, the reference on the CPU). Needs packing.",
+    )
+    compile: PackingMode = Field(
+        "auto",
+        description="Compile each decoder layer with torch.compile, which fuses its elementwise work (RMS norms, "
+        "rotary embeddings, SwiGLU, residual adds) into a few kernels; the first steps take longer while it "
+        "compiles. auto: on with CUDA where torch.compile works (Triton), off on the CPU.",
     )
 
     @model_validator(mode="after")

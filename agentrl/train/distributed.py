@@ -283,13 +283,22 @@ def run_rank(main: Any) -> int:
 
 
 def shard_model(
-    model: nn.Module, *, activation_checkpointing: bool = False, bf16: bool | None = None
+    model: nn.Module,
+    *,
+    activation_checkpointing: bool = False,
+    bf16: bool | None = None,
+    compiled: bool = False,
 ) -> nn.Module:
     """`fully_shard` every decoder layer, then the root (embeddings, final norm, tied head).
 
     bf16 defaults to on for CUDA (params and compute in bf16, gradient reduction in fp32) and
-    off on CPU, where fp32 is both faster and what the numerical checks use.
+    off on CPU, where fp32 is both faster and what the numerical checks use. `compiled`: each
+    decoder layer's forward through torch.compile (`agentrl.train.compiled`).
     """
+    if compiled:
+        from agentrl.train.compiled import compile_layers
+
+        compile_layers(model)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if bf16 is None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -224,6 +225,20 @@ class LossMetrics:
     def as_dict(self, prefix: str = "losses/") -> dict[str, float | int | None]:
         return {prefix + k: v for k, v in asdict(self).items()}
 
+    @classmethod
+    def from_stats(cls, stats: Sequence[float], *, entropy: bool) -> LossMetrics:
+        """The metrics from `policy_loss_stats`' values (`entropy`: whether the entropy was measured)."""
+        names = [f.name for f in fields(cls)]
+        values: dict[str, Any] = dict(zip(names, stats, strict=True))
+        values["entropy"] = values["entropy"] if entropy else None
+        values["num_action_tokens"] = int(values["num_action_tokens"])
+        values["num_sequences"] = int(values["num_sequences"])
+        return cls(**values)
+
+
+LOSS_FIELDS = tuple(f.name for f in fields(LossMetrics))
+"""The names of `policy_loss_stats`' values, in order."""
+
 
 def policy_loss(
     logprobs: Tensor,
@@ -288,6 +303,51 @@ def policy_loss(
     Degenerate inputs are defined: no action tokens anywhere gives loss 0 with a zero
     gradient (not NaN); a one-token sequence's GSPO ratio is its token ratio; all-zero
     advantages give loss 0 and gradient 0 (plus the KL term if any).
+    """
+    loss, stats = policy_loss_stats(
+        logprobs,
+        behavior_logprobs,
+        advantages,
+        loss_mask,
+        clip_low,
+        clip_high,
+        agg,
+        ratio,
+        old_logprobs=old_logprobs,
+        tis_cap=tis_cap,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        logits=logits,
+        entropy=entropy,
+        denominator=denominator,
+        tis_level=tis_level,
+        tis_mode=tis_mode,
+    )
+    return loss, LossMetrics.from_stats(stats.tolist(), entropy=entropy is not None or logits is not None)
+
+
+def policy_loss_stats(
+    logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    agg: LossAggregation = "token-mean",
+    ratio: RatioLevel = "token",
+    *,
+    old_logprobs: Tensor | None = None,
+    tis_cap: float | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    logits: Tensor | None = None,
+    entropy: Tensor | None = None,
+    denominator: float | None = None,
+    tis_level: ISLevel = "token",
+    tis_mode: ISMode = "truncate",
+) -> tuple[Tensor, Tensor]:
+    """`policy_loss` with its metrics left on the device: (loss, stats [14], the values of `LossMetrics`'
+    fields in their order, fp32), so that a trainer can add them up over micro-batches and read them once.
     """
     if logprobs.shape != loss_mask.shape or behavior_logprobs.shape != loss_mask.shape:
         raise ValueError(
@@ -384,7 +444,7 @@ def policy_loss(
 
         big = torch.finfo(r.dtype).max
         no_kl = torch.zeros((), dtype=r.dtype, device=r.device)
-        # One stacked tensor and one .tolist(): a single device sync for all the metrics.
+        # One stacked tensor: one device sync reads all the metrics, when the caller reads them.
         stats = torch.stack(
             [
                 loss.detach().to(r.dtype),
@@ -406,24 +466,8 @@ def policy_loss(
                 n,
                 (mask.sum(-1) > 0).sum().to(r.dtype),
             ]
-        ).tolist()
-    metrics = LossMetrics(
-        loss=stats[0],
-        pg_loss=stats[1],
-        clip_fraction_low=stats[2],
-        clip_fraction_high=stats[3],
-        ratio_mean=stats[4],
-        ratio_min=stats[5],
-        ratio_max=stats[6],
-        approx_kl=stats[7],
-        kl_ref=stats[8],
-        entropy=stats[9] if entropy is not None or logits is not None else None,
-        tis_weight_mean=stats[10],
-        tis_clip_fraction=stats[11],
-        num_action_tokens=int(stats[12]),
-        num_sequences=int(stats[13]),
-    )
-    return loss, metrics
+        )  # [14]
+    return loss, stats
 
 
 RATIO_BIN = 0.002
@@ -477,16 +521,24 @@ def logprob_mismatch(
             f"trainer_logprobs {tuple(trainer_logprobs.shape)}, behavior_logprobs "
             f"{tuple(behavior_logprobs.shape)} and loss_mask {tuple(loss_mask.shape)} must all be [B, T]"
         )
+    abs_sum, kl_sum, abs_max, n = mismatch_sums(trainer_logprobs, behavior_logprobs, loss_mask).tolist()
+    if n == 0.0:
+        return {"logprob_abs_diff": 0.0, "logprob_abs_diff_max": 0.0, "kl": 0.0, "tokens": 0.0}
+    return {"logprob_abs_diff": abs_sum / n, "logprob_abs_diff_max": abs_max, "kl": kl_sum / n, "tokens": n}
+
+
+def mismatch_sums(trainer_logprobs: Tensor, behavior_logprobs: Tensor, loss_mask: Tensor) -> Tensor:
+    """What `logprob_mismatch` reads, left on the device: [sum of |Δ|, sum of the k3 KL, largest |Δ|, tokens]
+    over the action tokens, float64 (sums add up over micro-batches, to be divided by the tokens once)."""
+    if trainer_logprobs.shape != loss_mask.shape or behavior_logprobs.shape != loss_mask.shape:
+        raise ValueError(
+            f"trainer_logprobs {tuple(trainer_logprobs.shape)}, behavior_logprobs "
+            f"{tuple(behavior_logprobs.shape)} and loss_mask {tuple(loss_mask.shape)} must all be [B, T]"
+        )
     with torch.no_grad():
         mask = loss_mask.to(torch.float64)  # [B, T]
-        n = mask.sum()
-        delta = (trainer_logprobs.double() - behavior_logprobs.double()) * mask  # [B, T], 0 off the mask
+        delta = (
+            (trainer_logprobs.double() - behavior_logprobs.double()) * mask
+        ).abs()  # [B, T], 0 off the mask
         kl = k3_kl(behavior_logprobs.double(), trainer_logprobs.double()) * mask  # [B, T]
-        if float(n) == 0.0:
-            return {"logprob_abs_diff": 0.0, "logprob_abs_diff_max": 0.0, "kl": 0.0, "tokens": 0.0}
-        return {
-            "logprob_abs_diff": float(delta.abs().sum() / n),
-            "logprob_abs_diff_max": float(delta.abs().max()),
-            "kl": float(kl.sum() / n),
-            "tokens": float(n),
-        }
+        return torch.stack([delta.sum(), kl.sum(), delta.max(), mask.sum()])  # [4]

@@ -271,6 +271,8 @@ class TokenLogProbs:
 
     logprobs: Tensor  # [B, T] fp32: log π(token t | < t) where loss_mask[b, t] == 1, else 0
     entropy: Tensor | None  # [B, T] fp32 entropy of the distribution token t was drawn from, else 0
+    computed_tokens: int = 0
+    """Positions the model ran: the packed row's length (a shared prefix counted once), or B x T padded."""
 
 
 def action_logprobs(
@@ -282,6 +284,7 @@ def action_logprobs(
     packed: bool = False,
     share_prefix: bool = False,
     positions: Tensor | None = None,
+    device: torch.device | str | None = None,
 ) -> TokenLogProbs:
     """Log-probs (and entropies) of the action tokens of `batch` under `model`, never [B, T, V] in fp32.
 
@@ -291,10 +294,18 @@ def action_logprobs(
     compute on padding. Padded or packed, the result is in the padded [B, T] layout, so the
     losses of `agentrl.train.grpo` read it unchanged. With `share_prefix` as well, the tokens every
     sequence starts with run once (`agentrl.train.packing.shared_prefix_inputs`): the same log-probs.
+
+    `device`: where the model runs, for a `batch` still on the host (the trainer's case): the layout
+    (which positions, where in the row, the lengths) is worked out on the host and only the model's
+    inputs are copied over, without waiting for the device's queued work; a batch already on the
+    device costs a few device-to-host reads (`nonzero`, the lengths) per call instead. The result is
+    on `device` (default: the batch's).
     """
     from agentrl.train.packing import packed_inputs, shared_prefix_inputs, shared_prefix_length
 
-    want = (batch.loss_mask > 0) if positions is None else positions.bool()  # [B, T]
+    host = batch.input_ids.device
+    device = host if device is None else torch.device(device)
+    want = (batch.loss_mask > 0) if positions is None else positions.to(host).bool()  # [B, T]
     want = want.clone()
     want[:, 0] = False  # nothing predicts the first token
     b_idx, t_idx = want.nonzero(as_tuple=True)  # [N], [N]
@@ -315,6 +326,18 @@ def action_logprobs(
     else:
         row_inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
         rows = b_idx * width + t_idx - 1  # [N] flat index into [B * T]
+    computed = int(row_inputs["input_ids"].numel())
+    flat = b_idx * width + t_idx  # [N] where each value lands in [B * T]
+    if device != host:
+        # non_blocking: host-to-device copies that do not wait for the kernels already queued
+        copies = {  # one copy per tensor: cu_seq_lens_q and _k are the same one
+            id(v): v.to(device, non_blocking=True) for v in row_inputs.values() if isinstance(v, Tensor)
+        }
+        moved = {k: copies[id(v)] if isinstance(v, Tensor) else v for k, v in row_inputs.items()}
+        if packed:  # the attention reads the lengths from the host copy, not back from the device
+            varlen.copied_bounds(moved["cu_seq_lens_q"], row_inputs["cu_seq_lens_q"])
+        row_inputs = moved
+        rows, targets, flat = (x.to(device, non_blocking=True) for x in (rows, targets, flat))
     if supports_lean(model):
         install(model)
         logp, ent = getattr(model, _METHOD)(row_inputs, rows, targets, temperature, with_entropy)
@@ -322,11 +345,10 @@ def action_logprobs(
         logp, ent = _logprobs_of_logits(
             _full_logits_at(model, row_inputs, rows), targets, temperature, with_entropy
         )
-    flat = b_idx * width + t_idx  # [N] where each value lands in [B * T]
-    zeros = torch.zeros(bsz * width, dtype=torch.float32, device=batch.input_ids.device)  # [B * T]
+    zeros = torch.zeros(bsz * width, dtype=torch.float32, device=device)  # [B * T]
     out = zeros.scatter(0, flat, logp).view(bsz, width)  # [B, T]
     entropy = zeros.scatter(0, flat, ent).view(bsz, width) if with_entropy else None  # [B, T]
-    return TokenLogProbs(out, entropy)
+    return TokenLogProbs(out, entropy, computed)
 
 
 def _full_logits_at(model: nn.Module, row_inputs: dict[str, Any], rows: Tensor) -> Tensor:

@@ -16,6 +16,10 @@ whatever fits a token budget instead:
 - `shared_prefix_inputs` lays it out with the tokens every sequence starts with (an agent's system
   prompt and tool schemas, a GRPO group's prompt) once, then each sequence's remainder, which
   attends to that prefix and to itself: the prefix's forward and backward run once, not once a sequence.
+  So that a micro-batch's sequences have a long start in common, the plan with `share_prefix` first
+  puts together sequences that share at least `MIN_SHARED_PREFIX` leading tokens (a GRPO group's
+  episodes, with their prompt), counting a micro-batch as the prefix once plus every remainder
+  (`shared_cost`); the sequences that share nothing are planned as before.
 
 The plan is a pure function of the batch, so every rank computes the same one with no
 communication, and the loss denominators (tokens or sequences of the whole step) are the same
@@ -24,6 +28,7 @@ whatever the split.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +63,32 @@ def micro_batch_cost(lengths: list[int], packed: bool) -> int:
     return sum(lengths) if packed else len(lengths) * max(lengths)
 
 
+MIN_SHARED_PREFIX = 32
+"""Leading tokens sequences must have in common for the plan to put them together for it: a shorter
+common start (a chat template's first tokens) saves less than first-fit packing of unrelated sequences
+does."""
+
+
+def shared_cost(lengths: list[int], prefix: int) -> int:
+    """Tokens a packed micro-batch of these lengths runs with its first `prefix` tokens held once."""
+    return sum(lengths) - max(0, len(lengths) - 1) * prefix
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (list slices compare in C: O(n log n))."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def filler(like: Trajectory) -> Trajectory:
     """A two-token trajectory with an all-zero loss mask: it runs the forward and backward (so FSDP's
     collectives pair up across ranks) and adds nothing to the loss or the gradient."""
@@ -81,11 +112,13 @@ def plan_micro_batches(
     max_tokens: int | None = None,
     max_sequences: int | None = None,
     packed: bool = False,
+    share_prefix: bool = False,
 ) -> MicroBatchPlan:
     """Share `trajectories` among `world_size` ranks and cut each share into micro-batches.
 
-    `max_tokens` bounds a micro-batch's cost (`micro_batch_cost`); `max_sequences` its number of
-    sequences; None leaves that bound off (both None: one micro-batch per rank).
+    `max_tokens` bounds a micro-batch's cost (`micro_batch_cost`; with `share_prefix`, `shared_cost` for
+    the micro-batches of sequences with a common start); `max_sequences` its number of sequences; None
+    leaves that bound off (both None: one micro-batch per rank).
     """
     if not trajectories:
         raise ValueError("plan_micro_batches got no trajectories")
@@ -95,20 +128,90 @@ def plan_micro_batches(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if max_sequences is not None and max_sequences < 1:
         raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
-    # Longest first, ties by position in the batch: deterministic on every rank.
-    order = sorted(range(len(trajectories)), key=lambda i: (-len(trajectories[i].token_ids), i))
+    if share_prefix and not packed:
+        raise ValueError("share_prefix needs packed micro-batches")
+    together: list[list[Trajectory]] = []
+    rest = trajectories
+    if share_prefix and len(trajectories) > 1:
+        together, rest = _prefix_families(trajectories, max_tokens, max_sequences)
+    # The micro-batches of sequences with a common start go first, biggest first, each to the rank with the
+    # least work so far; then the other sequences, longest first, ties by position in the batch (deterministic
+    # on every rank), each to the rank with the least work; each rank's share of those is cut as it fits.
+    fixed: list[list[list[Trajectory]]] = [[] for _ in range(world_size)]
     shares: list[list[Trajectory]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
-    for i in order:
+    for mb in sorted(together, key=_shared_cost_of, reverse=True):
+        rank = min(range(world_size), key=lambda r: (loads[r], len(fixed[r]), r))
+        fixed[rank].append(mb)
+        loads[rank] += _shared_cost_of(mb)
+    index = {id(t): i for i, t in enumerate(rest)}
+    for t in sorted(rest, key=lambda t: (-len(t.token_ids), index[id(t)])):
         rank = min(range(world_size), key=lambda r: (loads[r], len(shares[r]), r))
-        shares[rank].append(trajectories[i])
-        loads[rank] += len(trajectories[i].token_ids)
-    per_rank = [_cut(share, max_tokens, max_sequences, packed) for share in shares]
+        shares[rank].append(t)
+        loads[rank] += len(t.token_ids)
+    per_rank = [fixed[r] + _cut(shares[r], max_tokens, max_sequences, packed) for r in range(world_size)]
     n = max(len(m) for m in per_rank)
     shortest = min(trajectories, key=lambda t: len(t.token_ids))
     for micro in per_rank:
         micro.extend([[filler(shortest)] for _ in range(n - len(micro))])
     return MicroBatchPlan(per_rank)
+
+
+def _shared_cost_of(mb: list[Trajectory]) -> int:
+    ids = sorted(t.token_ids for t in mb)
+    return shared_cost([len(i) for i in ids], common_prefix(ids[0], ids[-1]))
+
+
+def _prefix_families(
+    trajectories: list[Trajectory], max_tokens: int | None, max_sequences: int | None
+) -> tuple[list[list[Trajectory]], list[Trajectory]]:
+    """(micro-batches of sequences that start with at least `MIN_SHARED_PREFIX` tokens in common, the rest).
+
+    In lexicographic order, sequences with a common start are neighbours, and the common start of a run
+    of neighbours is that of its first and last. The runs are chosen to minimise the tokens computed
+    (`shared_cost` per run, under the budget), then the number of runs: a dynamic programme over the
+    order, each run extending back from its end until the budget stops it (a run's cost only grows).
+    """
+    n = len(trajectories)
+    order = sorted(range(n), key=lambda i: (trajectories[i].token_ids, i))
+    seqs = [trajectories[i] for i in order]
+    lengths = [len(t.token_ids) for t in seqs]
+    adjacent = [common_prefix(seqs[i].token_ids, seqs[i + 1].token_ids) for i in range(n - 1)]
+    best: list[tuple[float, int]] = [(0, 0)] + [(math.inf, 0)] * n  # (cost, runs) of the first i
+    start = [0] * (n + 1)  # where the last run of the best split of the first i begins
+    for end in range(1, n + 1):
+        total, lcp = 0, math.inf
+        for begin in range(end - 1, -1, -1):
+            count = end - begin
+            total += lengths[begin]
+            if count > 1:
+                lcp = min(lcp, adjacent[begin])
+            prefix = int(lcp) if count > 1 and lcp >= MIN_SHARED_PREFIX else 0
+            cost = total - (count - 1) * prefix
+            if count > 1 and (
+                (max_tokens is not None and cost > max_tokens)
+                or (max_sequences is not None and count > max_sequences)
+            ):
+                break
+            candidate = (best[begin][0] + cost, best[begin][1] + 1)
+            if candidate < best[end]:
+                best[end], start[end] = candidate, begin
+    together: list[list[Trajectory]] = []
+    rest: list[Trajectory] = []
+    end = n
+    while end > 0:
+        begin = start[end]
+        run = seqs[begin:end]
+        if len(run) > 1 and common_prefix(run[0].token_ids, run[-1].token_ids) >= MIN_SHARED_PREFIX:
+            together.append(run)
+        else:
+            rest.extend(run)
+        end = begin
+    together.reverse()
+    # `rest` back in batch order, so that with nothing shared the plan is exactly the unshared one.
+    position = {id(t): i for i, t in enumerate(trajectories)}
+    rest.sort(key=lambda t: position[id(t)])
+    return together, rest
 
 
 def _cut(
@@ -198,9 +301,11 @@ def shared_prefix_inputs(batch: Batch, prefix: int) -> tuple[dict[str, Any], Ten
 def resolve_share_prefix(setting: PackingMode, packed: bool, device: torch.device, bf16: bool) -> bool:
     """`share_prefix: auto|on|off` for a trainer that packs (`packed`) on `device`, in bf16 or not.
 
-    auto shares where packed attention runs its reference (one `sdpa` per segment: the CPU, fp32), which
-    takes the prefix as keys of every later segment at no extra cost; the varlen flash kernel has no
-    such layout, so auto leaves it off there.
+    auto shares wherever micro-batches are packed: the reference attention (CPU, fp32) takes the prefix
+    as keys of every later segment at no extra cost, and the varlen flash kernel does the same in one
+    call with each segment's keys gathered behind the prefix's (`agentrl.train.varlen`) — on a GPU whose
+    kernel aligns causal attention to the bottom right, as flash attention does (probed once; where it
+    does not, auto leaves sharing off there).
     """
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"share_prefix must be auto, on or off; got {setting!r}")
@@ -210,9 +315,11 @@ def resolve_share_prefix(setting: PackingMode, packed: bool, device: torch.devic
         )
     if setting != "auto" or not packed:
         return setting == "on"
-    from agentrl.train.varlen import kernel_available
+    from agentrl.train.varlen import bottom_right_causal, kernel_available
 
-    return not kernel_available(device, torch.bfloat16 if bf16 else torch.float32)
+    if kernel_available(device, torch.bfloat16 if bf16 else torch.float32):
+        return bottom_right_causal(torch.device(device))
+    return True
 
 
 def resolve_packing(setting: PackingMode, device: torch.device, bf16: bool) -> bool:

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from agentrl.rollout.trajectory import Trajectory, load_trajectories
 from agentrl.train.batch import collate
+from agentrl.train.compiled import resolve_compile
 from agentrl.train.config import SFTConfig
 from agentrl.train.logprobs import action_logprobs
 from agentrl.train.packing import plan_micro_batches, resolve_packing, resolve_share_prefix
@@ -89,7 +90,11 @@ def train_sft(cfg: SFTConfig) -> Path:
             model, cfg.model.lora, base
         )  # before sharding; the seed above makes every rank's A the same
     model.train()
-    shard_model(model, activation_checkpointing=cfg.activation_checkpointing)
+    shard_model(
+        model,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compiled=resolve_compile(cfg.compile, info.device),
+    )
     packed = resolve_packing(cfg.packing, info.device, info.device.type == "cuda")
     shares_prefix = resolve_share_prefix(cfg.share_prefix, packed, info.device, info.device.type == "cuda")
     params = trainable_parameters(model)  # with LoRA, the adapters only
@@ -122,6 +127,7 @@ def train_sft(cfg: SFTConfig) -> Path:
             max_tokens=cfg.max_tokens_per_micro_batch,
             max_sequences=cfg.micro_batch_size,
             packed=packed,
+            share_prefix=shares_prefix,
         ).for_rank(info.rank)
         local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
         scale, global_tokens = global_token_scale(local_tokens, info.device)

@@ -72,6 +72,7 @@ from agentrl.train.checkpoint import (
 )
 from agentrl.train.checkpoint import load as load_checkpoint
 from agentrl.train.checkpoint import save as save_checkpoint
+from agentrl.train.compiled import resolve_compile
 from agentrl.train.config import TrainConfig
 from agentrl.train.curriculum import Curriculum, build_curriculum
 from agentrl.train.distributed import (
@@ -86,10 +87,11 @@ from agentrl.train.distributed import (
     wait_for_main,
 )
 from agentrl.train.grpo import (
+    LOSS_FIELDS,
     group_advantages,
     histogram_quantiles,
-    logprob_mismatch,
-    policy_loss,
+    mismatch_sums,
+    policy_loss_stats,
     ratio_histogram,
     weight_negatives,
 )
@@ -662,7 +664,13 @@ def _load_models(
         # Before sharding, after setup's torch.manual_seed: every rank starts from the same A matrices.
         apply_lora(model, cfg.model.lora, base)
     model.train()
-    shard_model(model, activation_checkpointing=cfg.optim.activation_checkpointing, bf16=cfg.optim.bf16)
+    compiled = resolve_compile(cfg.optim.compile, info.device)
+    shard_model(
+        model,
+        activation_checkpointing=cfg.optim.activation_checkpointing,
+        bf16=cfg.optim.bf16,
+        compiled=compiled,
+    )
     opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     ref_model: torch.nn.Module | None = None
     if cfg.loss.kl_coef > 0:
@@ -670,7 +678,7 @@ def _load_models(
         # which is the policy at its start: the adapters' B matrices start at zero).
         ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(info.device)
         ref_model.eval().requires_grad_(False)
-        shard_model(ref_model, activation_checkpointing=False, bf16=cfg.optim.bf16)
+        shard_model(ref_model, activation_checkpointing=False, bf16=cfg.optim.bf16, compiled=compiled)
     return model, opt, ref_model, pad_id
 
 
@@ -801,12 +809,15 @@ def grpo_step(
                 group["lr"] = learning_rate(cfg, updates_done)
             updates_done += 1
             _optimizer_step(model, opt, mini, batch, totals)
+    totals.settle()
     # Token-weighted over all ranks: the mean over ranks of the weighted sums, over that of the weights.
     totals.weighted["losses/policy_loss"] = totals.loss / batch.n_updates
+    totals.weighted["_computed"] = float(totals.computed)
     # Each rank's loss is world · (its sum) / (global count), so the mean over ranks is the global loss.
     out = all_reduce_mean(totals.weighted, info.device)
     w = max(out.pop("_w", 0.0), 1e-9)
     mw = max(out.pop("_mw", 0.0), 1e-9)
+    computed = out.pop("_computed") * info.world_size  # summed over ranks
     out = {
         k: v if k == "losses/policy_loss" else v / (mw if k.startswith("mismatch/") else w)
         for k, v in out.items()
@@ -822,6 +833,7 @@ def grpo_step(
     out["losses/grad_norm"] = totals.grad_norm / batch.n_updates
     out["batch/action_tokens"] = totals.tokens / batch.n_updates
     out["batch/sequences"] = float(len(trajectories))
+    out["batch/tokens_computed"] = computed / batch.n_updates
     out["optim/lr"] = learning_rate(cfg, updates_done - 1)
     out["optim/updates"] = float(updates_done)
     return out
@@ -837,8 +849,43 @@ class _Totals:
     loss: float = 0.0
     grad_norm: float = 0.0
     tokens: float = 0.0
+    computed: int = 0
+    """Positions the training passes ran through the model (a shared prefix once), this rank."""
     ratio_hist: torch.Tensor | None = None
     """Counts of the trainer/engine log-ratio of the action tokens (`ratio_histogram`), over micro-batches."""
+    pending: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Sums still on the device, read by `settle` once per step, not once per micro-batch (each read
+    waits for every queued kernel): "loss", "losses" (the loss metrics times their action tokens),
+    "mismatch" (|Δ| and KL sums), "grad_norm", "ratio_hist"."""
+
+    def add(self, key: str, value: torch.Tensor) -> None:
+        value = value.detach().double().reshape(-1)
+        self.pending[key] = value if key not in self.pending else self.pending[key] + value
+
+    def settle(self) -> None:
+        """Read the sums kept on the device into the host totals: one device-to-host copy."""
+        if not self.pending:
+            return
+        keys = sorted(self.pending)
+        values = (
+            torch.cat([self.pending[k] for k in keys]).cpu().split([self.pending[k].numel() for k in keys])
+        )
+        self.pending.clear()
+        for key, value in zip(keys, values, strict=True):
+            if key == "ratio_hist":
+                self.ratio_hist = value if self.ratio_hist is None else self.ratio_hist + value
+                continue
+            numbers = value.tolist()
+            if key == "loss":
+                self.loss += numbers[0]
+            elif key == "grad_norm":
+                self.grad_norm += numbers[0]
+            elif key == "losses":
+                for name, v in zip(LOSS_FIELDS, numbers, strict=True):
+                    self.weighted[f"losses/{name}"] = self.weighted.get(f"losses/{name}", 0.0) + v
+            elif key == "mismatch":
+                for name, v in zip(("logprob_abs_diff", "kl"), numbers, strict=True):
+                    self.weighted[f"mismatch/{name}"] = self.weighted.get(f"mismatch/{name}", 0.0) + v
 
 
 @dataclass
@@ -925,7 +972,7 @@ def _optimizer_step(
 ) -> None:
     """One optimizer step on the mini-batch `mini`: this rank's micro-batches, the clipped global gradient."""
     cfg, info = batch.cfg, batch.info
-    micro = trainer_micro_batches(mini, cfg, info, batch.packed)
+    micro = trainer_micro_batches(mini, cfg, info, batch.packed, batch.shares_prefix)
     # Denominators over the whole optimizer step, all ranks: the plan is the same everywhere,
     # so each rank counts its own share and one all-reduce gives the global count.
     local_tokens = sum(sum(t.loss_mask) for mb in micro for t in mb)
@@ -943,12 +990,14 @@ def _optimizer_step(
         if batch.n_updates == 1:  # no pass before the update measured the mismatch: a forward for the rest
             skipped = [t for t in mini if not batch.trains(t)]
             _logprobs_before_update(model, None, skipped, cfg, info, batch.pad_id, totals)
-        micro = trainer_micro_batches(trained or [filler(mini[0])], cfg, info, batch.packed)
+        micro = trainer_micro_batches(
+            trained or [filler(mini[0])], cfg, info, batch.packed, batch.shares_prefix
+        )
     for i, mb in enumerate(micro):
         model.set_requires_gradient_sync(i == len(micro) - 1)
         _micro_batch_backward(model, mb, batch, max(denom, 1e-9), totals)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-    totals.grad_norm += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    totals.add("grad_norm", grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
 
@@ -958,17 +1007,21 @@ def _micro_batch_backward(
 ) -> None:
     """The clipped surrogate of one micro-batch, its gradient accumulated; its metrics into `totals`."""
     cfg, device = batch.cfg, batch.info.device
-    rows = collate(mb, batch.pad_id).to(device)
+    # The layout is worked out on the host and copied over without waiting for the queued kernels.
+    on_host = collate(mb, batch.pad_id)
+    rows = on_host.to(device, non_blocking=True)
     live = action_logprobs(
         model,
-        rows,
+        on_host,
         temperature=cfg.rollout.temperature,
         with_entropy=True,
         packed=batch.packed,
         share_prefix=batch.shares_prefix,
+        device=device,
     )
     logp = live.logprobs  # [B, T], 0 off the loss mask
-    adv = torch.tensor([batch.advantage_of.get(id(t), 0.0) for t in mb], device=device)  # [B]
+    adv = torch.tensor([batch.advantage_of.get(id(t), 0.0) for t in mb]).to(device, non_blocking=True)  # [B]
+    w = float(_action_tokens(mb))
     width = logp.shape[1]
     old = ref = None
     if batch.anchored:
@@ -980,8 +1033,8 @@ def _micro_batch_backward(
     if batch.ref_model is not None:
         ref = _rows([batch.before.get(id(t), (None, None))[1] for t in mb], width, logp)  # [B, T]
     if batch.n_updates == 1:  # with more, the pass before the first update measured every trajectory
-        _add_mismatch(totals, logp.detach(), rows)
-    loss, metrics = policy_loss(
+        _add_mismatch(totals, logp.detach(), rows, w)
+    loss, stats = policy_loss_stats(
         logp,
         rows.behavior_logprobs,
         adv,
@@ -1000,25 +1053,23 @@ def _micro_batch_backward(
         denominator=denominator,
     )
     loss.backward()
-    totals.loss += float(loss.item())
-    w = float(rows.loss_mask.sum().item())
-    for k, v in metrics.as_dict().items():
-        if isinstance(v, int | float) and v is not None:
-            totals.weighted[k] = totals.weighted.get(k, 0.0) + float(v) * w
+    totals.add("loss", stats[0])
+    totals.add("losses", stats * w)  # every metric of the loss, token-weighted
     totals.weighted["_w"] = totals.weighted.get("_w", 0.0) + w
+    totals.computed += live.computed_tokens
 
 
-def _add_mismatch(totals: _Totals, trainer_logprobs: torch.Tensor, rows: Batch) -> None:
+def _action_tokens(mb: list[Trajectory]) -> int:
+    return sum(sum(t.loss_mask) for t in mb)
+
+
+def _add_mismatch(totals: _Totals, trainer_logprobs: torch.Tensor, rows: Batch, w: float) -> None:
     """The trainer's log-probs with the weights the batch was sampled with ([B, T]), against the
     engine's: the engine must be sampling from this policy (the newest weights or adapter);
-    staleness adds to it in async."""
-    mismatch = logprob_mismatch(trainer_logprobs, rows.behavior_logprobs, rows.loss_mask)
-    hist = ratio_histogram(trainer_logprobs, rows.behavior_logprobs, rows.loss_mask).cpu()  # [2K+1]
-    totals.ratio_hist = hist if totals.ratio_hist is None else totals.ratio_hist + hist
-    w = float(rows.loss_mask.sum().item())
-    for k in ("logprob_abs_diff", "kl"):
-        if k in mismatch:
-            totals.weighted[f"mismatch/{k}"] = totals.weighted.get(f"mismatch/{k}", 0.0) + mismatch[k] * w
+    staleness adds to it in async. `w`: the batch's action tokens."""
+    sums = mismatch_sums(trainer_logprobs, rows.behavior_logprobs, rows.loss_mask)  # [4]
+    totals.add("mismatch", sums[:2])  # |Δ| and KL summed over the tokens: their means times w
+    totals.add("ratio_hist", ratio_histogram(trainer_logprobs, rows.behavior_logprobs, rows.loss_mask))
     totals.weighted["_mw"] = totals.weighted.get("_mw", 0.0) + w
 
 
@@ -1031,15 +1082,21 @@ def trainer_layout(cfg: TrainConfig, info: DistInfo) -> tuple[bool, bool]:
 
 
 def trainer_micro_batches(
-    trajectories: list[Trajectory], cfg: TrainConfig, info: DistInfo, packed: bool
+    trajectories: list[Trajectory],
+    cfg: TrainConfig,
+    info: DistInfo,
+    packed: bool,
+    shares_prefix: bool = False,
 ) -> list[list[Trajectory]]:
-    """This rank's micro-batches of `trajectories` under the token budget (same count on every rank)."""
+    """This rank's micro-batches of `trajectories` under the token budget (same count on every rank); with
+    `shares_prefix`, sequences with a long common start planned together."""
     plan = plan_micro_batches(
         trajectories,
         info.world_size,
         max_tokens=cfg.optim.max_tokens_per_micro_batch,
         max_sequences=cfg.optim.micro_batch_size,
         packed=packed,
+        share_prefix=shares_prefix,
     )
     return plan.for_rank(info.rank)
 
@@ -1066,13 +1123,14 @@ def _logprobs_before_update(
     log-probs against the engine's go into `totals` (the mismatch metrics), for every trajectory."""
     out: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
     packed, shares_prefix = trainer_layout(cfg, info)
-    micro = trainer_micro_batches(trajectories, cfg, info, packed)
+    micro = trainer_micro_batches(trajectories, cfg, info, packed, shares_prefix)
     mine = [t for mb in micro for t in mb]
     # The mini-batches reshuffle trajectories across ranks, so every rank needs every row: run
     # this rank's share, then gather the rows of the others.
     with torch.no_grad():
         for mb in micro:
-            batch = collate(mb, pad_id).to(info.device)
+            on_host = collate(mb, pad_id)
+            batch = on_host.to(info.device, non_blocking=True)
             rows = []
             for m in (model, ref_model):
                 if m is None:
@@ -1081,17 +1139,19 @@ def _logprobs_before_update(
                 rows.append(
                     action_logprobs(
                         m,
-                        batch,
+                        on_host,
                         temperature=cfg.rollout.temperature,
                         packed=packed,
                         share_prefix=shares_prefix,
+                        device=info.device,
                     ).logprobs
                 )  # [B, T], 0 off the loss mask (the only positions the loss reads)
             if rows[0] is not None:
-                _add_mismatch(totals, rows[0], batch)
+                _add_mismatch(totals, rows[0], batch, float(_action_tokens(mb)))
+            rows = [None if r is None else r.cpu() for r in rows]  # one copy per model, not one per row
             for b, t in enumerate(mb):
                 n = len(t.token_ids)
-                out[id(t)] = tuple(None if r is None else r[b, :n].cpu() for r in rows)  # type: ignore[assignment]
+                out[id(t)] = tuple(None if r is None else r[b, :n].clone() for r in rows)  # type: ignore[assignment]
     if info.world_size > 1:
         index = {id(t): i for i, t in enumerate(trajectories)}
         local = {index[id(t)]: out[id(t)] for t in mine if id(t) in index and any(t.loss_mask)}
@@ -1106,11 +1166,11 @@ def _logprobs_before_update(
 def _rows(rows: list[torch.Tensor | None], width: int, like: torch.Tensor) -> torch.Tensor:
     """Stack per-trajectory [n] rows into [B, width], zero-padded; a missing row (a zero-mask
     filler) is all zeros, which its mask ignores."""
-    out = torch.zeros((len(rows), width), dtype=like.dtype, device=like.device)  # [B, T]
+    out = torch.zeros((len(rows), width), dtype=like.dtype)  # [B, T], on the host: one copy over
     for b, r in enumerate(rows):
         if r is not None:
-            out[b, : r.shape[0]] = r.to(like.device)
-    return out
+            out[b, : r.shape[0]] = r.cpu()
+    return out.to(like.device, non_blocking=True)
 
 
 # --- the loop's helpers ----------------------------------------------------------------------------------

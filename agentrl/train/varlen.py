@@ -15,14 +15,23 @@ causal attention within each sequence with no mask at all.
   causal `sdpa` per sequence: slower, the same numbers, so the packed path is tested on CPU;
 - with `shared_prefix_len` P as well (`agentrl.train.packing.shared_prefix_inputs`), the first segment
   is a prefix every sequence of the row starts with, held once: it attends causally to itself, and
-  each later segment to the whole prefix and causally to itself (the reference, on any device);
+  each later segment to the whole prefix and causally to itself. One varlen call does it: the keys
+  and values of each later segment are gathered as [the prefix's, its own] (a copy of the prefix's
+  K/V per segment, small beside the activations: GQA models have few KV heads), and causal
+  attention with more keys than queries is aligned to the bottom right, as flash attention aligns
+  it (query i of a segment sees keys up to P + i). The kernel on CUDA, the reference elsewhere;
+  backward adds each segment's gradient of the prefix's keys and values back onto the one copy;
 - without them, it is transformers' `sdpa` with the usual padding mask, so a model set to this
   implementation still serves ordinary padded or single-sequence calls.
 
 The kernel's maximum sequence lengths are derived here from the cumulative lengths, never taken
 on trust: given a maximum of 0 (a keyword argument lost on the way) or one below the longest
 sequence, the flash kernel returns garbage without an error. A `max_length_q/k` that is passed must
-agree with the lengths, or the call fails; the lengths are read back once per forward, not per layer.
+agree with the lengths, or the call fails; the lengths are read back once per forward, not per layer
+(one device-to-host copy; the shared-prefix layout's key index is built from it once, too).
+
+`varlen_attention` is excluded from torch.compile (`torch.compiler.disable`): compiled decoder
+layers (`agentrl.train.compiled`) run their elementwise work fused and call it eagerly in between.
 
 `enable(model)` registers the implementation and switches the model to it. The setting is
 permanent on purpose: activation checkpointing recomputes each layer in backward, after any
@@ -35,6 +44,7 @@ import functools
 import inspect
 import itertools
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,25 +76,38 @@ def kernel_available(device: torch.device | str, dtype: torch.dtype) -> bool:
     )
 
 
-# The cumulative lengths last measured: (the tensor, its version counter, (longest sequence, total tokens)).
-# Every layer of one forward receives the same `cu` tensor, so one device-to-host read serves them all.
-_MEASURED: tuple[weakref.ref[Tensor], int, tuple[int, int]] | None = None
+# The cumulative lengths last read: (the tensor, its version counter, its values on the host). Every layer
+# of one forward receives the same `cu` tensor, so one device-to-host read serves them all.
+_READ: tuple[weakref.ref[Tensor], int, list[int]] | None = None
+
+
+def _bounds(cu: Tensor, host: Tensor | None = None) -> list[int]:
+    """The values of the cumulative lengths `cu` [B + 1] on the host, checked: they start at 0 and never decrease."""
+    global _READ
+    if _READ is not None and _READ[0]() is cu and _READ[1] == cu._version:
+        return _READ[2]
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"cu_seq_lens must be [B + 1] cumulative lengths, got shape {tuple(cu.shape)}")
+    bounds = [int(b) for b in (cu if host is None else host).tolist()]
+    if bounds[0] != 0 or any(e < s for s, e in itertools.pairwise(bounds)):
+        raise ValueError(f"cu_seq_lens must start at 0 and never decrease, got {bounds}")
+    _READ = (weakref.ref(cu), cu._version, bounds)
+    return bounds
+
+
+def copied_bounds(cu: Tensor, host: Tensor) -> None:
+    """Note that `cu` is a device copy of the host tensor `host` (`agentrl.train.logprobs.action_logprobs`
+    copies the row's inputs over): its values are then read from `host`, without a device-to-host copy
+    that would wait for every kernel queued before it."""
+    if host.device.type != "cpu" or host.shape != cu.shape:
+        raise ValueError("copied_bounds needs the host tensor that `cu` was copied from")
+    _bounds(cu, host)
 
 
 def packed_lengths(cu: Tensor) -> tuple[int, int]:
     """(longest sequence, total tokens) of the cumulative lengths `cu` [B + 1] (int32, starting at 0)."""
-    global _MEASURED
-    if _MEASURED is not None and _MEASURED[0]() is cu and _MEASURED[1] == cu._version:
-        return _MEASURED[2]
-    if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"cu_seq_lens must be [B + 1] cumulative lengths, got shape {tuple(cu.shape)}")
-    lengths = cu[1:] - cu[:-1]  # [B]
-    longest, shortest, first, total = torch.stack([lengths.max(), lengths.min(), cu[0], cu[-1]]).tolist()
-    if shortest < 0 or first != 0:
-        raise ValueError(f"cu_seq_lens must start at 0 and never decrease, got {cu.tolist()}")
-    measured = (int(longest), int(total))
-    _MEASURED = (weakref.ref(cu), cu._version, measured)
-    return measured
+    bounds = _bounds(cu)
+    return max(e - s for s, e in itertools.pairwise(bounds)), bounds[-1]
 
 
 def _checked_max_length(kwargs: dict[str, Any], cu: Tensor, tokens: int) -> int:
@@ -111,11 +134,83 @@ def _checked_max_length(kwargs: dict[str, Any], cu: Tensor, tokens: int) -> int:
     return longest
 
 
-def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float | None) -> Tensor:
-    """Causal varlen flash attention: q [N, Hq, D], k/v [N, Hkv, D] -> [N, Hq, D]."""
-    if max_len < 1:
+@dataclass(frozen=True)
+class SharedPrefixLayout:
+    """One varlen call over a shared-prefix row: the queries are the row as it is, in segments (the prefix,
+    then each non-empty remainder); segment s's keys are gathered from the row as [prefix, own tokens]."""
+
+    q_bounds: list[int]  # [S + 1] cumulative query lengths (on the host)
+    k_bounds: list[int]  # [S + 1] cumulative key lengths: P, then P + n_s per remainder
+    cu_q: Tensor  # [S + 1] int32, q_bounds on the row's device
+    cu_k: Tensor  # [S + 1] int32, k_bounds on the row's device
+    keys: Tensor  # [k_bounds[-1]] int64: the row index of each gathered key
+    max_q: int
+    max_k: int
+
+
+# The layout last built: (cu, its version counter, the prefix, the layout); one per forward, like _READ.
+_LAYOUT: tuple[weakref.ref[Tensor], int, int, SharedPrefixLayout] | None = None
+
+
+def shared_prefix_layout(cu: Tensor, prefix: int) -> SharedPrefixLayout:
+    """The `SharedPrefixLayout` of a row whose first segment (of `cu` [S + 1]) is a prefix of `prefix` tokens
+    that every later segment continues."""
+    global _LAYOUT
+    if _LAYOUT is not None and _LAYOUT[0]() is cu and _LAYOUT[1] == cu._version and _LAYOUT[2] == prefix:
+        return _LAYOUT[3]
+    bounds = _bounds(cu)
+    if len(bounds) < 3 or bounds[1] != prefix or prefix < 1:
+        raise ValueError(
+            f"shared_prefix_len={prefix} but the first segment of cu_seq_lens_q is {bounds[1:2]}; build the "
+            "inputs with agentrl.train.packing.shared_prefix_inputs"
+        )
+    head = torch.arange(prefix)  # [P]
+    q_bounds, k_lengths, pieces = [0, prefix], [prefix], [head]
+    for s, e in itertools.pairwise(bounds[1:]):
+        if e > s:  # a sequence that is the prefix alone has no queries of its own
+            q_bounds.append(e)
+            k_lengths.append(prefix + e - s)
+            pieces += [head, torch.arange(s, e)]
+    k_bounds = [0, *itertools.accumulate(k_lengths)]
+    device = cu.device
+    layout = SharedPrefixLayout(
+        q_bounds=q_bounds,
+        k_bounds=k_bounds,
+        # non_blocking: a host-to-device copy that does not wait for the queued kernels
+        cu_q=torch.tensor(q_bounds, dtype=torch.int32).to(device, non_blocking=True),
+        cu_k=torch.tensor(k_bounds, dtype=torch.int32).to(device, non_blocking=True),
+        keys=torch.cat(pieces).to(device, non_blocking=True),
+        max_q=max(e - s for s, e in itertools.pairwise(q_bounds)),
+        max_k=max(k_lengths),
+    )
+    _LAYOUT = (weakref.ref(cu), cu._version, prefix, layout)
+    return layout
+
+
+def _flash_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu: Tensor,
+    max_len: int,
+    scale: float | None,
+    *,
+    cu_k: Tensor | None = None,
+    max_k: int | None = None,
+) -> Tensor:
+    """Causal varlen flash attention: q [Nq, Hq, D], k/v [Nk, Hkv, D] -> [Nq, Hq, D].
+
+    Sequence i has the queries cu[i]:cu[i + 1] and the keys cu_k[i]:cu_k[i + 1] (cu_k defaults to cu). With
+    more keys than queries, causal is aligned to the bottom right, as flash attention aligns it: query j of
+    a sequence with n queries and m keys sees the keys up to j + m - n.
+    """
+    cu_k = cu if cu_k is None else cu_k
+    max_k = max_len if max_k is None else max_k
+    if max_len < 1 or max_k < 1:
         # The kernel sizes its work by max_len and returns garbage, not an error, when it is too small.
-        raise ValueError(f"the varlen kernel needs the longest sequence's length, got max_len={max_len}")
+        raise ValueError(
+            f"the varlen kernel needs the longest sequence's length, got max_len={min(max_len, max_k)}"
+        )
     kernel = _varlen_kernel()
     assert kernel is not None
     varlen_attn, params = kernel
@@ -136,60 +231,62 @@ def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, sca
             kwargs["enable_gqa"] = True
         else:  # older kernels want as many KV heads as query heads: repeat each KV head for its group
             groups = q.shape[1] // k.shape[1]
-            k = k.repeat_interleave(groups, dim=1)  # [N, Hq, D]
-            v = v.repeat_interleave(groups, dim=1)  # [N, Hq, D]
-    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+            k = k.repeat_interleave(groups, dim=1)  # [Nk, Hq, D]
+            v = v.repeat_interleave(groups, dim=1)  # [Nk, Hq, D]
+    return varlen_attn(q, k, v, cu, cu_k, max_len, max_k, **kwargs)
 
 
-def _reference_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, scale: float | None) -> Tensor:
-    """The same attention as `_flash_varlen`, one causal `sdpa` per sequence (any device, any dtype)."""
-    out = torch.empty_like(q)  # [N, Hq, D]
+def _reference_varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu: Tensor | list[int],
+    scale: float | None,
+    *,
+    cu_k: Tensor | list[int] | None = None,
+) -> Tensor:
+    """The same attention as `_flash_varlen`, one `sdpa` per sequence (any device, any dtype): causal, and
+    aligned to the bottom right where a sequence has more keys than queries."""
+    out = torch.empty_like(q)  # [Nq, Hq, D]
     groups = q.shape[1] // k.shape[1]
-    bounds = cu.tolist()
-    for s, e in itertools.pairwise(bounds):
+    q_bounds = cu if isinstance(cu, list) else cu.tolist()
+    k_bounds = q_bounds if cu_k is None else cu_k if isinstance(cu_k, list) else cu_k.tolist()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for (s, e), (ks, ke) in zip(itertools.pairwise(q_bounds), itertools.pairwise(k_bounds), strict=True):
         if e <= s:
             continue
+        n, m = e - s, ke - ks
         qs = q[s:e].transpose(0, 1)  # [Hq, n, D]
-        ks = k[s:e].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, n, D]
-        vs = v[s:e].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, n, D]
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, is_causal=True, scale=scale
-        )  # [Hq, n, D]
+        kk = k[ks:ke].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, m, D]
+        vv = v[ks:ke].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, m, D]
+        if m == n:
+            o = sdpa(qs, kk, vv, is_causal=True, scale=scale)  # [Hq, n, D]
+        else:  # row i sees the columns j <= i + m - n
+            sees = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(diagonal=m - n)  # [n, m]
+            o = sdpa(qs, kk, vv, attn_mask=sees, scale=scale)  # [Hq, n, D]
         out[s:e] = o.transpose(0, 1)
     return out
 
 
-def _shared_prefix_reference(
-    q: Tensor, k: Tensor, v: Tensor, cu: Tensor, prefix: int, scale: float | None
-) -> Tensor:
-    """Segment 0 of `cu` is a prefix of every sequence, held once: causal attention within it, and for
-    each later segment causal attention over [the prefix, the segment], one `sdpa` each."""
-    bounds = cu.tolist()
-    if len(bounds) < 3 or bounds[1] != prefix:
-        raise ValueError(
-            f"shared_prefix_len={prefix} but the first segment of cu_seq_lens_q is {bounds[1:2]}; build the "
-            "inputs with agentrl.train.packing.shared_prefix_inputs"
-        )
-    out = torch.empty_like(q)  # [N, Hq, D]
-    groups = q.shape[1] // k.shape[1]
-    kp = k[:prefix].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, P, D]
-    vp = v[:prefix].transpose(0, 1).repeat_interleave(groups, dim=0)  # [Hq, P, D]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    out[:prefix] = sdpa(q[:prefix].transpose(0, 1), kp, vp, is_causal=True, scale=scale).transpose(0, 1)
-    for s, e in itertools.pairwise(bounds[1:]):
-        if e <= s:
-            continue
-        qs = q[s:e].transpose(0, 1)  # [Hq, n, D]
-        ks = torch.cat([kp, k[s:e].transpose(0, 1).repeat_interleave(groups, dim=0)], dim=1)  # [Hq, P + n, D]
-        vs = torch.cat([vp, v[s:e].transpose(0, 1).repeat_interleave(groups, dim=0)], dim=1)  # [Hq, P + n, D]
-        # Row i sees the whole prefix and its own segment up to i: columns j <= P + i.
-        sees = torch.ones(e - s, prefix + e - s, dtype=torch.bool, device=q.device).tril(
-            diagonal=prefix
-        )  # [n, P + n]
-        out[s:e] = sdpa(qs, ks, vs, attn_mask=sees, scale=scale).transpose(0, 1)  # [n, Hq, D]
-    return out
+@functools.cache
+def bottom_right_causal(device: torch.device) -> bool:
+    """Whether the varlen kernel on `device` aligns causal attention with more keys than queries to the bottom
+    right (flash attention does; the shared-prefix layout relies on it): probed once, numerically, in bf16."""
+    if not kernel_available(device, torch.bfloat16):
+        return False
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 2, 64, generator=g).to(device, torch.bfloat16) for n in (5, 9, 9))
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+    try:
+        got = _flash_varlen(q, k, v, cu_q, 3, None, cu_k=cu_k, max_k=5).float()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return False
+    want = _reference_varlen(q.float(), k.float(), v.float(), [0, 2, 5], None, cu_k=[0, 4, 9])
+    return bool((got - want).abs().max() < 3e-2)
 
 
+@torch.compiler.disable
 def varlen_attention(
     module: nn.Module,
     query: Tensor,
@@ -224,12 +321,21 @@ def varlen_attention(
     k = key[0].transpose(0, 1).contiguous()  # [N, Hkv, D]
     v = value[0].transpose(0, 1).contiguous()  # [N, Hkv, D]
     prefix = int(kwargs.get("shared_prefix_len") or 0)
+    fast = kernel_available(q.device, q.dtype)
     if prefix:
-        out = _shared_prefix_reference(q, k, v, cu, prefix, scaling)  # [N, Hq, D]
-    elif kernel_available(q.device, q.dtype):
+        layout = shared_prefix_layout(cu, prefix)
+        k = k.index_select(0, layout.keys)  # [K, Hkv, D] each segment's keys: the prefix's, then its own
+        v = v.index_select(0, layout.keys)  # [K, Hkv, D]
+        if fast and bottom_right_causal(q.device):
+            out = _flash_varlen(
+                q, k, v, layout.cu_q, layout.max_q, scaling, cu_k=layout.cu_k, max_k=layout.max_k
+            )  # [N, Hq, D]
+        else:
+            out = _reference_varlen(q, k, v, layout.q_bounds, scaling, cu_k=layout.k_bounds)  # [N, Hq, D]
+    elif fast:
         out = _flash_varlen(q, k, v, cu, longest, scaling)  # [N, Hq, D]
     else:
-        out = _reference_varlen(q, k, v, cu, scaling)  # [N, Hq, D]
+        out = _reference_varlen(q, k, v, _bounds(cu), scaling)  # [N, Hq, D]
     return out.unsqueeze(0), None  # [1, N, Hq, D]
 
 

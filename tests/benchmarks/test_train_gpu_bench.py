@@ -53,6 +53,20 @@ def test_tiny_mode_prints_throughput_mfu_memory_and_the_ratio_to_plain(tmp_path:
     assert tiny["speedup_vs_plain"] > 0
     assert 0 < tiny["activation_checkpointing_memory_cut"] < 1
     assert tiny["long"]["ok"] and tiny["long"]["tokens"] == 256
+    assert tiny["defaults"]["shares_prefix_here"] is True and tiny["defaults"]["compiles_here"] is False
+    # The GRPO-shaped batch: groups of 8 sharing a prompt, held once per micro-batch by ours.
+    grpo = tiny["grpo"]
+    assert (grpo["groups"], grpo["group_size"], grpo["prompt_len"]) == (2, 8, 64)
+    assert set(grpo["variants"]) == {"ours", "ours_share_prefix_off", "plain"}
+    ours, off, plain = (grpo["variants"][k] for k in ("ours", "ours_share_prefix_off", "plain"))
+    for v in (ours, off, plain):
+        assert v["ok"] and v["tokens_per_s"] > 0 and v["computed_tokens_per_s"] > 0
+    # computed: each group's prompt about once (twice where a group spans two micro-batches), against 8 times
+    assert ours["computed_tokens_per_step"] == grpo["shared_plan_positions"]
+    assert ours["computed_tokens_per_step"] < grpo["tokens_per_step"] - 2 * 5 * 64
+    assert off["computed_tokens_per_step"] == grpo["tokens_per_step"]  # packed, unshared: every token once
+    assert plain["computed_tokens_per_step"] > grpo["tokens_per_step"]  # padded
+    assert grpo["trained_speedup_vs_plain"] > 0 and grpo["speedup_from_sharing"] > 0
 
 
 @pytest.mark.slow

@@ -170,6 +170,110 @@ def test_defaults_fit_8k_token_trajectories(tiny_model_dir, one_rank_group) -> N
     assert m["batch/action_tokens"] == sum(sum(t.loss_mask) for t in trajs)
 
 
+# --- shared prefixes through the varlen kernel, compiled decoder layers -----------------------------------
+
+
+def grpo_groups(
+    vocab: int, groups: int = 2, per_group: int = 4, prompt: int = 200, seed: int = 0
+) -> list[Trajectory]:
+    """GRPO groups: each group's episodes start with its prompt (mask 0), then continue on their own."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        start = [rng.randrange(vocab) for _ in range(prompt)]
+        for i in range(per_group):
+            rest = rng.randint(40, 300)
+            mask = [0] * prompt + [1 if (j // 24) % 2 == 0 else 0 for j in range(rest)]
+            out.append(
+                Trajectory(
+                    task_id=f"t{g}",
+                    group_id=f"g{g}",
+                    token_ids=start + [rng.randrange(vocab) for _ in range(rest)],
+                    loss_mask=mask,
+                    behavior_logprobs=[-7.8 if m else 0.0 for m in mask],
+                    prompt_len=prompt,
+                    reward=float(i % 2),
+                    passed=bool(i % 2),
+                    finish_reason="submitted",
+                    policy_version=0,
+                )
+            )
+    return out
+
+
+def test_the_varlen_kernel_runs_shared_prefixes_with_the_reference_outputs_and_gradients() -> None:
+    """One varlen call over a shared-prefix row (each remainder's keys gathered behind the prefix's; flash
+    attention's bottom-right causal alignment): the fp32 reference's outputs and q/k/v gradients, to bf16."""
+    from agentrl.train import varlen
+
+    assert varlen.bottom_right_causal(CUDA), (
+        "the varlen kernel should align causal attention to the bottom right"
+    )
+    torch.manual_seed(0)
+    prefix, rests = 1000, [300, 7, 1200, 0, 500]
+    cu = torch.tensor([0, *torch.tensor([prefix, *rests]).cumsum(0).tolist()], dtype=torch.int32, device=CUDA)
+    n = prefix + sum(rests)
+    q = torch.randn(1, 12, n, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)  # GQA, as 1.5B
+    k = torch.randn(1, 2, n, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 2, n, 128, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
+    module = torch.nn.Module()
+    fast, _ = varlen.varlen_attention(module, q, k, v, None, scaling=128**-0.5, cu_seq_lens_q=cu,
+                                      cu_seq_lens_k=cu, shared_prefix_len=prefix)  # fmt: skip
+    weights = torch.randn_like(fast, dtype=torch.float32)
+    fast_grads = torch.autograd.grad((fast.float() * weights).sum(), (q, k, v))
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    layout = varlen.shared_prefix_layout(cu, prefix)
+    ref = varlen._reference_varlen(
+        q32[0].transpose(0, 1), k32[0].transpose(0, 1)[layout.keys], v32[0].transpose(0, 1)[layout.keys],
+        layout.q_bounds, 128**-0.5, cu_k=layout.k_bounds,
+    )[None]  # fmt: skip
+    ref_grads = torch.autograd.grad((ref * weights).sum(), (q32, k32, v32))
+    # Attention outputs are averages of values of size ~1: bf16 rounding leaves ~1e-2 at most.
+    assert (fast.float() - ref).abs().max().item() < 2e-2
+    for name, got, want in zip("qkv", fast_grads, ref_grads, strict=True):
+        err = ((got.float() - want).abs().max() / want.abs().max()).item()
+        assert err < 2e-2, f"d{name}: relative difference {err:.2e}"
+
+
+def test_shared_prefixes_on_the_gpu_give_the_unshared_step_and_compute_less(
+    tiny_model_dir, one_rank_group
+) -> None:  # noqa: F811
+    trajs = grpo_groups(2543)
+    optim = {"packing": "on", "max_tokens_per_micro_batch": 2048, "compile": "off"}
+    off, m_off = step(tiny_model_dir, one_rank_group, trajs, share_prefix="off", **optim)
+    on, m_on = step(tiny_model_dir, one_rank_group, trajs, share_prefix="on", **optim)
+    assert m_on["losses/policy_loss"] == pytest.approx(m_off["losses/policy_loss"], rel=2e-2, abs=1e-4)
+    assert_same_gradients(off, on, rel=0.1)  # two bf16 layouts of one attention: rounding
+    assert m_on["batch/tokens_computed"] < m_off["batch/tokens_computed"] - 2 * 3 * 200  # prompts once
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_compiled_layers_on_the_gpu_give_the_eager_step(
+    tiny_model_dir, one_rank_group, checkpointing
+) -> None:  # noqa: F811
+    """Triton's fused elementwise kernels (what `optim.compile: auto` picks on CUDA) against the eager layers,
+    on the shared-prefix layout: the same loss and gradients to bf16 rounding."""
+    from agentrl.train.compiled import compile_works, resolve_compile
+
+    assert compile_works("cuda") is None, compile_works("cuda")
+    assert resolve_compile("auto", CUDA) is True
+    trajs = grpo_groups(2543, seed=1)
+    optim = {"packing": "on", "share_prefix": "on", "activation_checkpointing": checkpointing}
+    eager, m_eager = step(tiny_model_dir, one_rank_group, trajs, compile="off", **optim)
+    fused, m_fused = step(tiny_model_dir, one_rank_group, trajs, compile="on", **optim)
+    assert m_fused["losses/policy_loss"] == pytest.approx(m_eager["losses/policy_loss"], rel=2e-2, abs=1e-4)
+    assert_same_gradients(eager, fused, rel=0.1)
+
+
+def test_the_gpu_defaults_pack_share_prefixes_and_compile(one_rank_group) -> None:  # noqa: F811
+    from agentrl.train.compiled import resolve_compile
+    from agentrl.train.trainer import trainer_layout
+
+    cfg = TrainConfig(model="m")
+    assert trainer_layout(cfg, one_rank_group) == (True, True)
+    assert resolve_compile(cfg.optim.compile, one_rank_group.device) is True
+
+
 # --- GPU weight transfer (needs vLLM's CUDA build as well) ---------------------------------------------
 
 
@@ -273,9 +377,9 @@ def test_packing_with_activation_checkpointing_on_the_gpu(
     seen: list[tuple[int, int]] = []
     real = varlen._flash_varlen
 
-    def spy(q, k, v, cu, max_len, scale):
+    def spy(q, k, v, cu, max_len, scale, **kw):
         seen.append((max_len, int((cu[1:] - cu[:-1]).max())))
-        return real(q, k, v, cu, max_len, scale)
+        return real(q, k, v, cu, max_len, scale, **kw)
 
     monkeypatch.setattr(varlen, "_flash_varlen", spy)
     trajs = batch_of(2543)

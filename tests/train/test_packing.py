@@ -13,12 +13,15 @@ from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.batch import collate
 from agentrl.train.config import TrainConfig
 from agentrl.train.packing import (
+    MIN_SHARED_PREFIX,
+    common_prefix,
     filler,
     micro_batch_cost,
     packed_inputs,
     plan_micro_batches,
     resolve_packing,
     resolve_share_prefix,
+    shared_cost,
     shared_prefix_inputs,
     shared_prefix_length,
 )
@@ -113,6 +116,92 @@ def test_every_trajectory_is_trained_exactly_once_and_fillers_carry_no_loss() ->
                     for t in mb:
                         if not any(t.loss_mask):
                             assert len(t.token_ids) == 2 and t.task_id.endswith("#filler")
+
+
+def groups(prompts: list[int], per_group: int = 4, seed: int = 0, vocab: int = 50) -> list[Trajectory]:
+    """GRPO groups: each group's episodes share its prompt (`prompts[g]` tokens), then differ; interleaved in
+    the batch (group 0's first, group 1's first, ...), as a sampler hands in nothing sorted."""
+    rng = random.Random(seed)
+    starts = [rng.choices(range(vocab), k=p) for p in prompts]
+    batch = []
+    for i in range(per_group):
+        for g, start in enumerate(starts):
+            rest = rng.randint(3, 20)
+            batch.append(
+                replace(
+                    traj(len(start) + rest, tag=f"{g}.{i}.", vocab=vocab, group=f"g{g}"),
+                    token_ids=start + rng.choices(range(vocab), k=rest),
+                )
+            )
+    return batch
+
+
+def common(mb: list[Trajectory]) -> int:
+    ids = sorted(t.token_ids for t in mb)
+    return common_prefix(ids[0], ids[-1])
+
+
+def test_with_shared_prefixes_a_groups_episodes_are_planned_together_and_cost_the_prompt_once() -> None:
+    batch = groups([40, 50, 60])
+    plan = plan_micro_batches(batch, 1, max_tokens=150, packed=True, share_prefix=True)
+    micro = plan.for_rank(0)
+    assert sorted(id(t) for mb in micro for t in mb) == sorted(id(t) for t in batch)
+    for mb in micro:
+        assert len({t.group_id for t in mb}) == 1  # never two prompts in one micro-batch
+        assert common(mb) >= MIN_SHARED_PREFIX
+        assert shared_cost([len(t.token_ids) for t in mb], common(mb)) <= 150
+    computed = sum(shared_cost([len(t.token_ids) for t in mb], common(mb)) for mb in micro)
+    assert computed < sum(len(t.token_ids) for t in batch) * 0.6  # each prompt once or twice, not 4 times
+    # Without sharing, the same budget mixes the groups by length and computes every prompt 4 times.
+    unshared = plan_micro_batches(batch, 1, max_tokens=150, packed=True).for_rank(0)
+    assert any(len({t.group_id for t in mb}) > 1 for mb in unshared)
+
+
+def test_with_nothing_worth_sharing_the_plan_is_the_unshared_one() -> None:
+    rng = random.Random(3)
+    short = groups([MIN_SHARED_PREFIX - 1, 10], seed=1)  # prompts too short to plan around
+    unrelated = [replace(t, token_ids=rng.choices(range(50), k=len(t.token_ids)))
+                 for t in (traj(rng.randint(5, 80), tag=str(i)) for i in range(13))]  # fmt: skip
+    for batch in (unrelated, short):
+        for world in (1, 2):
+            a = plan_micro_batches(batch, world, max_tokens=100, packed=True, share_prefix=True)
+            b = plan_micro_batches(batch, world, max_tokens=100, packed=True)
+            for r in range(world):
+                assert [[id(t) for t in mb] for mb in a.for_rank(r)] == [
+                    [id(t) for t in mb] for mb in b.for_rank(r)
+                ]
+    with pytest.raises(ValueError, match="share_prefix needs packed"):
+        plan_micro_batches(short, 1, share_prefix=True)
+
+
+def test_shared_prefix_plans_share_the_ranks_and_keep_every_bound() -> None:
+    batch = groups([40, 45, 50, 55, 60], seed=2) + [traj(n, tag=f"x{n}") for n in (70, 12, 33)]
+    for world in (1, 2, 3):
+        for max_sequences in (None, 3):
+            plan = plan_micro_batches(
+                batch, world, max_tokens=160, max_sequences=max_sequences, packed=True, share_prefix=True
+            )
+            assert len({len(plan.for_rank(r)) for r in range(world)}) == 1
+            real = [t for r in range(world) for mb in plan.for_rank(r) for t in mb if any(t.loss_mask)]
+            assert sorted(id(t) for t in real) == sorted(id(t) for t in batch)
+            loads = []
+            for r in range(world):
+                load = 0
+                for mb in plan.for_rank(r):
+                    cost = shared_cost([len(t.token_ids) for t in mb], common(mb) if len(mb) > 1 else 0)
+                    assert len(mb) == 1 or cost <= 160
+                    assert max_sequences is None or len(mb) <= max_sequences
+                    load += cost
+                loads.append(load)
+            assert max(loads) - min(loads) <= 160  # within a micro-batch of each other
+
+
+def test_common_prefix_of_token_lists() -> None:
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([5], [6]) == 0
+    assert common_prefix(list(range(1000)), [*range(777), -1]) == 777
+    assert shared_cost([10, 12, 14], 8) == 10 + 4 + 6
 
 
 def test_the_plan_rejects_bad_budgets() -> None:
@@ -214,3 +303,35 @@ def test_token_budget_and_packed_micro_batches_give_the_padded_loss_and_gradient
         assert m["batch/action_tokens"] == ref_m["batch/action_tokens"]
         assert m["losses/entropy"] == pytest.approx(ref_m["losses/entropy"], rel=1e-5)
         assert_same_gradients(ref, grads)
+
+
+def test_groups_planned_around_their_prompts_give_the_padded_loss_and_gradients(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+) -> None:
+    """Two GRPO groups, each with its own prompt: the shared-prefix plan puts each group's episodes together
+    and computes its prompt once per micro-batch; the loss and the gradients are those of one padded batch."""
+    vocab = 2543
+    trajs = [
+        replace(t, reward=float(i % 3 == 0)) for i, t in enumerate(groups([40, 48], vocab=vocab, seed=4))
+    ]
+    base = dict(model=str(tiny_model_dir), optim={"grad_clip": 1e9})
+    ref, ref_m = grpo_step_gradients(
+        tiny_model_dir,
+        one_rank_group,
+        TrainConfig(
+            **{**base, "optim": {**base["optim"], "max_tokens_per_micro_batch": None, "packing": "off"}}
+        ),
+        trajs,
+    )
+    shared = TrainConfig(
+        **{**base, "optim": {**base["optim"], "max_tokens_per_micro_batch": 150, "share_prefix": "on"}}
+    )
+    grads, m = grpo_step_gradients(tiny_model_dir, one_rank_group, shared, trajs)
+    assert m["losses/policy_loss"] == pytest.approx(ref_m["losses/policy_loss"], rel=1e-5, abs=1e-8)
+    assert m["losses/entropy"] == pytest.approx(ref_m["losses/entropy"], rel=1e-5)
+    assert m["mismatch/logprob_abs_diff"] == pytest.approx(ref_m["mismatch/logprob_abs_diff"], rel=1e-5)
+    assert_same_gradients(ref, grads)
+    tokens = sum(len(t.token_ids) for t in trajs)
+    assert ref_m["batch/tokens_computed"] >= tokens  # padded: every row to its longest
+    assert m["batch/tokens_computed"] < 0.75 * tokens  # each prompt once per micro-batch, not once a sequence

@@ -5,6 +5,7 @@ ordinary padded calls."""
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import pytest
 import torch
@@ -255,3 +256,129 @@ def test_packed_training_forward_and_backward_call_the_kernel_only_with_the_long
     torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5)
     # fp32, two ways of summing the same attention (einsum against sdpa): rounding, relative to each tensor's scale.
     assert_same_gradients(grads, ref_grads, rel=1e-4)
+
+
+# --- shared prefixes: one varlen call, each segment's keys gathered behind the prefix's -------------------
+
+
+def with_prefix(prefix: int, rests: list[int], hq: int = 4, hkv: int = 2, d: int = 16, seed: int = 1):
+    """A shared-prefix row (the prefix, then each remainder) and, for the oracle, every full sequence."""
+    g = torch.Generator().manual_seed(seed)
+    n = prefix + sum(rests)
+    q, k, v = (torch.randn(n, h, d, generator=g, requires_grad=True) for h in (hq, hkv, hkv))
+    cu = torch.tensor([0, *torch.tensor([prefix, *rests]).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu
+
+
+def unshared(q, k, v, cu, prefix: int, scale: float):
+    """The oracle: every sequence written out whole (the prefix copied in front of its remainder), causal
+    attention per sequence (`per_sequence`), and each remainder's rows taken back; the prefix's own rows
+    from the first sequence (they are the same in every one)."""
+    bounds = cu.tolist()
+    seqs = list(itertools.pairwise(bounds[1:]))
+
+    def whole(x):
+        return torch.cat([torch.cat([x[:prefix], x[s:e]]) for s, e in seqs])
+
+    full_cu = torch.tensor([0, *torch.tensor([prefix + e - s for s, e in seqs]).cumsum(0).tolist()])
+    out = per_sequence(whole(q), whole(k), whole(v), full_cu, scale)
+    rows = [out[:prefix]]  # the first sequence's prefix rows
+    for (s, e), start in zip(seqs, full_cu[:-1].tolist(), strict=True):
+        rows.append(out[start + prefix : start + prefix + e - s])
+    return torch.cat(rows)
+
+
+def test_the_shared_prefix_layout_puts_the_prefix_keys_before_each_segments_own() -> None:
+    cu = torch.tensor([0, 3, 5, 8, 8], dtype=torch.int32)  # a prefix of 3; remainders of 2, 3 and 0 tokens
+    layout = varlen.shared_prefix_layout(cu, 3)
+    assert layout.q_bounds == [0, 3, 5, 8]  # the empty remainder has no queries: left out
+    assert layout.k_bounds == [0, 3, 8, 14]
+    assert layout.keys.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7]
+    assert (layout.max_q, layout.max_k) == (3, 6)
+    assert layout.cu_q.dtype == layout.cu_k.dtype == torch.int32
+    with pytest.raises(ValueError, match="shared_prefix_len=4 but the first segment"):
+        varlen.shared_prefix_layout(cu, 4)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "kernel-adapter"])
+def test_shared_prefix_attention_and_its_gradients_are_those_of_the_whole_sequences(
+    monkeypatch, fast
+) -> None:
+    """Through the reference and through the kernel adapter (with a stand-in kernel that has flash attention's
+    bottom-right causal alignment): the outputs of the unshared sequences, and the gradients of q, k and v,
+    with the prefix's key and value gradients summed over every sequence that attends to them."""
+    calls = []
+    if fast:
+
+        def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                   enable_gqa=False):  # fmt: skip
+            assert tuple(window_size) == (-1, 0) and enable_gqa
+            calls.append((cu_q.tolist(), cu_k.tolist(), max_q, max_k))
+            return bottom_right(q, k, v, cu_q, cu_k, scale)
+
+        monkeypatch.setattr(
+            varlen, "_varlen_kernel", lambda: (kernel, frozenset(inspect.signature(kernel).parameters))
+        )
+        monkeypatch.setattr(varlen, "kernel_available", lambda device, dtype: True)
+        monkeypatch.setattr(varlen, "bottom_right_causal", lambda device: True)
+    prefix, rests = 6, [4, 1, 9, 0, 3]
+    q, k, v, cu = with_prefix(prefix, rests)
+    got = _attend(q, k, v, cu, shared_prefix_len=prefix)  # [N, Hq, D]
+    want = unshared(q, k, v, cu, prefix, 0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    weights = torch.randn_like(want)
+    grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    if fast:
+        assert calls == [([0, 6, 10, 11, 20, 23], [0, 6, 16, 23, 38, 47], 9, 15)]
+
+
+def bottom_right(q, k, v, cu_q, cu_k, scale):
+    """Causal attention per sequence with more keys than queries aligned to the bottom right, written out."""
+    out = []
+    groups = q.shape[1] // k.shape[1]
+    for (s, e), (ks, ke) in zip(
+        itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist()), strict=True
+    ):
+        qs, kk, vv = q[s:e], k[ks:ke].repeat_interleave(groups, 1), v[ks:ke].repeat_interleave(groups, 1)
+        n, m = e - s, ke - ks
+        scores = torch.einsum("qhd,khd->hqk", qs, kk) * scale  # [H, n, m]
+        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv))
+    return torch.cat(out)
+
+
+def test_the_kernel_is_trusted_with_shared_prefixes_only_where_it_aligns_causal_to_the_bottom_right(
+    monkeypatch,
+) -> None:
+    """The probe behind `share_prefix: auto` on a GPU: a kernel aligned to the top left (what `sdpa`'s
+    is_causal means for non-square attention) is caught, one aligned as flash attention is passes."""
+    from agentrl.train.packing import resolve_share_prefix
+
+    def make(aligned: str):
+        def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                   enable_gqa=False):  # fmt: skip
+            if aligned == "bottom":
+                return bottom_right(q, k, v, cu_q, cu_k, scale if scale is not None else q.shape[-1] ** -0.5)
+            out = []
+            for (s, e), (ks, ke) in zip(itertools.pairwise(cu_q.tolist()), itertools.pairwise(cu_k.tolist()),
+                                        strict=True):  # fmt: skip
+                out.append(torch.nn.functional.scaled_dot_product_attention(
+                    q[s:e].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1), is_causal=True
+                ).transpose(0, 1))  # fmt: skip
+            return torch.cat(out)
+
+        return kernel, frozenset(inspect.signature(kernel).parameters)
+
+    monkeypatch.setattr(varlen, "kernel_available", lambda device, dtype: True)
+    probe = varlen.bottom_right_causal.__wrapped__  # uncached: one probe per kernel
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(varlen, "_varlen_kernel", lambda: make("top"))
+    assert probe(cpu) is False
+    monkeypatch.setattr(varlen, "bottom_right_causal", probe)
+    assert resolve_share_prefix("auto", True, cpu, bf16=True) is False  # so auto does not share there
+    monkeypatch.setattr(varlen, "_varlen_kernel", lambda: make("bottom"))
+    assert probe(cpu) is True
+    assert resolve_share_prefix("auto", True, cpu, bf16=True) is True
