@@ -7,7 +7,9 @@ for k), SwiGLU (a SiLU and a product over the MLP's widest tensor), the residual
 again in backward. Profiled on an H100 at the 1.5B shape, they took about 43% of the step's GPU
 time against 39% for the matrix products. Compiling each layer's forward (Inductor: Triton kernels
 on CUDA, C++ on the CPU) fuses each run of them into one kernel, forward and backward; the matrix
-products stay cuBLAS calls, and attention stays `agentrl.train.varlen`'s kernel.
+products stay cuBLAS calls, and attention stays `agentrl.train.varlen`'s kernel. The log-prob head's
+work on each chunk of logits (softmax statistics, the logits' gradient) is fused the same way
+(`agentrl.train.logprobs`).
 
 - One compiled function serves every layer of a model class: the layers differ only in their
   weights, which the compiled code takes as inputs. Shapes are dynamic, so a micro-batch of another
@@ -69,6 +71,8 @@ def compile_layers(model: nn.Module, *, backend: str = "inductor") -> int:
         inner.forward = types.MethodType(_compiled(type(inner).forward, backend), inner)
         inner._agentrl_compiled = backend
         done += 1
+    # The log-prob head's elementwise work per chunk, fused too (`agentrl.train.logprobs`).
+    model._agentrl_fused_head = backend  # type: ignore[assignment]
     return done
 
 

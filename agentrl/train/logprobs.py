@@ -18,6 +18,13 @@ On CUDA with bf16 weights the head's matmul writes fp32 directly (`torch.mm(...,
 so logits are not rounded to bf16 before the softmax; elsewhere the matmul runs in the weight's
 dtype and is upcast.
 
+The work on each chunk's [c, V] fp32 logits besides the matmuls (the log-sum-exp, the target's
+log-prob, the entropy; in backward the softmax, the one-hot, the scaling and the cast to the weight's
+dtype) is about ten passes over the chunk in eager mode. With compiled decoder layers
+(`agentrl.train.compiled`) those run as two fused kernels per chunk instead, one forward (`_row_stats`)
+and one backward (`_logit_grad`), which read the logits once and write the bf16 gradient directly;
+the matmuls stay cuBLAS calls.
+
 Under FSDP2 the root module (embeddings, final norm, head) is only gathered around its own
 `forward`; `install` registers the lean forward as another FSDP forward method
 (`torch.distributed.fsdp.register_fsdp_forward_method`), so the head weight is unsharded while
@@ -26,6 +33,7 @@ it runs and its gradient is reduce-scattered like any other.
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from dataclasses import dataclass
@@ -99,6 +107,31 @@ def _addmm_fp32_(acc: Tensor, a: Tensor, b: Tensor) -> None:
         acc += _mm_fp32(a, b)
 
 
+def _row_stats(z: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(log-sum-exp [c], the target's log-prob [c], the entropy [c] or [0]) of fp32 logits z [c, V]."""
+    lse = torch.logsumexp(z, dim=-1)  # [c]
+    logp = z.gather(1, targets[:, None]).squeeze(1) - lse  # [c]
+    if not with_entropy:
+        return lse, logp, z.new_empty(0)
+    logp_all = z - lse[:, None]  # [c, V]
+    return lse, logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def _logit_grad(
+    z: Tensor, lse: Tensor, g: Tensor, targets: Tensor, temperature: float, dtype: torch.dtype
+) -> Tensor:
+    """d(g . logp[target]) / d(logits) in `dtype`: g (onehot(target) - softmax(z)) / temperature, [c, V]."""
+    gz = (z - lse[:, None]).exp() * -g[:, None]  # [c, V]
+    gz = gz.scatter_add(1, targets[:, None], g[:, None])
+    return (gz / temperature).to(dtype)
+
+
+@functools.cache
+def _fused(fn: Any, backend: str) -> Any:
+    """`fn` compiled (one fused kernel over a chunk), any chunk size."""
+    return torch.compile(fn, backend=backend, dynamic=True)
+
+
 def _chunk_logits(h: Tensor, wt: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
     """fp32 logits of one chunk, tempered: [c, H] x [H, V] -> [c, V]."""
     z = _mm_fp32(h, wt)  # [c, V]
@@ -112,7 +145,8 @@ def _chunk_logits(h: Tensor, wt: Tensor, bias: Tensor | None, temperature: float
 class ChunkedLogProbs(torch.autograd.Function):
     """log softmax((h W^T + b) / temperature)[target], row by row in chunks, and (no grad) the entropy.
 
-    Inputs: hidden [N, H], weight [V, H], bias [V] or None, targets [N] int64.
+    Inputs: hidden [N, H], weight [V, H], bias [V] or None, targets [N] int64; `fused`: a torch.compile
+    backend for the elementwise work on each chunk (`_row_stats`, `_logit_grad`), or None (eager).
     Outputs: logp [N] fp32 (differentiable w.r.t. hidden, weight, bias) and entropy [N] fp32
     (or [0] when not asked for; never differentiable). Saved for backward: the inputs and one
     log-sum-exp per row; each chunk's logits are recomputed there.
@@ -128,6 +162,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         temperature: float,
         chunk: int,
         with_entropy: bool,
+        fused: str | None = None,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)  # [N]
@@ -136,6 +171,12 @@ class ChunkedLogProbs(torch.autograd.Function):
         wt = weight.t()  # [H, V]
         for s in range(0, n, chunk):
             z = _chunk_logits(hidden[s : s + chunk], wt, bias, temperature)  # [c, V] fp32
+            if fused:
+                stats = _fused(_row_stats, fused)(z, targets[s : s + chunk], with_entropy)
+                lse[s : s + chunk], logp[s : s + chunk] = stats[0], stats[1]
+                if with_entropy:
+                    entropy[s : s + chunk] = stats[2]
+                continue
             row_lse = torch.logsumexp(z, dim=-1)  # [c]
             lse[s : s + chunk] = row_lse
             logp[s : s + chunk] = z.gather(1, targets[s : s + chunk, None]).squeeze(1) - row_lse
@@ -147,6 +188,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature = temperature
         ctx.chunk = chunk
+        ctx.fused = fused
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -165,14 +207,19 @@ class ChunkedLogProbs(torch.autograd.Function):
             h = hidden[s : s + chunk]  # [c, H]
             g = grad_logp[s : s + chunk]  # [c]
             z = _chunk_logits(h, wt, bias, temperature)  # [c, V]
-            # d logp / d z = onehot(target) - softmax(z), times the incoming gradient; in z's buffer.
-            gz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # [c, V]
-            gz.scatter_add_(1, targets[s : s + chunk, None], g[:, None])
-            if temperature != 1.0:
-                gz /= temperature  # z = logits / temperature
-            if grad_b is not None:
-                grad_b += gz.sum(0)
-            gz_w = gz.to(weight.dtype)  # [c, V] in the matmul dtype (a no-op in fp32)
+            if ctx.fused and grad_b is None:
+                gz_w = _fused(_logit_grad, ctx.fused)(
+                    z, lse[s : s + chunk], g, targets[s : s + chunk], temperature, weight.dtype
+                )  # [c, V] in the matmul dtype
+            else:
+                # d logp / d z = onehot(target) - softmax(z), times the incoming gradient; in z's buffer.
+                gz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # [c, V]
+                gz.scatter_add_(1, targets[s : s + chunk, None], g[:, None])
+                if temperature != 1.0:
+                    gz /= temperature  # z = logits / temperature
+                if grad_b is not None:
+                    grad_b += gz.sum(0)
+                gz_w = gz.to(weight.dtype)  # [c, V] in the matmul dtype (a no-op in fp32)
             if grad_h is not None:
                 grad_h[s : s + chunk] = (gz_w @ weight).to(hidden.dtype)  # [c, H]
             if grad_w is not None:
@@ -181,6 +228,7 @@ class ChunkedLogProbs(torch.autograd.Function):
             grad_h,
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
+            None,
             None,
             None,
             None,
@@ -248,6 +296,7 @@ def _selected_logprobs(
         float(temperature),
         chunk_rows(head.weight.shape[0]),
         with_entropy,
+        getattr(self, "_agentrl_fused_head", None),
     )
     return logp, entropy
 
