@@ -82,7 +82,7 @@ def prefix_savings(batch: list[Any], cfg: Any, info: Any) -> dict[str, int]:
     from agentrl.train.trainer import trainer_micro_batches
 
     whole = shared = 0
-    for mb in trainer_micro_batches(batch, cfg, info, True):
+    for mb in trainer_micro_batches(batch, cfg, info, True, shares_prefix=True):
         rows = collate(mb, 0)
         prefix = shared_prefix_length(rows) if len(mb) > 1 else 0
         n = int(rows.lengths.sum())
