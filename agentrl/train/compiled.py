@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,11 +51,10 @@ def _compiled(forward: Callable[..., Any], backend: str) -> Callable[..., Any]:
     return torch.compile(forward, backend=backend, dynamic=True)
 
 
-def compile_layers(model: nn.Module, *, backend: str = "inductor") -> int:
-    """Compile the forward of every decoder layer of `model` (a transformers causal LM, LoRA adapters or not);
-    before or after `fully_shard` and activation checkpointing. Idempotent; returns how many it compiled."""
-    from agentrl.train.distributed import _decoder_layers
-
+def compile_layers(model: nn.Module, layers: Iterable[nn.Module], *, backend: str = "inductor") -> int:
+    """Compile the forward of each of `layers`, the decoder layers of `model` (a transformers causal LM,
+    LoRA adapters or not: `agentrl.train.distributed.shard_model` finds them); before or after
+    `fully_shard` and activation checkpointing. Idempotent; returns how many it compiled."""
     # Each variant (grad mode, packed or padded, a shared prefix, checkpointing's recompute, a reference
     # model in another dtype) is one more entry of the one compiled function; past the limit dynamo would
     # run the rest eager without a word, so it is raised above what a run can reach.
@@ -63,7 +62,7 @@ def compile_layers(model: nn.Module, *, backend: str = "inductor") -> int:
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, limit, max(getattr(config, limit), 64))
     done = 0
-    for layer in _decoder_layers(model):
+    for layer in layers:
         inner = getattr(layer, "_checkpoint_wrapped_module", layer)
         if getattr(inner, "_agentrl_compiled", None) == backend:
             continue

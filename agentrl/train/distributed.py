@@ -298,7 +298,7 @@ def shard_model(
     if compiled:
         from agentrl.train.compiled import compile_layers
 
-        compile_layers(model)
+        compile_layers(model, _decoder_layers(model))
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if bf16 is None:

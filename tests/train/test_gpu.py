@@ -236,8 +236,9 @@ def test_the_varlen_kernel_runs_shared_prefixes_with_the_reference_outputs_and_g
 
 
 def test_shared_prefixes_on_the_gpu_give_the_unshared_step_and_compute_less(
-    tiny_model_dir, one_rank_group
-) -> None:  # noqa: F811
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+) -> None:
     trajs = grpo_groups(2543)
     optim = {"packing": "on", "max_tokens_per_micro_batch": 2048, "compile": "off"}
     off, m_off = step(tiny_model_dir, one_rank_group, trajs, share_prefix="off", **optim)
@@ -249,8 +250,10 @@ def test_shared_prefixes_on_the_gpu_give_the_unshared_step_and_compute_less(
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_compiled_layers_on_the_gpu_give_the_eager_step(
-    tiny_model_dir, one_rank_group, checkpointing
-) -> None:  # noqa: F811
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    checkpointing: bool,
+) -> None:
     """Triton's fused elementwise kernels (what `optim.compile: auto` picks on CUDA) against the eager layers,
     on the shared-prefix layout: the same loss and gradients to bf16 rounding."""
     from agentrl.train.compiled import compile_works, resolve_compile
