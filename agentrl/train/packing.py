@@ -118,7 +118,8 @@ def plan_micro_batches(
 
     `max_tokens` bounds a micro-batch's cost (`micro_batch_cost`; with `share_prefix`, `shared_cost` for
     the micro-batches of sequences with a common start); `max_sequences` its number of sequences; None
-    leaves that bound off (both None: one micro-batch per rank).
+    leaves that bound off (both None: one micro-batch per rank, and one per group of sequences with a
+    common start).
     """
     if not trajectories:
         raise ValueError("plan_micro_batches got no trajectories")
