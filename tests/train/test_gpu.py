@@ -245,7 +245,7 @@ def test_shared_prefixes_on_the_gpu_give_the_unshared_step_and_compute_less(
     on, m_on = step(tiny_model_dir, one_rank_group, trajs, share_prefix="on", **optim)
     assert m_on["losses/policy_loss"] == pytest.approx(m_off["losses/policy_loss"], rel=2e-2, abs=1e-4)
     assert_same_gradients(off, on, rel=0.1)  # two bf16 layouts of one attention: rounding
-    assert m_on["batch/tokens_computed"] < m_off["batch/tokens_computed"] - 2 * 3 * 200  # prompts once
+    assert m_on["batch/tokens_computed"] <= m_off["batch/tokens_computed"] - 2 * 3 * 200  # prompts once
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
