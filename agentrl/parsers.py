@@ -151,7 +151,11 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constants, parse_float=_finite_float, parse_int=_bounded_int)
+# strict=False: a raw control character inside a string (a tab, or what a grammar-constrained sampler lets
+# through) is taken as itself; the model's meaning is plain and nothing downstream is hurt by it.
+_DECODER = json.JSONDecoder(
+    parse_constant=_no_constants, parse_float=_finite_float, parse_int=_bounded_int, strict=False
+)
 
 
 def _lone_surrogate(value: Any) -> str | None:

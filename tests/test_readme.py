@@ -91,7 +91,9 @@ def test_swebench_instances_snippet(tmp_path, monkeypatch):
     from agentrl.envs.harbor.export import export_swebench
     from tests.envs.test_harbor import _repair_like_task
 
-    export_swebench([_repair_like_task(tmp_path)], tmp_path / "swe")  # swe/instances.jsonl + swe/images/
+    # A test-split instance, as SWE-bench's are: the snippet plays the test split.
+    task = _repair_like_task(tmp_path).model_copy(update={"split": "test"})
+    export_swebench([task], tmp_path / "swe")  # swe/instances.jsonl + swe/images/
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(block("register_instances("), "docs/ENVIRONMENTS.md", "exec"), namespace)

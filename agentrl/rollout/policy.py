@@ -314,6 +314,18 @@ def _engine_args(
 _UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
+def _eos_ids(model: str | Path, tokenizer: Any) -> list[int]:
+    """The ids the engine takes for the model's end of sequence: the tokenizer's EOS and those of the
+    checkpoint's generation_config.json (an int or a list)."""
+    ids = {tokenizer.eos_token_id} - {None}
+    try:
+        listed = json.loads((Path(model) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    ids.update(listed if isinstance(listed, list) else [listed] if isinstance(listed, int) else [])
+    return sorted(ids)
+
+
 class VLLMPolicy:
     """A vLLM engine serving one model to many concurrent rollouts; weights can be pushed in.
 
@@ -438,6 +450,7 @@ class VLLMPolicy:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self._eos_ids = _eos_ids(self.model, self.tokenizer)
         if adapter is not None:
             try:
                 self.load_adapter(adapter, version=version)
@@ -559,6 +572,12 @@ class VLLMPolicy:
             from vllm.sampling_params import StructuredOutputsParams
 
             extra["structured_outputs"] = StructuredOutputsParams(structural_tag=sampling.structural_tag)
+            banned = [i for i in self._eos_ids if i not in sampling.stop_token_ids]
+            if sampling.ignore_eos and banned:
+                # vLLM hands the grammar the model's EOS ids as stop tokens even under ignore_eos; one
+                # sampled there ends the grammar and the rest of the reply is unconstrained text. Banned,
+                # the finished structure can only be followed by one of `stop_token_ids`.
+                extra["logit_bias"] = dict.fromkeys(banned, -100.0)
         return SamplingParams(
             **extra,
             n=1,

@@ -366,7 +366,7 @@ def _generate(run: Run, metrics: dict[str, float]) -> tuple[list[Trajectory], li
     metrics.update(batch.metrics)
     run.progress.curriculum, run.progress.rollout_calls = batch.curriculum_state, batch.rollout_calls
     made = batch.result
-    generated = [t for g in (*made.groups, *made.dropped, *made.surplus) for t in g]
+    generated = [t for g in (*made.groups, *made.dropped, *made.surplus) for t in g] + made.untrainable
     _note_failures(run, generated)
     _note_exhausted_pool(run, metrics)
     return _apply_staleness(made.trajectories, run.producer.policy.version, run.cfg, metrics), generated

@@ -88,7 +88,8 @@ def assert_all_sampled(t: Trajectory, record: RecordingPolicy) -> int:
         assert match, (
             f"the trajectory trains on ids at {start} that the engine did not sample in that context"
         )
-        assert match[0].logprobs[: len(ids)] == lps, "behaviour log-probs differ from the engine's"
+        # Two requests (say, under different constraints) can sample the same ids with other log-probs.
+        assert any(g.logprobs[: len(ids)] == lps for g in match), "behaviour log-probs differ from the engine's"
     return len(runs)
 
 

@@ -73,11 +73,17 @@ def test_tool_choice_is_honoured_at_sampling_time(served):
         async with openai.AsyncOpenAI(base_url=session.url, api_key="unused", max_retries=0) as c:
             ask = dict(model=gw.model_name, messages=MESSAGES, tools=TOOLS, logprobs=True, seed=4)
             free = await c.chat.completions.create(**ask)
-            required = await c.chat.completions.create(**ask, tool_choice="required", n=3)
+            # One call each: past a finished call a random model would as soon write another as end the
+            # turn, and many calls can run into max_tokens.
+            required = await c.chat.completions.create(
+                **ask, tool_choice="required", parallel_tool_calls=False, n=3
+            )
             named = await c.chat.completions.create(
                 **ask, tool_choice={"type": "function", "function": {"name": "submit"}}
             )
-            stream = await c.chat.completions.create(**ask, tool_choice="required", stream=True)
+            stream = await c.chat.completions.create(
+                **ask, tool_choice="required", parallel_tool_calls=False, stream=True
+            )
             chunks = [chunk async for chunk in stream]
             return free, required, named, chunks
 

@@ -70,6 +70,9 @@ class DynamicBatchResult:
     draw_counts: dict[str, int] = field(default_factory=dict)
     mixed_groups: int = 0  # generated groups with both passes and failures
     empty_groups: int = 0  # generated groups none of whose episodes is trainable (all broke)
+    untrainable: list[Trajectory] = field(default_factory=list)
+    """The episodes removed before filtering, with their finish reasons and errors (what the run keeps and
+    says about episodes that ended outside the policy's control)."""
 
     @property
     def full(self) -> bool:
@@ -149,6 +152,7 @@ class DynamicBatch:
         self.mixed = 0
         self.empty = 0
         self.untrainable = 0
+        self.broken: list[Trajectory] = []
         self.draw_counts: dict[str, int] = {"probe": 0, "reprobe": 0, "band": 0, "revisit": 0}
         # DAPO's zero-variance dropping: the config's choice, else the sampler's own.
         chosen = curriculum.config.dynamic_sampling
@@ -189,6 +193,7 @@ class DynamicBatch:
                 self.curriculum.update(group)
             trainable = [t for t in group if t.trainable]
             self.untrainable += len(group) - len(trainable)
+            self.broken.extend(t for t in group if not t.trainable)
             if trainable and all(t.reward >= threshold for t in trainable):
                 self.all_pass += 1
             elif trainable and all(t.reward < threshold for t in trainable):
@@ -217,6 +222,7 @@ class DynamicBatch:
             mixed_groups=self.mixed,
             empty_groups=self.empty,
             untrainable_trajectories=self.untrainable,
+            untrainable=list(self.broken),
             batch_groups=self.batch_groups,
             draw_counts=dict(self.draw_counts),
         )
