@@ -59,11 +59,19 @@ def run_one(out: Path, seed: int, numerics: str, args: argparse.Namespace) -> di
     with (run_dir / "console.txt").open("w") as console:
         rc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, env=os.environ.copy()).returncode
     if rc != 0 or not (run_dir / "demo.json").is_file():
-        return {
+        said = [
+            line for line in (run_dir / "console.txt").read_text().splitlines() if line.startswith("error:")
+        ]
+        row = {
             "seed": seed,
             "numerics": numerics,
             "error": f"agentrl demo exited {rc}; see {run_dir}/console.txt",
+            "said": said[-1][:400] if said else None,
         }
+        # A warm start that never learned to call the tool (its SFT missed the copying transition): GRPO
+        # has no group with a success to learn from and stops. Not a verdict on the recipe, but counted.
+        row["warm_start_never_learned"] = bool(said and "every episode failed" in said[-1])
+        return row
     demo = json.loads((run_dir / "demo.json").read_text())
     paired = demo["paired"]
     k = max(int(key.split("@")[1]) for key in demo["eval"]["before"] if key.startswith("pass@"))
@@ -99,6 +107,7 @@ def summarize(rows: list[dict]) -> dict:
     return {
         "warm_starts": len(rows),
         "finished": len(done),
+        "warm_starts_that_never_learned": sum(bool(r.get("warm_start_never_learned")) for r in rows),
         "gain_mean_points": round(statistics.mean(gains), 1) if gains else None,
         "gain_min_points": min(gains) if gains else None,
         "gain_max_points": max(gains) if gains else None,

@@ -130,9 +130,13 @@ def test_demo_seeds_reads_its_starts_and_summarizes_the_spread():
             "trained": {"pass@1": 0.6 + g / 100},
         }
         for g, s, k in ((10.0, True, 2.0), (4.0, False, -1.0), (-6.0, True, 0.0))
-    ] + [{"error": "agentrl demo exited 1"}]
+    ] + [
+        {"error": "agentrl demo exited 1"},
+        {"error": "agentrl demo exited 2", "warm_start_never_learned": True},
+    ]
     summary = mod.summarize(rows)
-    assert summary["finished"] == 3 and summary["warm_starts"] == 4
+    assert summary["finished"] == 3 and summary["warm_starts"] == 5
+    assert summary["warm_starts_that_never_learned"] == 1
     assert (summary["gain_mean_points"], summary["gain_min_points"], summary["gain_max_points"]) == (
         2.7,
         -6.0,
