@@ -11,7 +11,8 @@ path, another model). For each, `agentrl demo --seed S --numerics N` runs in `--
 start's and the selected model's pass@1 and pass@k on the test split, the paired verdict. One JSON
 document on stdout (and `--out/demo_seeds.json`), a plot in `--out/demo_seeds.png`.
 
-`--reuse-warm-starts DIR` links `DIR/ws-<n><seed>` (n: p or n) in as a run's warm start when it exists
+`--collect` runs nothing and reads the runs already there (an interrupted sweep, or runs made by hand with
+`agentrl demo --out DIR/<seed>-<numerics>`). `--reuse-warm-starts DIR` links `DIR/ws-<n><seed>` (n: p or n) in as a run's warm start when it exists
 and was built by the same recipe (the warm start checks its own hash), to sweep recipes over one set.
 """
 
@@ -56,16 +57,25 @@ def run_one(out: Path, seed: int, numerics: str, args: argparse.Namespace) -> di
     for item in args.set or []:
         cmd += ["--set", item]
     t0 = time.time()
-    with (run_dir / "console.txt").open("w") as console:
-        rc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, env=os.environ.copy()).returncode
+    if args.collect:  # read what an earlier sweep left; a run without demo.json reads as failed
+        rc = 0 if (run_dir / "demo.json").is_file() else 1
+    else:
+        with (run_dir / "console.txt").open("w") as console:
+            rc = subprocess.run(
+                cmd, stdout=console, stderr=subprocess.STDOUT, env=os.environ.copy()
+            ).returncode
     if rc != 0 or not (run_dir / "demo.json").is_file():
         said = [
-            line for line in (run_dir / "console.txt").read_text().splitlines() if line.startswith("error:")
+            line
+            for line in (
+                (run_dir / "console.txt").read_text() if (run_dir / "console.txt").is_file() else ""
+            ).splitlines()
+            if line.startswith("error:")
         ]
         row = {
             "seed": seed,
             "numerics": numerics,
-            "error": f"agentrl demo exited {rc}; see {run_dir}/console.txt",
+            "error": f"agentrl demo {'left no demo.json' if args.collect else f'exited {rc}'}; see {run_dir}/console.txt",
             "said": said[-1][:400] if said else None,
         }
         # A warm start that never learned to call the tool (its SFT missed the copying transition): GRPO
@@ -79,7 +89,7 @@ def run_one(out: Path, seed: int, numerics: str, args: argparse.Namespace) -> di
         "seed": seed,
         "numerics": numerics,
         "dir": str(run_dir),
-        "wall_s": round(time.time() - t0, 1),
+        "wall_s": None if args.collect else round(time.time() - t0, 1),
         "demo_total_s": demo.get("total_s"),
         "selected_step": demo["train"].get("selected_step"),
         "validation": demo["train"].get("validation"),
@@ -157,6 +167,11 @@ def main() -> int:
     ap.add_argument("--set", action="append", help="a GRPO config override for every run (repeatable)")
     ap.add_argument(
         "--reuse-warm-starts", default=None, help="a folder of prebuilt ws-<p|n><seed> warm starts"
+    )
+    ap.add_argument(
+        "--collect",
+        action="store_true",
+        help="run nothing: read the runs already in --out/<seed>-<numerics> (from this sweep or made by hand)",
     )
     args = ap.parse_args()
     out = Path(args.out)
