@@ -240,6 +240,47 @@ LOSS_FIELDS = tuple(f.name for f in fields(LossMetrics))
 """The names of `policy_loss_stats`' values, in order."""
 
 
+def log_policy_ratio(logprobs: Tensor, anchor: Tensor, mask: Tensor, ratio: RatioLevel) -> Tensor:
+    """log ρ [B, T] of `policy_loss` against `anchor` (detached): per token, or GSPO-token per sequence."""
+    zeros = torch.zeros_like(logprobs)  # [B, T]
+    log_ratio = torch.where(mask, logprobs - anchor, zeros)  # [B, T]
+    if ratio == "token":
+        return log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, T]
+    tokens_per_seq = mask.sum(-1).clamp_min(1).to(logprobs.dtype)  # [B]
+    log_seq_ratio = log_ratio.sum(-1) / tokens_per_seq  # [B] log s_b
+    log_seq_ratio = log_seq_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B]
+    # Value s_b, gradient s_b·∇logp: the logp - sg[logp] term is 0 in value, 1 in derivative.
+    return log_seq_ratio.unsqueeze(-1) + (log_ratio - log_ratio.detach())  # [B, T]
+
+
+def clipped_surrogate(ratios: Tensor, advantages: Tensor, clip_low: float, clip_high: float) -> Tensor:
+    """The per-token clipped-surrogate loss -min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high)A) [B, T]."""
+    surrogate = ratios * advantages  # [B, T]
+    clipped = ratios.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [B, T]
+    return -torch.minimum(surrogate, clipped)  # [B, T]
+
+
+def importance_weights(
+    old_logprobs: Tensor,
+    behavior_logprobs: Tensor,
+    mask: Tensor,
+    tis_cap: float,
+    tis_level: ISLevel,
+    tis_mode: ISMode,
+) -> tuple[Tensor, Tensor]:
+    """The detached TIS weights [B, T] of `policy_loss` and where they cut [B, T] (bool, action tokens)."""
+    zeros = torch.zeros_like(old_logprobs)  # [B, T]
+    tis_log = torch.where(mask, old_logprobs - behavior_logprobs, zeros).detach()  # [B, T]
+    if tis_level == "sequence":
+        seq_log = tis_log.sum(-1) / mask.sum(-1).clamp_min(1).to(tis_log.dtype)  # [B] log q_b
+        tis_log = torch.where(mask, seq_log.unsqueeze(-1).expand_as(tis_log), zeros)  # [B, T]
+    tis_ratio = tis_log.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # [B, T]
+    if tis_mode == "mask":
+        inside = (tis_ratio >= 1.0 / tis_cap) & (tis_ratio <= tis_cap)  # [B, T]
+        return torch.where(inside, tis_ratio, zeros), mask & ~inside  # [B, T], [B, T]
+    return tis_ratio.clamp(max=tis_cap), mask & (tis_ratio >= tis_cap)  # [B, T], [B, T]
+
+
 def policy_loss(
     logprobs: Tensor,
     behavior_logprobs: Tensor,
@@ -389,35 +430,15 @@ def policy_loss_stats(
     advantages = advantages.detach()
 
     anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
-    log_ratio = torch.where(mask, logprobs - anchor, zeros)  # [B, T]
-    if ratio == "token":
-        log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, T]
-    else:
-        tokens_per_seq = mask.sum(-1).clamp_min(1).to(logprobs.dtype)  # [B]
-        log_seq_ratio = log_ratio.sum(-1) / tokens_per_seq  # [B] log s_b
-        log_seq_ratio = log_seq_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B]
-        # Value s_b, gradient s_b·∇logp: the logp - sg[logp] term is 0 in value, 1 in derivative.
-        log_ratio = log_seq_ratio.unsqueeze(-1) + (log_ratio - log_ratio.detach())  # [B, T]
+    log_ratio = log_policy_ratio(logprobs, anchor, mask, ratio)  # [B, T]
     ratios = log_ratio.exp()  # [B, T]
-
-    surrogate = ratios * advantages  # [B, T]
-    clipped = ratios.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [B, T]
-    pg_per_token = -torch.minimum(surrogate, clipped)  # [B, T]
+    pg_per_token = clipped_surrogate(ratios, advantages, clip_low, clip_high)  # [B, T]
 
     if tis_cap is not None:
         assert old_logprobs is not None
-        tis_log = torch.where(mask, old_logprobs - behavior_logprobs, zeros).detach()  # [B, T]
-        if tis_level == "sequence":
-            seq_log = tis_log.sum(-1) / mask.sum(-1).clamp_min(1).to(tis_log.dtype)  # [B] log q_b
-            tis_log = torch.where(mask, seq_log.unsqueeze(-1).expand_as(tis_log), zeros)  # [B, T]
-        tis_ratio = tis_log.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # [B, T]
-        if tis_mode == "mask":
-            inside = (tis_ratio >= 1.0 / tis_cap) & (tis_ratio <= tis_cap)  # [B, T]
-            tis_weights = torch.where(inside, tis_ratio, zeros)  # [B, T]
-            tis_cut = mask & ~inside  # [B, T]
-        else:
-            tis_weights = tis_ratio.clamp(max=tis_cap)  # [B, T]
-            tis_cut = mask & (tis_ratio >= tis_cap)  # [B, T]
+        tis_weights, tis_cut = importance_weights(
+            old_logprobs, behavior_logprobs, mask, tis_cap, tis_level, tis_mode
+        )  # [B, T], [B, T]
         pg_per_token = pg_per_token * tis_weights  # [B, T]
     else:
         tis_weights = torch.ones_like(logprobs)  # [B, T]
