@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.placement import Placement
-from agentrl.rollout.policy import VLLMPolicy, _has_cuda
+from agentrl.rollout.vllm_engine import VLLMPolicy, _has_cuda
 from agentrl.rollout.weight_sync import DEFAULT_WEIGHT_CHUNK_BYTES
 
 

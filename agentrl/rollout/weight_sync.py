@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.rollout.placement import Placement
 
-if TYPE_CHECKING:  # torch is imported where it is used: `agentrl.rollout.policy` imports this module cheaply
+if TYPE_CHECKING:  # torch is imported where it is used: `agentrl.rollout.vllm_engine` imports this module cheaply
     import torch
     from torch import nn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.rollout.policy import _device_of, _load_hf, _processed_logprobs
+from agentrl.rollout.hf_policy import _device_of, _load_hf, _processed_logprobs
 
 
 def score_logprobs(model: Any, token_ids: list[int], temperature: float = 1.0) -> list[float]:

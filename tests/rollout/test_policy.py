@@ -96,7 +96,7 @@ def test_sampled_logprobs_are_the_sampling_distribution(policy, tiny_model_dir: 
     # top-p renormalises over the nucleus (vLLM's processed log-probs); the reference does the same.
     import torch
 
-    from agentrl.rollout.policy import _processed_logprobs
+    from agentrl.rollout.hf_policy import _processed_logprobs
 
     nucleus = SamplingConfig(temperature=1.0, top_p=0.5, max_tokens=6, seed=3)
     gen = gather(policy, nucleus, [PROMPTS[0]])[0]

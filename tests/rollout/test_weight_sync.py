@@ -197,9 +197,9 @@ def test_ipc_handles_travel_pickled_and_other_payloads_untouched() -> None:
 
 
 def test_gpu_placement_options_are_refused_on_the_cpu(tiny_model_dir, monkeypatch) -> None:  # noqa: F811
-    import agentrl.rollout.policy
+    import agentrl.rollout.vllm_engine
 
-    monkeypatch.setattr(agentrl.rollout.policy, "_has_cuda", lambda: False)
+    monkeypatch.setattr(agentrl.rollout.vllm_engine, "_has_cuda", lambda: False)
     with pytest.raises(ValueError, match="need CUDA GPUs"):
         VLLMPolicy(tiny_model_dir, in_process=True, devices=[0])
 
@@ -256,17 +256,17 @@ def test_repeated_sleep_wake_with_generation_between_and_pushes_in_chunks(
     time, and the version counts the pushes."""
     from transformers import AutoModelForCausalLM
 
-    import agentrl.rollout.policy as policy_mod
+    import agentrl.rollout.vllm_engine as engine_mod
 
     buckets: list[int] = []
-    real_buckets = policy_mod.buckets
+    real_buckets = engine_mod.buckets
 
     def counted(named, limit, serialize):
         out = real_buckets(named, limit, serialize)
         buckets.append(len(out))
         return out
 
-    monkeypatch.setattr(policy_mod, "buckets", counted)
+    monkeypatch.setattr(engine_mod, "buckets", counted)
     chunk = 1 << 20  # 1 MiB, the tiny model is 14 MB in fp32
     policy = VLLMPolicy(
         tiny_model_dir, in_process=True, dtype="float32", max_model_len=256, weight_bucket_bytes=chunk
