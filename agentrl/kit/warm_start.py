@@ -11,7 +11,10 @@ One recipe (`WarmStartRecipe`), all deterministic from `seed`:
    from the question into the python call, the printed number into `submit`. A tiny model learns to
    copy in a sudden transition after ~8,000 demonstration sequences (an induction-head phase change;
    digit loss stays at ln 10 until then), and at 420 tokens an episode, 85% of them the system
-   prompt, those sequences are what a CPU build cannot afford; at 150 tokens each costs a third;
+   prompt, those sequences are what a CPU build cannot afford; at 150 tokens each costs a third.
+   Some seeds have not come to the transition when the stage ends (their SFT loss stays near 0.2): the
+   stage checks its loss (`short_fit_loss`) and trains on from where it stands, `short_round_epochs`
+   more passes at a time, up to `short_max_rounds` extra rounds, then fails with a one-line message;
 3. the main stage: demonstrations in the environment's own context (the token ids RL will see), a
    short SFT from the short stage's checkpoint: it learns to look past the tool schemas (a model
    that copies well in the short context copies nothing in the long one before this stage);
@@ -62,6 +65,19 @@ RECORD_FILE = "agentrl_warm_start.json"
 # otherwise, and 832 steps make that another model (docs/DEMO.md).
 WARM_START_VERSION = 3
 _EVAL_FIELDS = ("eval_tasks", "eval_samples", "eval_temperature", "eval_split", "eval_seed")
+# Fields of the tiny model built from scratch (its short stage): a build from a checkpoint has none.
+_SHORT_FIELDS = (
+    "model_overrides",
+    "short_demos",
+    "short_epochs",
+    "short_lr",
+    "short_fit_loss",
+    "short_round_epochs",
+    "short_max_rounds",
+)
+# Steps at the end of an SFT whose mean loss says whether it fitted: one step's batch of 16 sequences
+# is noisy (a learned main stage's last 16 steps spread 0.007-0.031), 16 steps are an epoch's quarter.
+_TAIL_STEPS = 16
 
 
 class WarmStartRecipe(BaseModel):
@@ -109,6 +125,26 @@ class WarmStartRecipe(BaseModel):
     )
     short_epochs: int = Field(12, ge=1, description="SFT passes over the short-context demonstrations.")
     short_lr: float = Field(1e-3, gt=0, description="SFT peak learning rate of the short stage.")
+    short_fit_loss: float | None = Field(
+        0.06,
+        gt=0,
+        description="The short stage has learned to copy when its SFT loss per action token (the mean of its "
+        "last 16 steps) is at most this; above it, extra rounds train on from where it stands. The short "
+        "stages that learned ended at 0.004-0.023, the two that never did at 0.164 and 0.236 (docs/DEMO.md): "
+        "0.06 is 2.6x from either. None: no check (the stage ends after `short_epochs`, learned or not).",
+    )
+    short_round_epochs: int = Field(
+        4,
+        ge=1,
+        description="SFT passes over the same short-context demonstrations in each extra round (a fresh warm-up "
+        "and decay at `short_lr`, from the checkpoint the stage ended at).",
+    )
+    short_max_rounds: int = Field(
+        2,
+        ge=0,
+        description="Most extra rounds of the short stage while its loss is above `short_fit_loss`; still above "
+        "after them, the build fails and says so (another seed builds another model).",
+    )
     demos: int = Field(
         256, ge=1, description="Oracle demonstrations in the environment's own context (one per train task)."
     )
@@ -164,9 +200,7 @@ class WarmStartRecipe(BaseModel):
             raise ValueError("target_pass needs the held-out measurement: set eval_tasks above 0")
         fields = type(self).model_fields
         scratch = [  # set to other than their defaults (a dump read back sets every field)
-            f
-            for f in ("model_overrides", "short_demos", "short_epochs", "short_lr")
-            if getattr(self, f) != fields[f].get_default(call_default_factory=True)
+            f for f in _SHORT_FIELDS if getattr(self, f) != fields[f].get_default(call_default_factory=True)
         ]
         if self.start_from is not None and scratch:
             raise ValueError(
@@ -185,6 +219,13 @@ class WarmStartRecipe(BaseModel):
         fields = self.model_dump(exclude=set(_EVAL_FIELDS))
         for added in ("start_from", "round_epochs"):  # unset, the hash of an older recipe stays what it was
             if fields[added] is None:
+                del fields[added]
+        # The short stage's check at its defaults builds the model it built before the check whenever
+        # the stage learns the first time, so those caches keep their hash; a cache whose short stage did
+        # not learn was built without the check, and `_built_before_the_check` rebuilds it.
+        defaults = type(self).model_fields
+        for added in ("short_fit_loss", "short_round_epochs", "short_max_rounds"):
+            if fields[added] == defaults[added].get_default():
                 del fields[added]
         return fields
 
@@ -270,6 +311,9 @@ def warm_start(
             "pass an empty or new directory (warm_start never overwrites files it did not write)"
         )
     reused = not force and record is not None and record.get("hash") == digest and have_model
+    if reused and _built_before_the_check(record, recipe):
+        _log(f"{out}: its short stage never learned to copy (built before the check): rebuilding")
+        reused = False
     if not reused:
         record = _build(out, recipe, digest, threads)
     assert record is not None
@@ -312,22 +356,9 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
         start = _measure_start(base, recipe)
         if start is not None and start["pass_at_1"] >= recipe.target_pass:
             return _already_there(out, work, base, recipe, digest, t0, start)
+        short_rounds: list[dict[str, Any]] = []
         if recipe.short_stage:
-            short = _stage(
-                "short",
-                work,
-                base,
-                tokenizer,
-                recipe,
-                recipe.short_demos,
-                recipe.short_env_kwargs,
-                recipe.short_epochs,
-                recipe.short_lr,
-                threads,
-                stages,
-                keep_files=False,
-            )
-            base = short
+            base, short_rounds = _short_stage(work, base, tokenizer, recipe, threads, stages)
         model = _main_stage(work, base, tokenizer, recipe, threads, stages)
         rounds = _rounds_to_target(work, model, tokenizer, recipe, threads, stages)
         if start is not None:
@@ -345,6 +376,8 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
                 "sft_first_loss": main["sft_first_loss"],
                 "sft_last_loss": main["sft_last_loss"],
                 "rounds": rounds,
+                # The short stage's first pass (round 0) and its extra rounds, each with its loss.
+                "short_rounds": short_rounds,
             },
             # Rounds measured as they went; the last one is the model's measurement.
             "measurement": rounds[-1]["measurement"] if rounds else None,
@@ -473,10 +506,107 @@ def _stage(
             "sft_steps": len(losses),
             "sft_first_loss": losses[0],
             "sft_last_loss": losses[-1],
+            "sft_tail_loss": sum(losses[-_TAIL_STEPS:]) / len(losses[-_TAIL_STEPS:]),
         }
     )
     _log(f"{name}: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return out
+
+
+class ShortStageNotLearned(RuntimeError):
+    """The short stage's loss stayed above `short_fit_loss` after its extra rounds."""
+
+
+def _short_stage(
+    work: Path,
+    base: Path,
+    tokenizer: Any,
+    recipe: WarmStartRecipe,
+    threads: int,
+    stages: list[dict[str, Any]],
+    stage: Any = None,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """The short stage, then while its loss says it has not learned to copy (`short_fit_loss`), extra rounds
+    of `short_round_epochs` passes over its demonstrations from the checkpoint it ended at, up to
+    `short_max_rounds`. Returns the checkpoint and each round's record (round 0: the stage itself).
+
+    A stage that learns the first time runs exactly as it did before the check. `stage` stands in for
+    `_stage` (tests)."""
+    stage = stage or _stage
+    model = stage(
+        "short",
+        work,
+        base,
+        tokenizer,
+        recipe,
+        recipe.short_demos,
+        recipe.short_env_kwargs,
+        recipe.short_epochs,
+        recipe.short_lr,
+        threads,
+        stages,
+        keep_files=False,
+    )
+    demos = work / "short-demos.jsonl"  # left in `work` by a stage that does not keep its files
+    rounds = [_short_round(0, stages[-1], stages[-1]["sft_steps"], recipe)]
+    while rounds[-1]["learned"] is False:
+        k = len(rounds)
+        last = rounds[-1]
+        if k > recipe.short_max_rounds:
+            raise ShortStageNotLearned(
+                f"the short stage of seed {recipe.seed} did not learn to copy: its SFT loss is "
+                f"{last['sft_tail_loss']:.3f} per action token after {last['sft_steps']} steps "
+                f"({k - 1} extra round(s)), above {recipe.short_fit_loss} (stages that learn end near 0.01); "
+                "this seed builds no warm start with this recipe: use another seed"
+            )
+        _log(
+            f"short stage has not learned to copy (loss {last['sft_tail_loss']:.3f} > {recipe.short_fit_loss} "
+            f"after {last['sft_steps']} steps): extra round {k} of {recipe.short_max_rounds}, "
+            f"{recipe.short_round_epochs} more passes"
+        )
+        model = stage(
+            f"short-round-{k}",
+            work,
+            model,
+            tokenizer,
+            recipe,
+            recipe.short_demos,
+            recipe.short_env_kwargs,
+            recipe.short_round_epochs,
+            recipe.short_lr,
+            threads,
+            stages,
+            keep_files=False,
+            demos=demos,
+        )
+        rounds.append(_short_round(k, stages[-1], last["sft_steps"] + stages[-1]["sft_steps"], recipe))
+    if len(rounds) > 1:
+        _log(
+            f"short stage learned to copy after {len(rounds) - 1} extra round(s), {rounds[-1]['sft_steps']} steps"
+        )
+    return model, rounds
+
+
+def _short_round(k: int, entry: dict[str, Any], steps: int, recipe: WarmStartRecipe) -> dict[str, Any]:
+    """Round `k`'s record from its stage entry: `learned` is None without the check."""
+    tail = entry.get("sft_tail_loss", entry["sft_last_loss"])
+    return {
+        "round": k,
+        "sft_steps": steps,
+        "sft_last_loss": entry["sft_last_loss"],
+        "sft_tail_loss": tail,
+        "learned": None if recipe.short_fit_loss is None else tail <= recipe.short_fit_loss,
+    }
+
+
+def _built_before_the_check(record: dict[str, Any], recipe: WarmStartRecipe) -> bool:
+    """A cache with this recipe's hash whose short stage never learned: built before the short stage checked
+    its loss (the check adds no field to the hash at its defaults), so this recipe builds another model."""
+    build = record.get("build") or {}
+    if recipe.short_fit_loss is None or not recipe.short_stage or "short_rounds" in build:
+        return False
+    short = [s for s in build.get("stages") or [] if s.get("stage") == "short"]
+    return bool(short) and short[0]["sft_last_loss"] > recipe.short_fit_loss
 
 
 def _main_stage(
