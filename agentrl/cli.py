@@ -712,7 +712,7 @@ def train_cmd(
     there is one (same config, or --force). Ctrl-C saves a checkpoint and says how to continue.
     """
     from agentrl.train.config import load_config
-    from agentrl.train.trainer import launch
+    from agentrl.train.launch import launch
 
     overrides = list(ctx.args)
     given = "ray_address" in settings.get("cluster", {}) or any(

@@ -212,7 +212,8 @@ def run_arm(
     from agentrl.train.curriculum import build_curriculum
     from agentrl.train.distributed import init_distributed, shard_model
     from agentrl.train.producer import RolloutProducer
-    from agentrl.train.trainer import grpo_step, train_placement
+    from agentrl.train.trainer import train_placement
+    from agentrl.train.update import grpo_step
 
     cfg = base_config(args, model_dir, out / f"{arm}-seed{seed}", seed, arm)
     info = init_distributed()

@@ -6,7 +6,7 @@
 Per shape, two ways to train the same model on the same synthesized agentic batch
 (`benchmarks/train_gpu.py`'s: groups of trajectories, sampled spans and tool observations in turn):
 
-- `full`: `agentrl.train.trainer.grpo_step` at the defaults, every weight in AdamW (fp32 master weights);
+- `full`: `agentrl.train.update.grpo_step` at the defaults, every weight in AdamW (fp32 master weights);
 - `lora`: the same step with `model.lora` (peft adapters, rank `--rank`, all linear layers), only the
   adapters in AdamW.
 
@@ -60,7 +60,7 @@ def variant(name: str, source: Any, trajs: list[Any], info: Any, args: Any, rank
     from agentrl.train.config import LoraSettings, TrainConfig
     from agentrl.train.distributed import shard_model
     from agentrl.train.lora import apply_lora, trainable_parameters
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     cfg = TrainConfig(model="(random init)", optim={"lr": 1e-4 if rank else 1e-6})
 

@@ -11,7 +11,7 @@ of one task) share their question too, so the demo saves at least this much. The
 settings are `examples/calc_grpo.yaml`'s (two epochs of two mini-batches, 8 sequences a micro-batch,
 positives only). Both arms (`optim.share_prefix` on and off) are built from the same weights and
 stepped in turn, round after round, so they see the same machine load; the timed part is
-`agentrl.train.trainer.grpo_step` (one process, FSDP2 on a one-rank gloo group, as the demo's ranks run it).
+`agentrl.train.update.grpo_step` (one process, FSDP2 on a one-rank gloo group, as the demo's ranks run it).
 
 Prints ONE JSON object: tokens of the batch, how many of them the shared prefixes save, per arm the
 median step time, the speed-up, and how far apart the two arms' parameters are after the same steps
@@ -79,7 +79,7 @@ def prefix_savings(batch: list[Any], cfg: Any, info: Any) -> dict[str, int]:
     """Tokens the update's forward passes run per pass over the batch, whole and with prefixes held once."""
     from agentrl.train.batch import collate
     from agentrl.train.packing import shared_prefix_length
-    from agentrl.train.trainer import trainer_micro_batches
+    from agentrl.train.update import trainer_micro_batches
 
     whole = shared = 0
     for mb in trainer_micro_batches(batch, cfg, info, True, shares_prefix=True):
@@ -103,7 +103,7 @@ def main() -> int:
     from agentrl.kit.tiny_model import init_tiny
     from agentrl.kit.warm_start import WarmStartRecipe
     from agentrl.train.distributed import init_distributed
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     info = init_distributed()
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-prefix-") as tmp:

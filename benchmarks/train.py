@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agentrl.kit.tiny_model import init_tiny
 from agentrl.train.config import TrainConfig
-from agentrl.train.trainer import launch
+from agentrl.train.launch import launch
 
 
 def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> dict:

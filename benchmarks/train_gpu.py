@@ -12,7 +12,7 @@ The batch is synthesized like an agentic GRPO batch: 64 trajectories (8 groups x
 tokens, a prompt, then alternating sampled spans (loss mask 1) and tool observations (mask 0),
 rewards that vary within each group. Measured, in this run, on that same batch:
 
-- `ours`: `agentrl.train.trainer.grpo_step` at the default settings (token-budget micro-batches, packed
+- `ours`: `agentrl.train.update.grpo_step` at the default settings (token-budget micro-batches, packed
   through the varlen attention where its kernel runs, shared prefixes held once, decoder layers
   compiled where `optim.compile: auto` compiles them (CUDA), lean log-probs);
 - `ours_packing_off` / `ours_packing_on`: the same with the packing mode the defaults did not
@@ -412,7 +412,7 @@ def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: An
     from agentrl.train.compiled import resolve_compile
     from agentrl.train.config import TrainConfig
     from agentrl.train.distributed import shard_model
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     budget = (
         {"max_tokens_per_micro_batch": args.max_tokens_per_micro_batch}

@@ -49,7 +49,7 @@ def grpo_step_gradients(
 
     from agentrl.train.compiled import resolve_compile
     from agentrl.train.distributed import shard_model
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(info.device)
     bf16 = bool(cfg.optim.bf16)  # unset means fp32 here, on any device: the comparisons are fp32 ones

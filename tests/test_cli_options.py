@@ -185,10 +185,10 @@ def test_an_option_cannot_be_generated_twice_or_over_a_command_option():
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
-    import agentrl.train.trainer as trainer
+    import agentrl.train.launch as launch_mod
 
     configs: list[TrainConfig] = []
-    monkeypatch.setattr(trainer, "launch", lambda cfg, **kwargs: configs.append(cfg) or "launched")
+    monkeypatch.setattr(launch_mod, "launch", lambda cfg, **kwargs: configs.append(cfg) or "launched")
     return configs
 
 

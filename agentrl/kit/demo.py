@@ -167,9 +167,9 @@ def _train(
     evaluations on the validation split; returns the config and the checkpoint selection kept."""
     from agentrl.runlog import Stage, count_lines
     from agentrl.train.config import load_config
+    from agentrl.train.launch import launch
     from agentrl.train.plot import plot_training
     from agentrl.train.selection import RULE, read_choice
-    from agentrl.train.trainer import launch
 
     overrides = [f"model={warm}", f"out={out / 'train'}"]
     if s.quick:

@@ -84,7 +84,7 @@ def test_a_batch_from_both_engines_trains_and_the_push_reaches_every_engine(
 
     from agentrl.train.config import TrainConfig
     from agentrl.train.distributed import full_state_dict, shard_model
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     served_before = list(policy.served)
     cfg = RolloutConfig(

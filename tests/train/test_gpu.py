@@ -270,7 +270,7 @@ def test_compiled_layers_on_the_gpu_give_the_eager_step(
 
 def test_the_gpu_defaults_pack_share_prefixes_and_compile(one_rank_group) -> None:  # noqa: F811
     from agentrl.train.compiled import resolve_compile
-    from agentrl.train.trainer import trainer_layout
+    from agentrl.train.update import trainer_layout
 
     cfg = TrainConfig(model="m")
     assert trainer_layout(cfg, one_rank_group) == (True, True)
@@ -580,7 +580,7 @@ def test_lora_trains_only_the_adapters_on_the_gpu_packed_bf16(tiny_model_dir, on
     from agentrl.train.distributed import shard_model
     from agentrl.train.logprobs import action_logprobs
     from agentrl.train.lora import adapter_files, apply_lora, trainable_parameters
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     trajs = batch_of(2543)
     cfg = TrainConfig(

@@ -10,14 +10,15 @@ from agentrl.rollout.placement import Placement
 
 def test_launch_refuses_nproc_before_starting_anything(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """`agentrl train --nproc 2` on a one-GPU machine: the placement error, not a torchrun crash."""
+    import agentrl.train.launch as launch_mod
     import agentrl.train.trainer as train_mod
     from agentrl.train.config import TrainConfig
 
     monkeypatch.setattr(train_mod, "visible_gpus", lambda: 1)
     started = []
-    monkeypatch.setattr(train_mod, "run_ranks", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(launch_mod, "run_ranks", lambda *a, **k: started.append(a))
     with pytest.raises(UserError, match="--nproc 2 needs 2 GPUs"):
-        train_mod.launch(TrainConfig(model=str(tmp_path), out=str(tmp_path / "run")), nproc=2)
+        launch_mod.launch(TrainConfig(model=str(tmp_path), out=str(tmp_path / "run")), nproc=2)
     assert started == []
 
 

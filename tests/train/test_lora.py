@@ -134,7 +134,7 @@ def test_lora_lowers_the_loss_and_changes_only_the_adapters(
 
 def test_grpo_step_trains_the_adapters_of_a_sharded_model(tiny_model_dir, one_rank_group) -> None:  # noqa: F811
     from agentrl.train.distributed import full_state_dict, shard_model
-    from agentrl.train.trainer import grpo_step
+    from agentrl.train.update import grpo_step
 
     cfg = TrainConfig(
         model={"path": str(tiny_model_dir), "lora": LORA.model_dump()}, optim={"lr": 1e-2, "mini_batches": 2}

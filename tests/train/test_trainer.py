@@ -185,7 +185,7 @@ def test_token_staleness_counts_each_sampled_token_by_the_version_it_came_from()
 
 
 def test_learning_rate_warms_up_linearly_over_optimizer_steps():
-    from agentrl.train.trainer import learning_rate
+    from agentrl.train.update import learning_rate
 
     cfg = TrainConfig(model="m", optim={"lr": 1e-4, "warmup_steps": 4})
     assert [learning_rate(cfg, u) for u in range(6)] == pytest.approx(
@@ -299,7 +299,7 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     gradient, so the optimizer steps do not run it. Every step's gradients, the loss and the mismatch
     metrics (still over every trajectory) are those of running the whole batch; a mini-batch with no
     positive at all still steps, with zero gradients."""
-    from agentrl.train import trainer
+    from agentrl.train import update
 
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     trajs = [  # rewards 0, 1, 0, 1 in each group; versions per token, as a real rollout records them
@@ -312,7 +312,7 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
         optim={"grad_clip": 1e9, "epochs": 2, "mini_batches": 2, "micro_batch_size": 2},
     )
     ran: list[int] = []
-    real = trainer._micro_batch_backward
+    real = update._micro_batch_backward
 
     def counting(model, mb, *args, **kwargs):
         ran.append(sum(1 for t in mb if any(t.loss_mask)))
@@ -320,11 +320,11 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
 
     everything = lambda self, t: True  # noqa: E731  (the step before the skip: every trajectory runs)
     with monkeypatch.context() as m:
-        m.setattr(trainer, "_micro_batch_backward", counting)
+        m.setattr(update, "_micro_batch_backward", counting)
         lean_steps: list[dict] = []
         _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, lean_steps)
         lean_rows, ran[:] = sum(ran), []
-        m.setattr(trainer._BatchContext, "trains", everything)
+        m.setattr(update._BatchContext, "trains", everything)
         full_steps: list[dict] = []
         _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, full_steps)
     assert (lean_rows, sum(ran)) == (2 * 6, 2 * 12)  # 2 passes over 6 positives, against 12 trajectories
@@ -342,7 +342,7 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     for batch in (trajs, negatives + trajs[1:2], negatives):  # one positive in all; then none
         _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
         with monkeypatch.context() as m:
-            m.setattr(trainer._BatchContext, "trains", everything)
+            m.setattr(update._BatchContext, "trains", everything)
             _, full = grpo_step_gradients(tiny_model_dir, one_rank_group, one, batch)
         for key in ("losses/policy_loss", "mismatch/logprob_abs_diff", "mismatch/is_ratio_p50"):
             assert lean[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
