@@ -442,6 +442,7 @@ def ours(name: str, shape: dict[str, Any], trajs: list[Any], info: Any, args: An
 def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: Any) -> Variant:
     """What one would write first: fixed-count padded micro-batches, full logits, fp32 log-softmax."""
     from agentrl.train.batch import collate, sequence_logprobs
+    from agentrl.train.config import LossSettings
     from agentrl.train.grpo import group_advantages, policy_loss
 
     bf16 = device.type == "cuda"
@@ -467,8 +468,8 @@ def plain(shape: dict[str, Any], trajs: list[Any], device: torch.device, args: A
                 batch.behavior_logprobs,
                 adv[s : s + k].to(device),
                 batch.loss_mask,
+                LossSettings(),  # the defaults, as `ours` trains with (TIS capped at 2)
                 old_logprobs=logp.detach(),
-                tis_cap=2.0,
                 logits=logits.detach(),
                 denominator=tokens,
             )

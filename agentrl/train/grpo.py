@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from agentrl.train.batch import token_entropy
-from agentrl.train.config import AdvantageScale, ISLevel, ISMode, LossAggregation, RatioLevel
+from agentrl.train.config import AdvantageScale, ISLevel, ISMode, LossAggregation, LossSettings, RatioLevel
 
 # exp() of a log-ratio beyond this is either clipped away or a numerical accident; clamping
 # the log-ratio (as verl does) keeps one wild token from producing inf.
@@ -227,7 +227,7 @@ class LossMetrics:
 
     @classmethod
     def from_stats(cls, stats: Sequence[float], *, entropy: bool) -> LossMetrics:
-        """The metrics from `policy_loss_stats`' values (`entropy`: whether the entropy was measured)."""
+        """The metrics from `LossStats.values` (`entropy`: whether the entropy was measured)."""
         names = [f.name for f in fields(cls)]
         values: dict[str, Any] = dict(zip(names, stats, strict=True))
         values["entropy"] = values["entropy"] if entropy else None
@@ -237,7 +237,7 @@ class LossMetrics:
 
 
 LOSS_FIELDS = tuple(f.name for f in fields(LossMetrics))
-"""The names of `policy_loss_stats`' values, in order."""
+"""The names of `LossStats.values`, in order."""
 
 
 def log_policy_ratio(logprobs: Tensor, anchor: Tensor, mask: Tensor, ratio: RatioLevel) -> Tensor:
@@ -281,27 +281,47 @@ def importance_weights(
     return tis_ratio.clamp(max=tis_cap), mask & (tis_ratio >= tis_cap)  # [B, T], [B, T]
 
 
+@dataclass(frozen=True)
+class LossStats:
+    """The metrics of one `policy_loss` call as it leaves them: on the device, detached, fp32, so that a
+    trainer can add them up over micro-batches without a device sync per call. By name: `stats["loss"]`
+    (a 0-d tensor); all of them read at once (one sync): `stats.metrics()`, a `LossMetrics`."""
+
+    values: Tensor
+    """[len(LOSS_FIELDS)]: the value of each `LossMetrics` field, in `LOSS_FIELDS` order."""
+    entropy_measured: bool
+    """Whether the call was given entropies or logits (otherwise the entropy metric is None)."""
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.values[LOSS_FIELDS.index(name)]
+
+    def metrics(self) -> LossMetrics:
+        return LossMetrics.from_stats(self.values.tolist(), entropy=self.entropy_measured)
+
+    @staticmethod
+    def named(summed: Sequence[float], prefix: str = "") -> dict[str, float]:
+        """Sums of `values` over calls (weighted or not), by metric name."""
+        return {prefix + name: v for name, v in zip(LOSS_FIELDS, summed, strict=True)}
+
+
 def policy_loss(
     logprobs: Tensor,
     behavior_logprobs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    agg: LossAggregation = "token-mean",
-    ratio: RatioLevel = "token",
+    settings: LossSettings,
     *,
     old_logprobs: Tensor | None = None,
-    tis_cap: float | None = None,
     ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
     logits: Tensor | None = None,
     entropy: Tensor | None = None,
     denominator: float | None = None,
-    tis_level: ISLevel = "token",
-    tis_mode: ISMode = "truncate",
-) -> tuple[Tensor, LossMetrics]:
-    """Clipped surrogate loss for GRPO-family updates; returns (scalar loss to minimise, metrics).
+) -> tuple[Tensor, LossStats]:
+    """Clipped surrogate loss for GRPO-family updates; returns (scalar loss to minimise, its metrics).
+
+    `settings` are the run's `loss:` section (`LossSettings`: clip_low, clip_high, agg, ratio, kl_coef,
+    tis_cap, tis_level, tis_mode); the tensors of one micro-batch are the arguments. The metrics stay on
+    the device (`LossStats`): a trainer adds them up over micro-batches and reads them once.
 
     Per action token (b, t), with the ratio ρ against the policy that anchors the trust region:
 
@@ -345,51 +365,63 @@ def policy_loss(
     gradient (not NaN); a one-token sequence's GSPO ratio is its token ratio; all-zero
     advantages give loss 0 and gradient 0 (plus the KL term if any).
     """
-    loss, stats = policy_loss_stats(
-        logprobs,
-        behavior_logprobs,
-        advantages,
-        loss_mask,
-        clip_low,
-        clip_high,
-        agg,
-        ratio,
-        old_logprobs=old_logprobs,
-        tis_cap=tis_cap,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        logits=logits,
-        entropy=entropy,
-        denominator=denominator,
-        tis_level=tis_level,
-        tis_mode=tis_mode,
-    )
-    return loss, LossMetrics.from_stats(stats.tolist(), entropy=entropy is not None or logits is not None)
+    _check_loss_inputs(logprobs, behavior_logprobs, loss_mask, settings, old_logprobs, ref_logprobs)
+    clip_low, clip_high, agg = settings.clip_low, settings.clip_high, settings.agg
+    tis_cap, kl_coef = settings.tis_cap, settings.kl_coef
+    mask = loss_mask.bool()  # [B, T]
+    zeros = torch.zeros_like(logprobs)  # [B, T]
+    if advantages.dim() == 1:
+        advantages = broadcast_advantages(advantages.to(logprobs.dtype), loss_mask)  # [B, T]
+    elif advantages.shape != loss_mask.shape:
+        raise ValueError(
+            f"advantages must be [B] or [B, T] = {tuple(loss_mask.shape)}, got {tuple(advantages.shape)}"
+        )
+    advantages = advantages.detach()
+
+    anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
+    log_ratio = log_policy_ratio(logprobs, anchor, mask, settings.ratio)  # [B, T]
+    ratios = log_ratio.exp()  # [B, T]
+    pg_per_token = clipped_surrogate(ratios, advantages, clip_low, clip_high)  # [B, T]
+
+    if tis_cap is not None:
+        assert old_logprobs is not None
+        tis_weights, tis_cut = importance_weights(
+            old_logprobs, behavior_logprobs, mask, tis_cap, settings.tis_level, settings.tis_mode
+        )  # [B, T], [B, T]
+        pg_per_token = pg_per_token * tis_weights  # [B, T]
+    else:
+        tis_weights = torch.ones_like(logprobs)  # [B, T]
+        tis_cut = torch.zeros_like(mask)  # [B, T]
+
+    pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
+    loss = pg_loss
+    kl_per_token = None
+    if ref_logprobs is not None:
+        # Masked inputs (not only a masked sum): no padded garbage may reach exp() or its gradient.
+        kl_per_token = k3_kl(
+            torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros)
+        )  # [B, T]
+        loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
+
+    stats = _loss_stats(
+        loss, pg_loss, ratios, log_ratio, advantages, mask, settings, kl_per_token, tis_weights, tis_cut,
+        entropy, logits,
+    )  # fmt: skip
+    return loss, LossStats(stats, entropy_measured=entropy is not None or logits is not None)
 
 
-def policy_loss_stats(
+def _check_loss_inputs(
     logprobs: Tensor,
     behavior_logprobs: Tensor,
-    advantages: Tensor,
     loss_mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    agg: LossAggregation = "token-mean",
-    ratio: RatioLevel = "token",
-    *,
-    old_logprobs: Tensor | None = None,
-    tis_cap: float | None = None,
-    ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    logits: Tensor | None = None,
-    entropy: Tensor | None = None,
-    denominator: float | None = None,
-    tis_level: ISLevel = "token",
-    tis_mode: ISMode = "truncate",
-) -> tuple[Tensor, Tensor]:
-    """`policy_loss` with its metrics left on the device: (loss, stats [14], the values of `LossMetrics`'
-    fields in their order, fp32), so that a trainer can add them up over micro-batches and read them once.
-    """
+    settings: LossSettings,
+    old_logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+) -> None:
+    """`policy_loss`'s inputs, each wrong one a ValueError that says what to pass."""
+    clip_low, clip_high, ratio = settings.clip_low, settings.clip_high, settings.ratio
+    kl_coef, tis_cap = settings.kl_coef, settings.tis_cap
+    tis_level, tis_mode = settings.tis_level, settings.tis_mode
     if logprobs.shape != loss_mask.shape or behavior_logprobs.shape != loss_mask.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, behavior_logprobs {tuple(behavior_logprobs.shape)} and "
@@ -419,41 +451,23 @@ def policy_loss_stats(
             "kl_coef is non-zero but no ref_logprobs were given; pass the reference model's log-probs"
         )
 
-    mask = loss_mask.bool()  # [B, T]
-    zeros = torch.zeros_like(logprobs)  # [B, T]
-    if advantages.dim() == 1:
-        advantages = broadcast_advantages(advantages.to(logprobs.dtype), loss_mask)  # [B, T]
-    elif advantages.shape != loss_mask.shape:
-        raise ValueError(
-            f"advantages must be [B] or [B, T] = {tuple(loss_mask.shape)}, got {tuple(advantages.shape)}"
-        )
-    advantages = advantages.detach()
 
-    anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
-    log_ratio = log_policy_ratio(logprobs, anchor, mask, ratio)  # [B, T]
-    ratios = log_ratio.exp()  # [B, T]
-    pg_per_token = clipped_surrogate(ratios, advantages, clip_low, clip_high)  # [B, T]
-
-    if tis_cap is not None:
-        assert old_logprobs is not None
-        tis_weights, tis_cut = importance_weights(
-            old_logprobs, behavior_logprobs, mask, tis_cap, tis_level, tis_mode
-        )  # [B, T], [B, T]
-        pg_per_token = pg_per_token * tis_weights  # [B, T]
-    else:
-        tis_weights = torch.ones_like(logprobs)  # [B, T]
-        tis_cut = torch.zeros_like(mask)  # [B, T]
-
-    pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
-    loss = pg_loss
-    kl_per_token = None
-    if ref_logprobs is not None:
-        # Masked inputs (not only a masked sum): no padded garbage may reach exp() or its gradient.
-        kl_per_token = k3_kl(
-            torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros)
-        )  # [B, T]
-        loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
-
+def _loss_stats(
+    loss: Tensor,
+    pg_loss: Tensor,
+    ratios: Tensor,
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: LossSettings,
+    kl_per_token: Tensor | None,
+    tis_weights: Tensor,
+    tis_cut: Tensor,
+    entropy: Tensor | None,
+    logits: Tensor | None,
+) -> Tensor:
+    """`LossStats.values` of one `policy_loss` call: [len(LOSS_FIELDS)], fp32, detached."""
+    clip_low, clip_high = settings.clip_low, settings.clip_high
     with torch.no_grad():
         r = ratios.detach()  # [B, T]
         on = mask.to(r.dtype)  # [B, T]
@@ -466,7 +480,7 @@ def policy_loss_stats(
         big = torch.finfo(r.dtype).max
         no_kl = torch.zeros((), dtype=r.dtype, device=r.device)
         # One stacked tensor: one device sync reads all the metrics, when the caller reads them.
-        stats = torch.stack(
+        return torch.stack(
             [
                 loss.detach().to(r.dtype),
                 pg_loss.detach().to(r.dtype),
@@ -488,7 +502,6 @@ def policy_loss_stats(
                 (mask.sum(-1) > 0).sum().to(r.dtype),
             ]
         )  # [14]
-    return loss, stats
 
 
 RATIO_BIN = 0.002

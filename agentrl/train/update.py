@@ -1,6 +1,6 @@
 """The GRPO update of one batch, on every rank: `grpo_step` runs `optim.epochs` passes over the batch, each
 split into `optim.mini_batches` optimizer steps; a step runs this rank's micro-batches (cut by a token
-budget, packed where the varlen kernel runs), each through `agentrl.train.grpo.policy_loss_stats`, then
+budget, packed where the varlen kernel runs), each through `agentrl.train.grpo.policy_loss`, then
 clips the global gradient and steps AdamW. Metrics are token-weighted and averaged over ranks.
 
 With more than one optimizer step per batch, or a KL reference, the log-probs from before the first
@@ -20,11 +20,11 @@ from agentrl.train.batch import Batch, collate
 from agentrl.train.config import TrainConfig
 from agentrl.train.distributed import DistInfo, all_reduce_mean, global_token_scale
 from agentrl.train.grpo import (
-    LOSS_FIELDS,
+    LossStats,
     group_advantages,
     histogram_quantiles,
     mismatch_sums,
-    policy_loss_stats,
+    policy_loss,
     ratio_histogram,
     weight_negatives,
 )
@@ -135,8 +135,8 @@ class _Totals:
             elif key == "grad_norm":
                 self.grad_norm += numbers[0]
             elif key == "losses":
-                for name, v in zip(LOSS_FIELDS, numbers, strict=True):
-                    self.weighted[f"losses/{name}"] = self.weighted.get(f"losses/{name}", 0.0) + v
+                for name, v in LossStats.named(numbers, prefix="losses/").items():
+                    self.weighted[name] = self.weighted.get(name, 0.0) + v
             elif key == "mismatch":
                 for name, v in zip(("logprob_abs_diff", "kl"), numbers, strict=True):
                     self.weighted[f"mismatch/{name}"] = self.weighted.get(f"mismatch/{name}", 0.0) + v
@@ -288,27 +288,20 @@ def _micro_batch_backward(
         ref = _rows([batch.before.get(id(t), (None, None))[1] for t in mb], width, logp)  # [B, T]
     if batch.n_updates == 1:  # with more, the pass before the first update measured every trajectory
         _add_mismatch(totals, logp.detach(), rows, w)
-    loss, stats = policy_loss_stats(
+    loss, stats = policy_loss(
         logp,
         rows.behavior_logprobs,
         adv,
         rows.loss_mask,
-        cfg.loss.clip_low,
-        cfg.loss.clip_high,
-        cfg.loss.agg,
-        cfg.loss.ratio,
+        cfg.loss,
         old_logprobs=old,
-        tis_cap=cfg.loss.tis_cap,
-        tis_level=cfg.loss.tis_level,
-        tis_mode=cfg.loss.tis_mode,
         ref_logprobs=ref,
-        kl_coef=cfg.loss.kl_coef,
         entropy=live.entropy,
         denominator=denominator,
     )
     loss.backward()
-    totals.add("loss", stats[0])
-    totals.add("losses", stats * w)  # every metric of the loss, token-weighted
+    totals.add("loss", stats["loss"])
+    totals.add("losses", stats.values * w)  # every metric of the loss, token-weighted
     totals.weighted["_w"] = totals.weighted.get("_w", 0.0) + w
     totals.computed += live.computed_tokens
 

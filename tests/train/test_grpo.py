@@ -7,8 +7,11 @@ import math
 import pytest
 import torch
 
+from agentrl.train.config import LossSettings
 from agentrl.train.grpo import (
+    LOSS_FIELDS,
     LossMetrics,
+    LossStats,
     aggregate,
     broadcast_advantages,
     group_advantages,
@@ -18,6 +21,23 @@ from agentrl.train.grpo import (
 )
 
 AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def loss_of(
+    logprobs: torch.Tensor,
+    behavior: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    **kwargs,
+) -> tuple[torch.Tensor, LossMetrics]:
+    """`policy_loss` with its settings given by name (TIS off unless `tis_cap` is), the metrics read: the
+    hand-computed cases below each name the one or two settings they are about."""
+    named = {k: v for k, v in kwargs.items() if k in LossSettings.model_fields}
+    tensors = {k: v for k, v in kwargs.items() if k not in named}
+    loss, stats = policy_loss(
+        logprobs, behavior, advantages, mask, LossSettings(**{"tis_cap": None, **named}), **tensors
+    )
+    return loss, stats.metrics()
 
 
 def close(actual: torch.Tensor | float, expected, atol: float = 1e-5) -> None:
@@ -140,7 +160,7 @@ def test_policy_loss_aggregations_on_a_ragged_batch(agg: str, expected: float) -
     # With A = -PER_TOKEN on the mask the loss is aggregate(PER_TOKEN), as above.
     logprobs = torch.full((3, 4), -1.0)
     advantages = torch.where(MASK.bool(), -PER_TOKEN, torch.zeros_like(PER_TOKEN))
-    loss, metrics = policy_loss(logprobs, logprobs.clone(), advantages, MASK, agg=agg)
+    loss, metrics = loss_of(logprobs, logprobs.clone(), advantages, MASK, agg=agg)
     close(loss, expected)
     assert metrics.num_action_tokens == 4 and metrics.num_sequences == 2
 
@@ -154,11 +174,11 @@ def test_global_denominator_makes_micro_batch_losses_sum_to_the_full_loss() -> N
     )
     adv = torch.tensor([1.0, -0.5, 0.3, -2.0])
     for agg in AGGS:
-        full, _ = policy_loss(logprobs, behavior, adv, mask, agg=agg)
+        full, _ = loss_of(logprobs, behavior, adv, mask, agg=agg)
         (full_grad,) = torch.autograd.grad(full, logprobs)
         denom = mask.sum().item() if agg == "token-mean" else 4
         parts = [
-            policy_loss(logprobs[s], behavior[s], adv[s], mask[s], agg=agg, denominator=denom)[0]
+            loss_of(logprobs[s], behavior[s], adv[s], mask[s], agg=agg, denominator=denom)[0]
             for s in (slice(0, 1), slice(1, 4))
         ]
         (parts_grad,) = torch.autograd.grad(parts[0] + parts[1], logprobs)
@@ -184,7 +204,7 @@ def test_clip_low_and_clip_high_activate_on_known_ratios_with_the_analytic_gradi
     mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]], dtype=torch.float32)
     behavior = torch.full((2, 4), -2.0)
     logprobs = (behavior + ratios.log()).requires_grad_()
-    loss, m = policy_loss(logprobs, behavior, torch.tensor([1.0, -1.0]), mask, clip_low=0.2, clip_high=0.28)
+    loss, m = loss_of(logprobs, behavior, torch.tensor([1.0, -1.0]), mask, clip_low=0.2, clip_high=0.28)
     close(loss, -0.08 / 6)
     close(m.clip_fraction_high, 1 / 6)
     close(m.clip_fraction_low, 1 / 6)
@@ -202,9 +222,7 @@ def test_clip_higher_is_what_keeps_the_gradient_of_a_growing_positive_token() ->
     logprobs = (behavior + torch.tensor([[0.0, math.log(1.2)]])).requires_grad_()
     mask = torch.tensor([[0.0, 1.0]])
     for clip_high, expected_grad, clipped in ((0.1, 0.0, 1.0), (0.28, -1.2, 0.0)):
-        loss, m = policy_loss(
-            logprobs, behavior, torch.tensor([1.0]), mask, clip_low=0.1, clip_high=clip_high
-        )
+        loss, m = loss_of(logprobs, behavior, torch.tensor([1.0]), mask, clip_low=0.1, clip_high=clip_high)
         (grad,) = torch.autograd.grad(loss, logprobs)
         close(grad[0, 1], expected_grad)
         close(m.clip_fraction_high, clipped)
@@ -213,7 +231,7 @@ def test_clip_higher_is_what_keeps_the_gradient_of_a_growing_positive_token() ->
 def test_approx_kl_is_k3_of_the_ratio() -> None:
     # r = e^0.1 on one token: (r - 1) - log r = 0.1051709 - 0.1 = 0.0051709
     logprobs = torch.tensor([[0.0, -1.0 + 0.1]])
-    _, m = policy_loss(logprobs, torch.tensor([[0.0, -1.0]]), torch.tensor([0.5]), torch.tensor([[0.0, 1.0]]))
+    _, m = loss_of(logprobs, torch.tensor([[0.0, -1.0]]), torch.tensor([0.5]), torch.tensor([[0.0, 1.0]]))
     close(m.approx_kl, math.exp(0.1) - 1 - 0.1)
 
 
@@ -235,7 +253,7 @@ def test_gspo_sequence_ratio_on_two_sequences() -> None:
     # clip range [0.8, 1.28]: s0 = 1.2214 inside; s1 = 0.7408 < 0.8 with A < 0 -> clip-low active.
     # seq-mean-token-mean: seq 0 -> -s0·1 = -1.221403; seq 1 -> -min(-0.740818, -0.8) = 0.8
     # loss = (-1.221403 + 0.8) / 2 = -0.2107014
-    loss, m = policy_loss(logprobs, behavior, adv, mask, ratio="sequence", agg="seq-mean-token-mean")
+    loss, m = loss_of(logprobs, behavior, adv, mask, ratio="sequence", agg="seq-mean-token-mean")
     close(loss, (-s0 + 0.8) / 2)
     # every token carries its sequence's ratio: mean over the 5 tokens = (2·s0 + 3·s1) / 5
     close([m.ratio_mean, m.ratio_min, m.ratio_max], [(2 * s0 + 3 * s1) / 5, s1, s0])
@@ -249,7 +267,7 @@ def test_gspo_token_form_has_the_gradient_of_the_plain_sequence_objective() -> N
     # Plain GSPO: J = (1/S) Σ_b min(s_b A_b, clip(s_b) A_b), s_b = exp(mean_t(logp - old)).
     behavior, logprobs, mask, adv = _gspo_example()
     for clip_low in (0.2, 0.5):  # 0.5 also leaves sequence 1 unclipped
-        loss, _ = policy_loss(
+        loss, _ = loss_of(
             logprobs, behavior, adv, mask, clip_low=clip_low, ratio="sequence", agg="seq-mean-token-mean"
         )
         (grad_token_form,) = torch.autograd.grad(loss, logprobs)
@@ -262,8 +280,8 @@ def test_gspo_token_form_has_the_gradient_of_the_plain_sequence_objective() -> N
 
 def test_gspo_ratio_differs_from_the_token_ratio() -> None:
     behavior, logprobs, mask, adv = _gspo_example()
-    token_loss, _ = policy_loss(logprobs, behavior, adv, mask, ratio="token", agg="seq-mean-token-mean")
-    seq_loss, _ = policy_loss(logprobs, behavior, adv, mask, ratio="sequence", agg="seq-mean-token-mean")
+    token_loss, _ = loss_of(logprobs, behavior, adv, mask, ratio="token", agg="seq-mean-token-mean")
+    seq_loss, _ = loss_of(logprobs, behavior, adv, mask, ratio="sequence", agg="seq-mean-token-mean")
     # token ratios of seq 0: e^0.1, e^0.3 -> its mean objective (1.105171 + 1.28 clipped) / 2 = 1.192585
     # seq 1 token ratios e^-0.5 = 0.6065 (clip-low active -> -0.8), e^-0.3 (-> -0.8), e^-0.1 = 0.904837
     #   objective mean (-0.8 - 0.8 - 0.904837) / 3 = -0.834946; loss = -(1.192585 - 0.834946) / 2 = -0.178820
@@ -290,7 +308,7 @@ def test_kl_term_is_added_with_its_coefficient_and_gradient() -> None:
     logp = torch.tensor([[0.0, math.log(0.5), -2.0]], requires_grad=True)
     ref = torch.tensor([[5.0, math.log(0.25), -1.0]])  # position 0 is off the mask: ignored
     mask = torch.tensor([[0.0, 1.0, 1.0]])
-    loss, m = policy_loss(logp, logp.detach(), torch.zeros(1), mask, ref_logprobs=ref, kl_coef=0.1)
+    loss, m = loss_of(logp, logp.detach(), torch.zeros(1), mask, ref_logprobs=ref, kl_coef=0.1)
     k3 = [0.5 + math.log(2) - 1, math.e - 2]
     close(loss, 0.1 * sum(k3) / 2)
     close(m.kl_ref, sum(k3) / 2)
@@ -302,7 +320,7 @@ def test_kl_term_is_added_with_its_coefficient_and_gradient() -> None:
 def test_kl_coef_without_reference_is_an_error() -> None:
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(x, x, torch.zeros(1), torch.ones(1, 2), kl_coef=0.1)
+        loss_of(x, x, torch.zeros(1), torch.ones(1, 2), kl_coef=0.1)
 
 
 # --- truncated importance sampling ----------------------------------------------------------
@@ -316,7 +334,7 @@ def test_tis_weights_are_capped_and_multiply_the_policy_term() -> None:
     old = torch.full((1, 4), -1.0)
     logprobs = old.clone().requires_grad_()
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
-    loss, m = policy_loss(logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=2.0)
+    loss, m = loss_of(logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=2.0)
     close(loss, -3.5 / 3)
     close([m.tis_weight_mean, m.tis_clip_fraction], [3.5 / 3, 1 / 3])
     # gradient -A·r·w / N = (-2/3, -0.5/3, -1/3): the weight scales it, no gradient flows into it
@@ -331,7 +349,7 @@ def test_masked_is_drops_tokens_outside_the_band_and_keeps_the_ratio_inside() ->
     old = torch.full((1, 4), -1.0)
     logprobs = old.clone().requires_grad_()
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
-    loss, m = policy_loss(
+    loss, m = loss_of(
         logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=2.0, tis_mode="mask"
     )
     close(loss, -1.5 / 3)
@@ -339,9 +357,7 @@ def test_masked_is_drops_tokens_outside_the_band_and_keeps_the_ratio_inside() ->
     (grad,) = torch.autograd.grad(loss, logprobs)
     close(grad, [[0.0, 0.0, -0.5 / 3, -1 / 3]])
     with pytest.raises(ValueError, match="above 1 to mask"):
-        policy_loss(
-            logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=1.0, tis_mode="mask"
-        )
+        loss_of(logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old, tis_cap=1.0, tis_mode="mask")
 
 
 def test_sequence_level_is_weighs_every_token_by_the_geometric_mean_ratio() -> None:
@@ -354,7 +370,7 @@ def test_sequence_level_is_weighs_every_token_by_the_geometric_mean_ratio() -> N
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     g = 1.5 ** (1 / 3)
     for mode, w1 in (("truncate", 2.0), ("mask", 0.0)):
-        loss, m = policy_loss(
+        loss, m = loss_of(
             old,
             behavior,
             torch.tensor([1.0, 1.0]),
@@ -375,18 +391,18 @@ def test_ppo_ratio_is_taken_against_old_logprobs_when_given() -> None:
     old = torch.tensor([[0.0, -1.0]])
     behavior = torch.tensor([[0.0, -3.0]])
     mask = torch.tensor([[0.0, 1.0]])
-    loss, m = policy_loss(logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old)
+    loss, m = loss_of(logprobs, behavior, torch.tensor([1.0]), mask, old_logprobs=old)
     close(loss, -1.1)
     assert m.tis_weight_mean == 1.0  # no tis_cap: no correction
     # without old_logprobs the ratio is against behaviour: e^(log 1.1 + 2) = 8.13 -> clipped at 1.28
-    loss_b, _ = policy_loss(logprobs, behavior, torch.tensor([1.0]), mask)
+    loss_b, _ = loss_of(logprobs, behavior, torch.tensor([1.0]), mask)
     close(loss_b, -1.28)
 
 
 def test_tis_cap_without_old_logprobs_is_an_error() -> None:
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="old_logprobs"):
-        policy_loss(x, x, torch.zeros(1), torch.ones(1, 2), tis_cap=2.0)
+        loss_of(x, x, torch.zeros(1), torch.ones(1, 2), tis_cap=2.0)
 
 
 # --- degenerate cases -----------------------------------------------------------------------
@@ -400,7 +416,7 @@ def test_empty_mask_gives_zero_loss_and_a_finite_zero_gradient(agg: str, ratio: 
     behavior = torch.tensor([[INF, 0.0, -INF], [0.0, NAN, 0.0]])
     ref = torch.tensor([[0.0, -INF, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.zeros(2, 3)
-    loss, m = policy_loss(
+    loss, m = loss_of(
         logprobs, behavior, torch.tensor([1.0, -1.0]), mask, agg=agg, ratio=ratio,
         old_logprobs=behavior, tis_cap=2.0, ref_logprobs=ref, kl_coef=0.1,
     )  # fmt: skip
@@ -422,7 +438,7 @@ def test_one_token_sequences() -> None:
     expected = -(math.exp(0.1) - math.exp(-0.1)) / 2
     for agg in AGGS:
         for ratio in ("token", "sequence"):
-            loss, _ = policy_loss(logprobs, behavior, torch.tensor([1.0, -1.0]), mask, agg=agg, ratio=ratio)
+            loss, _ = loss_of(logprobs, behavior, torch.tensor([1.0, -1.0]), mask, agg=agg, ratio=ratio)
             close(loss, expected)
 
 
@@ -431,7 +447,7 @@ def test_all_equal_rewards_give_zero_loss_and_zero_gradient() -> None:
     adv = group_advantages(rewards, ["a", "a", "a", "b", "b"])
     logprobs = torch.randn(5, 4).requires_grad_()
     mask = torch.tensor([[0, 1, 1, 1]] * 5, dtype=torch.float32)
-    loss, m = policy_loss(logprobs, logprobs.detach() + 0.3, adv, mask)
+    loss, m = loss_of(logprobs, logprobs.detach() + 0.3, adv, mask)
     assert loss.item() == 0.0
     (grad,) = torch.autograd.grad(loss, logprobs)
     assert torch.equal(grad, torch.zeros_like(grad))
@@ -446,15 +462,15 @@ def test_entropy_metric_from_logits() -> None:
     logits = torch.zeros(2, 3, 4)
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
     x = torch.full((2, 3), -math.log(4))
-    _, m = policy_loss(x, x, torch.ones(2), mask, logits=logits)
+    _, m = loss_of(x, x, torch.ones(2), mask, logits=logits)
     close(m.entropy, math.log(4))
-    _, m_none = policy_loss(x, x, torch.ones(2), mask)
+    _, m_none = loss_of(x, x, torch.ones(2), mask)
     assert m_none.entropy is None
 
 
 def test_metrics_are_plain_floats_namespaced() -> None:
     x = torch.zeros(1, 3)
-    _, m = policy_loss(x, x, torch.ones(1), torch.tensor([[0.0, 1.0, 1.0]]))
+    _, m = loss_of(x, x, torch.ones(1), torch.tensor([[0.0, 1.0, 1.0]]))
     assert isinstance(m, LossMetrics)
     d = m.as_dict()
     assert d["losses/num_action_tokens"] == 2 and d["losses/ratio_mean"] == 1.0
@@ -500,7 +516,7 @@ def test_collate_logprobs_advantages_and_loss_compose_into_a_learning_step() -> 
     before = winner_loglik()
     for step in range(3):
         logp = sequence_logprobs(model(batch.input_ids), batch.input_ids)  # [B, T]
-        loss, m = policy_loss(logp, batch.behavior_logprobs, advantages, batch.loss_mask)
+        loss, m = loss_of(logp, batch.behavior_logprobs, advantages, batch.loss_mask)
         if step == 0:
             close([m.ratio_min, m.ratio_max, m.approx_kl], [1.0, 1.0, 0.0], atol=1e-6)
             assert m.num_action_tokens == 4
@@ -558,3 +574,22 @@ def test_ratio_histogram_quantiles_add_over_parts_and_read_the_tails() -> None:
     far = ratio_histogram(behavior + 10.0, behavior, mask)
     assert histogram_quantiles(far, (0.5,))[0.5] == pytest.approx(math.exp(2.0))
     assert histogram_quantiles(torch.zeros(2001), (0.5,)) == {}
+
+
+def test_policy_loss_takes_the_runs_loss_settings_and_names_its_metrics_on_the_device() -> None:
+    """The trainer's call: the `loss:` section as it is (TIS on by default), metrics left on the device,
+    each by name; read at once they are the `LossMetrics` of the same call."""
+    logprobs = torch.tensor([[-1.0, -0.5, -2.0]], requires_grad=True)
+    behavior = torch.tensor([[-1.2, -0.5, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, stats = policy_loss(
+        logprobs, behavior, torch.tensor([1.0]), mask, LossSettings(), old_logprobs=logprobs.detach()
+    )
+    assert isinstance(stats, LossStats) and not stats.values.requires_grad
+    assert stats.values.shape == (len(LOSS_FIELDS),)
+    assert stats["loss"].item() == loss.item()
+    m = stats.metrics()
+    assert m.num_action_tokens == 2 and m.entropy is None
+    # TIS at the default cap 2: exp(-1 + 1.2) = 1.22 and exp(0) = 1 stay under it
+    close(m.tis_weight_mean, (math.exp(0.2) + 1.0) / 2)
+    assert LossStats.named(stats.values.tolist(), prefix="losses/")["losses/ratio_mean"] == m.ratio_mean
