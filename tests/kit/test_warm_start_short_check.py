@@ -78,7 +78,7 @@ def test_a_stage_that_did_not_learn_trains_on_from_where_it_stands_and_says_so(t
     assert [s["stage"] for s in stages] == ["short", "short-round-1", "short-round-2"]
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 3  # one line per extra round, one when it learned
-    assert "loss 0.164 > 0.06 after 768 steps): extra round 1 of 2" in said[0]
+    assert "loss 0.164 > 0.06 after 768 steps): extra round 1 of 3" in said[0]
     assert said[-1].endswith("learned to copy after 2 extra round(s), 1280 steps")
 
 
@@ -107,7 +107,7 @@ def test_the_check_at_its_defaults_keeps_every_cached_hash_and_changed_it_is_ano
     default = WarmStartRecipe(seed=1)
     fields = default.build_fields()
     assert not {"short_fit_loss", "short_round_epochs", "short_max_rounds"} & set(fields)
-    assert build_hash(WarmStartRecipe(seed=1, short_max_rounds=3)) != build_hash(default)
+    assert build_hash(WarmStartRecipe(seed=1, short_max_rounds=4)) != build_hash(default)
     assert build_hash(WarmStartRecipe(seed=1, short_fit_loss=None)) != build_hash(default)
     # From a checkpoint there is no short stage to check.
     with pytest.raises(ValueError, match="short_max_rounds: settings of the tiny model"):
