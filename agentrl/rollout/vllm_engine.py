@@ -158,6 +158,20 @@ def _engine_args(
 _UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
+def _max_lora_rank(lora_rank: int | None, adapter: str | os.PathLike[str] | None) -> int | None:
+    """The engine's `max_lora_rank` for `lora_rank`, else for the rank of the adapter it starts with (None:
+    no LoRA); a UserError, before the engine starts for nothing, when that adapter's rank is above it."""
+    start_rank = adapter_rank(check_adapter_dir(adapter)) if adapter is not None else None
+    lora_rank = start_rank if lora_rank is None else lora_rank
+    max_rank = engine_lora_rank(lora_rank) if lora_rank is not None else None
+    if start_rank is not None and max_rank is not None and start_rank > max_rank:
+        raise UserError(
+            f"the LoRA adapter at {adapter} has rank {start_rank}, above the engine's max_lora_rank "
+            f"{max_rank}; start the engine with lora_rank >= {start_rank}"
+        )
+    return max_rank
+
+
 def _eos_ids(model: str | Path, tokenizer: Any) -> list[int]:
     """The ids the engine takes for the model's end of sequence: the tokenizer's EOS and those of the
     checkpoint's generation_config.json (an int or a list)."""
@@ -234,15 +248,8 @@ class VLLMPolicy(VLLMAdapters):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if dtype == "auto" and not on_gpu:
             dtype = checkpoint_dtype(self.model)
-        start_rank = adapter_rank(check_adapter_dir(adapter)) if adapter is not None else None
-        lora_rank = start_rank if lora_rank is None else lora_rank
-        self.max_lora_rank = engine_lora_rank(lora_rank) if lora_rank is not None else None
+        self.max_lora_rank = _max_lora_rank(lora_rank, adapter)
         """The largest adapter rank the engine serves (vLLM's `max_lora_rank`); None: started without LoRA."""
-        if start_rank is not None and self.max_lora_rank is not None and start_rank > self.max_lora_rank:
-            raise UserError(  # before the engine starts for nothing
-                f"the LoRA adapter at {adapter} has rank {start_rank}, above the engine's max_lora_rank "
-                f"{self.max_lora_rank}; start the engine with lora_rank >= {start_rank}"
-            )
         # Guards the adapter records below; held briefly, never across an engine call.
         self._lora_lock = threading.Lock()
         self._lora_ids = itertools.count(1)
@@ -266,9 +273,26 @@ class VLLMPolicy(VLLMAdapters):
         kwargs.update(engine_kwargs or {})
         self.engine_kwargs = kwargs
         self._closed = False
+        self._start_thread(devices, weight_transfer)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self._eos_ids = _eos_ids(self.model, self.tokenizer)
+        if adapter is not None:
+            try:
+                self.load_adapter(adapter, version=version)
+            except BaseException:
+                self.close()
+                raise
+
+    # --- engine threads -----------------------------------------------------------------------------
+
+    def _start_thread(self, devices: Sequence[int] | None, weight_transfer: str) -> None:
+        """Start the engine on its own thread and wait until it runs; a RuntimeError saying what to check
+        when it cannot start."""
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
-        if in_process:
+        if self.in_process:
             self._commands: queue.Queue[Any] = queue.Queue()
             self._thread = threading.Thread(target=self._inproc_main, name="vllm-engine", daemon=True)
         else:
@@ -291,18 +315,6 @@ class VLLMPolicy(VLLMAdapters):
                 "Hugging Face checkpoint (config.json, weights, tokenizer) and that the engine arguments fit "
                 f"this machine: {self.engine_kwargs}"
             ) from self._start_error
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
-        self._eos_ids = _eos_ids(self.model, self.tokenizer)
-        if adapter is not None:
-            try:
-                self.load_adapter(adapter, version=version)
-            except BaseException:
-                self.close()
-                raise
-
-    # --- engine threads -----------------------------------------------------------------------------
 
     def _async_main(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -241,7 +241,15 @@ LOSS_FIELDS = tuple(f.name for f in fields(LossMetrics))
 
 
 def log_policy_ratio(logprobs: Tensor, anchor: Tensor, mask: Tensor, ratio: RatioLevel) -> Tensor:
-    """log ρ [B, T] of `policy_loss` against `anchor` (detached): per token, or GSPO-token per sequence."""
+    """log ρ [B, T] of `policy_loss` against `anchor` (detached): per token, or GSPO-token per sequence.
+
+    `ratio="sequence"` is GSPO in its GSPO-token form (paper eq. 13-14, verl's
+    `compute_policy_loss_gspo`): every token's ratio has the *value* s_b (so clipping is
+    decided per sequence), and the gradient is s_b·∇logp_{b,t}. Aggregated with
+    `seq-mean-token-mean`, which is what the GSPO paper uses, its gradient equals that of
+    the plain sequence objective (1/S) Σ_b min(s_b A_b, clip(s_b) A_b) exactly; the token
+    form is used because it also accepts [B, T] advantages and any aggregation.
+    """
     zeros = torch.zeros_like(logprobs)  # [B, T]
     log_ratio = torch.where(mask, logprobs - anchor, zeros)  # [B, T]
     if ratio == "token":
@@ -268,7 +276,21 @@ def importance_weights(
     tis_level: ISLevel,
     tis_mode: ISMode,
 ) -> tuple[Tensor, Tensor]:
-    """The detached TIS weights [B, T] of `policy_loss` and where they cut [B, T] (bool, action tokens)."""
+    """The detached TIS weights [B, T] of `policy_loss` and where they cut [B, T] (bool, action tokens).
+
+    Truncated importance sampling (TIS, Yao et al. 2025): the rollout engine (vLLM, bf16,
+    other kernels) and the trainer do not assign identical probabilities to the same
+    tokens. With `old_logprobs` and `tis_cap` given, each token's loss is multiplied by the
+    detached weight w = min(exp(old - behavior), tis_cap) — token-level, capped above only,
+    applied to the policy term and not to the KL term, exactly as verl's
+    `tis_imp_ratio_cap` and SkyRL's token TIS. Without TIS, w = 1. verl and SkyRL use
+    caps of about 2 to 8. The weight's level and mode are choices:
+    `tis_level="sequence"` gives every token of sequence b the weight of
+    q_b = exp(mean_t(old_{b,t} - behavior_{b,t})) (the geometric mean of its token ratios, so a
+    long sequence is not an extreme product); `tis_mode="mask"` drops instead of capping: the
+    weight is the ratio itself inside [1/tis_cap, tis_cap] and 0 outside (masked IS, as IcePop),
+    so tokens or sequences the engine sampled from a policy too far from the trainer's do not train.
+    """
     zeros = torch.zeros_like(old_logprobs)  # [B, T]
     tis_log = torch.where(mask, old_logprobs - behavior_logprobs, zeros).detach()  # [B, T]
     if tis_level == "sequence":
@@ -334,27 +356,12 @@ def policy_loss(
     - Clip-higher (DAPO): the ratio is clipped to [1 - clip_low, 1 + clip_high]; with
       clip_high > clip_low low-probability tokens with positive advantage may grow further,
       which slows entropy collapse.
-    - `ratio="sequence"` is GSPO in its GSPO-token form (paper eq. 13-14, verl's
-      `compute_policy_loss_gspo`): every token's ratio has the *value* s_b (so clipping is
-      decided per sequence), and the gradient is s_b·∇logp_{b,t}. Aggregated with
-      `seq-mean-token-mean`, which is what the GSPO paper uses, its gradient equals that of
-      the plain sequence objective (1/S) Σ_b min(s_b A_b, clip(s_b) A_b) exactly; the token
-      form is used because it also accepts [B, T] advantages and any aggregation.
+    - `ratio="sequence"` is GSPO in its GSPO-token form: see `log_policy_ratio`.
     - The anchor is `old_logprobs` when given (the trainer's own forward pass with the
       weights that generated the batch, before this update: "decoupled" PPO), otherwise
       `behavior_logprobs` (the rollout engine's log-probs).
-    - Truncated importance sampling (TIS, Yao et al. 2025): the rollout engine (vLLM, bf16,
-      other kernels) and the trainer do not assign identical probabilities to the same
-      tokens. With `old_logprobs` and `tis_cap` given, each token's loss is multiplied by the
-      detached weight w = min(exp(old - behavior), tis_cap) — token-level, capped above only,
-      applied to the policy term and not to the KL term, exactly as verl's
-      `tis_imp_ratio_cap` and SkyRL's token TIS. Without TIS, w = 1. verl and SkyRL use
-      caps of about 2 to 8. The weight's level and mode are choices:
-      `tis_level="sequence"` gives every token of sequence b the weight of
-      q_b = exp(mean_t(old_{b,t} - behavior_{b,t})) (the geometric mean of its token ratios, so a
-      long sequence is not an extreme product); `tis_mode="mask"` drops instead of capping: the
-      weight is the ratio itself inside [1/tis_cap, tis_cap] and 0 outside (masked IS, as IcePop),
-      so tokens or sequences the engine sampled from a policy too far from the trainer's do not train.
+    - Truncated importance sampling (TIS, Yao et al. 2025), with `old_logprobs` and `tis_cap`: each
+      token's policy term is multiplied by a detached weight w (`importance_weights`); without TIS, w = 1.
     - `advantages` is [B] (one per trajectory, broadcast over its action tokens) or [B, T].
     - `denominator`: see `aggregate` (micro-batching and data parallel ranks).
     - `entropy` ([B, T], each action token's entropy, as `agentrl.train.logprobs` computes it beside the
@@ -370,28 +377,16 @@ def policy_loss(
     tis_cap, kl_coef = settings.tis_cap, settings.kl_coef
     mask = loss_mask.bool()  # [B, T]
     zeros = torch.zeros_like(logprobs)  # [B, T]
-    if advantages.dim() == 1:
-        advantages = broadcast_advantages(advantages.to(logprobs.dtype), loss_mask)  # [B, T]
-    elif advantages.shape != loss_mask.shape:
-        raise ValueError(
-            f"advantages must be [B] or [B, T] = {tuple(loss_mask.shape)}, got {tuple(advantages.shape)}"
-        )
-    advantages = advantages.detach()
+    advantages = _per_token_advantages(advantages, logprobs.dtype, loss_mask)  # [B, T]
 
     anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
     log_ratio = log_policy_ratio(logprobs, anchor, mask, settings.ratio)  # [B, T]
     ratios = log_ratio.exp()  # [B, T]
     pg_per_token = clipped_surrogate(ratios, advantages, clip_low, clip_high)  # [B, T]
 
+    tis_weights, tis_cut = _tis_weights(logprobs, old_logprobs, behavior_logprobs, mask, settings)  # [B, T]
     if tis_cap is not None:
-        assert old_logprobs is not None
-        tis_weights, tis_cut = importance_weights(
-            old_logprobs, behavior_logprobs, mask, tis_cap, settings.tis_level, settings.tis_mode
-        )  # [B, T], [B, T]
         pg_per_token = pg_per_token * tis_weights  # [B, T]
-    else:
-        tis_weights = torch.ones_like(logprobs)  # [B, T]
-        tis_cut = torch.zeros_like(mask)  # [B, T]
 
     pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
     loss = pg_loss
@@ -408,6 +403,33 @@ def policy_loss(
         entropy, logits,
     )  # fmt: skip
     return loss, LossStats(stats, entropy_measured=entropy is not None or logits is not None)
+
+
+def _tis_weights(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    mask: Tensor,
+    settings: LossSettings,
+) -> tuple[Tensor, Tensor]:
+    """`importance_weights` when TIS is on; else weights 1 that cut nothing (for the metrics)."""
+    if settings.tis_cap is None:
+        return torch.ones_like(logprobs), torch.zeros_like(mask)  # [B, T], [B, T]
+    assert old_logprobs is not None
+    return importance_weights(
+        old_logprobs, behavior_logprobs, mask, settings.tis_cap, settings.tis_level, settings.tis_mode
+    )  # [B, T], [B, T]
+
+
+def _per_token_advantages(advantages: Tensor, dtype: torch.dtype, loss_mask: Tensor) -> Tensor:
+    """[B] advantages broadcast over each sequence's action tokens, or [B, T] as given; detached."""
+    if advantages.dim() == 1:
+        advantages = broadcast_advantages(advantages.to(dtype), loss_mask)  # [B, T]
+    elif advantages.shape != loss_mask.shape:
+        raise ValueError(
+            f"advantages must be [B] or [B, T] = {tuple(loss_mask.shape)}, got {tuple(advantages.shape)}"
+        )
+    return advantages.detach()
 
 
 def _check_loss_inputs(
