@@ -22,6 +22,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -64,17 +65,11 @@ def masked_nll_sum(
 
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT in this process (rank of a `torchrun` group, or a one-rank group)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.runlog import quiet_libraries
     from agentrl.train.checkpoint import export_model
-    from agentrl.train.distributed import (
-        all_reduce_mean,
-        global_token_scale,
-        init_distributed,
-        shard_model,
-    )
-    from agentrl.train.lora import apply_lora, trainable_parameters
+    from agentrl.train.distributed import all_reduce_mean, global_token_scale, init_distributed
+    from agentrl.train.lora import trainable_parameters
 
     info = init_distributed()
     quiet_libraries(None)
@@ -82,19 +77,7 @@ def train_sft(cfg: SFTConfig) -> Path:
     out = Path(cfg.out)
     data = training_data(cfg)
     base = cfg.model.path
-    tok = AutoTokenizer.from_pretrained(base)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(info.device)
-    if cfg.model.lora is not None:
-        apply_lora(
-            model, cfg.model.lora, base
-        )  # before sharding; the seed above makes every rank's A the same
-    model.train()
-    shard_model(
-        model,
-        activation_checkpointing=cfg.activation_checkpointing,
-        compiled=resolve_compile(cfg.compile, info.device),
-    )
+    model, pad_id = _load_model(cfg, info)
     packed = resolve_packing(cfg.packing, info.device, info.device.type == "cuda")
     shares_prefix = resolve_share_prefix(cfg.share_prefix, packed, info.device, info.device.type == "cuda")
     params = trainable_parameters(model)  # with LoRA, the adapters only
@@ -133,17 +116,9 @@ def train_sft(cfg: SFTConfig) -> Path:
         scale, global_tokens = global_token_scale(local_tokens, info.device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total_steps, cfg)
-        loss_sum = 0.0
-        for i, mb in enumerate(micro):
-            # Reduce gradients over ranks only on the last micro-batch of the step.
-            model.set_requires_gradient_sync(i == len(micro) - 1)
-            nll, _ = masked_nll_sum(model, mb, pad_id, info.device, packed=packed, share_prefix=shares_prefix)
-            (nll * scale).backward()
-            loss_sum += float(nll.item())
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss_sum, grad_norm = _optimizer_step(
+            model, opt, params, micro, scale, cfg, pad_id, info.device, packed, shares_prefix
+        )
         # loss_sum is this rank's share; the mean over ranks times world / global is the global mean.
         m = all_reduce_mean({"loss_sum": loss_sum}, info.device)
         row = {
@@ -155,13 +130,8 @@ def train_sft(cfg: SFTConfig) -> Path:
             "elapsed_s": round(time.time() - t0, 2),
         }
         if info.is_main:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
             assert bar is not None
-            bar.set_postfix_str(f"loss {row['loss']:.4f}", refresh=False)
-            bar.update(1)
-            if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
-                _log(f"step {row['step']}/{total_steps} loss {row['loss']:.4f} grad {grad_norm:.3f}")
+            _report(row, metrics_path, bar, total_steps, cfg.log_every)
     if bar is not None:
         bar.close()
     export_model(model, base, out)  # collective; a LoRA run's out is the adapter directory
@@ -172,6 +142,68 @@ def train_sft(cfg: SFTConfig) -> Path:
 
     dist.barrier()
     return out
+
+
+def _load_model(cfg: SFTConfig, info: Any) -> tuple[torch.nn.Module, int]:
+    """The model to train (LoRA applied when asked, sharded) on this rank's device, and the pad id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl.train.distributed import shard_model
+    from agentrl.train.lora import apply_lora
+
+    base = cfg.model.path
+    tok = AutoTokenizer.from_pretrained(base)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(info.device)
+    if cfg.model.lora is not None:
+        apply_lora(
+            model, cfg.model.lora, base
+        )  # before sharding; the seed set before this call makes every rank's A the same
+    model.train()
+    shard_model(
+        model,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compiled=resolve_compile(cfg.compile, info.device),
+    )
+    return model, pad_id
+
+
+def _optimizer_step(
+    model: Any,
+    opt: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    micro: list[list[Trajectory]],
+    scale: float,
+    cfg: SFTConfig,
+    pad_id: int,
+    device: torch.device,
+    packed: bool,
+    shares_prefix: bool,
+) -> tuple[float, float]:
+    """One step over this rank's micro-batches: (this rank's summed NLL, the clipped global grad norm)."""
+    loss_sum = 0.0
+    for i, mb in enumerate(micro):
+        # Reduce gradients over ranks only on the last micro-batch of the step.
+        model.set_requires_gradient_sync(i == len(micro) - 1)
+        nll, _ = masked_nll_sum(model, mb, pad_id, device, packed=packed, share_prefix=shares_prefix)
+        (nll * scale).backward()
+        loss_sum += float(nll.item())
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def _report(row: dict[str, Any], metrics_path: Path, bar: Any, total_steps: int, log_every: int) -> None:
+    """Rank 0: a step's row to metrics.jsonl and the progress bar, and every `log_every` steps to the log."""
+    with metrics_path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    bar.set_postfix_str(f"loss {row['loss']:.4f}", refresh=False)
+    bar.update(1)
+    step = row["step"]
+    if step % log_every == 0 or step == 1 or step == total_steps:
+        _log(f"step {step}/{total_steps} loss {row['loss']:.4f} grad {row['grad_norm']:.3f}")
 
 
 def _log(msg: str) -> None:
