@@ -166,25 +166,7 @@ def run_ranks(
 
     from agentrl.errors import UserError
 
-    if nnodes > 1:
-        if not rdzv_endpoint or ":" not in rdzv_endpoint:
-            raise UserError(
-                f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, the same on every node), "
-                f"got {rdzv_endpoint!r}"
-            )
-        if not 0 <= node_rank < nnodes:
-            raise UserError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
-        # Static: node ranks are the ones given (node 0 holds global rank 0), no rendezvous server.
-        rendezvous = [
-            f"--nnodes={nnodes}",
-            f"--node-rank={node_rank}",
-            "--rdzv-backend=static",
-            f"--rdzv-endpoint={rdzv_endpoint}",
-            f"--master-addr={rdzv_endpoint.rsplit(':', 1)[0]}",
-            f"--master-port={rdzv_endpoint.rsplit(':', 1)[1]}",
-        ]
-    else:
-        rendezvous = ["--standalone"]
+    rendezvous = _rendezvous_args(nnodes, node_rank, rdzv_endpoint)
     cmd = [
         sys.executable,
         "-m",
@@ -227,6 +209,31 @@ def run_ranks(
             raise KeyboardInterrupt
         if code != 0:
             raise subprocess.CalledProcessError(code, cmd[:6])
+
+
+def _rendezvous_args(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> list[str]:
+    """torchrun's rendezvous options: standalone on one node, static across several (a UserError for an
+    endpoint or node rank that cannot work)."""
+    from agentrl.errors import UserError
+
+    if nnodes > 1:
+        if not rdzv_endpoint or ":" not in rdzv_endpoint:
+            raise UserError(
+                f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, the same on every node), "
+                f"got {rdzv_endpoint!r}"
+            )
+        if not 0 <= node_rank < nnodes:
+            raise UserError(f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}")
+        # Static: node ranks are the ones given (node 0 holds global rank 0), no rendezvous server.
+        return [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--master-addr={rdzv_endpoint.rsplit(':', 1)[0]}",
+            f"--master-port={rdzv_endpoint.rsplit(':', 1)[1]}",
+        ]
+    return ["--standalone"]
 
 
 def run_here_or_as_ranks(run: Callable[[], Path], module: str, payload: str, nproc: int) -> Path | None:
