@@ -322,6 +322,13 @@ def verifier_audit(
     ),
     parser: str = typer.Option("", "--parser", help=_PARSER_HELP),
     set_: list[str] = typer.Option([], "--set", help=_SET_HELP),
+    episodes: int = typer.Option(
+        4,
+        "--episodes",
+        min=1,
+        help="Episodes per task for the attacks that guess (the forge-* ones): each reports its win rate, "
+        "exploited when it beats what a blind guess at the plan's odds would win.",
+    ),
 ) -> None:
     """Play the reward-hacking attack library against an env's verifier, through env.step only.
 
@@ -353,6 +360,7 @@ def verifier_audit(
             tasks=tasks,
             only=attack or None,
             on_finding=lambda f: typer.echo(format_finding(f)),
+            episodes=episodes,
         )
     except AuditError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -529,7 +529,7 @@ class DockerSandbox(SandboxBase):
             )["Id"]
             sio = self._api.exec_start(exec_id, socket=True)
         sio._sock.setblocking(False)
-        return DockerStream(sio, _buffered_prefix(sio))
+        return DockerStream(sio, _buffered_prefix(sio), exit_status=lambda: self._exit_code(exec_id))
 
     def _agent_executor(self) -> ResidentExecutor | None:
         """The executor for an agent command or file (None: this sandbox runs without one)."""

@@ -133,12 +133,17 @@ class DockerStream:
     """The attached stdio of one `docker exec`: the hijacked socket the SDK returns, stdin raw,
     stdout and stderr multiplexed in 8-byte-headed frames."""
 
-    def __init__(self, sio: Any, prefix: bytes = b"") -> None:
+    def __init__(self, sio: Any, prefix: bytes = b"", exit_status: Callable[[], int] | None = None) -> None:
         self.sio = sio
         self.sock: socket.socket = sio._sock
         self.sock.setblocking(True)
         self._prefix = prefix
         self._closed = False
+        self._exit_status = exit_status
+
+    def exit_status(self) -> int | None:
+        """The exec's exit status as docker recorded it (after its stream ended); None if unknown."""
+        return self._exit_status() if self._exit_status is not None else None
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -225,6 +230,15 @@ class Pipes:
             for f in (self.proc.stdout, self.proc.stderr):
                 with contextlib.suppress(OSError):
                     f.close()
+
+    def exit_status(self, timeout: float = 10.0) -> int | None:
+        """The process's exit status once it has exited (128 + N for a signal N, as a shell says it);
+        None if it has not within `timeout`."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return 128 - code if code < 0 else code
 
     def close(self) -> None:
         """Close our end of its stdin: the executor reads EOF and exits (unless it is frozen)."""

@@ -332,16 +332,41 @@ def _calls_approx(node: ast.AST) -> bool:
 
 
 def _contradiction(
-    stmt: ast.stmt, src: _Source, rng: random.Random, *, literal_only: bool = False, context: str = ""
+    stmt: ast.stmt,
+    src: _Source,
+    rng: random.Random,
+    *,
+    literal_only: bool = False,
+    context: str = "",
+    prefer_negation: bool = False,
 ) -> tuple[_Edit, str] | None:
     """An edit of one top-level statement that contradicts it, and what kind it is. `literal_only`:
     only a changed literal (a negated check of a test that fails on the buggy code passes there,
-    which would tell a forger which twin is the canary)."""
+    which would tell a forger which twin is the canary). `prefer_negation`: a negated check before
+    a changed literal (for tests that pass on the buggy code: an object's own `==` may ignore part
+    of a literal, a version's build metadata say, and then a changed literal contradicts nothing)."""
+    if prefer_negation and not literal_only:
+        found = _contradiction_in_order(stmt, src, rng, context=context, negation_only=True)
+        if found is not None:
+            return found
+    return _contradiction_in_order(stmt, src, rng, literal_only=literal_only, context=context)
+
+
+def _contradiction_in_order(
+    stmt: ast.stmt,
+    src: _Source,
+    rng: random.Random,
+    *,
+    literal_only: bool = False,
+    context: str = "",
+    negation_only: bool = False,
+) -> tuple[_Edit, str] | None:
     if isinstance(stmt, ast.Assert):
         test = stmt.test
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             left, right, op = test.left, test.comparators[0], test.ops[0]
-            if isinstance(op, ast.Eq) and not _calls_approx(test):  # approx(abs=...) may swallow a change
+            # approx(abs=...) may swallow a change
+            if isinstance(op, ast.Eq) and not _calls_approx(test) and not negation_only:
                 for side in (right, left) if _is_literal(right) else (left, right):
                     if _is_literal(side) and (edit := _literal_edit(side, src, rng, context)) is not None:
                         return edit, "literal"
@@ -380,7 +405,7 @@ def _contradiction(
         ):
             return None
         name = func.attr
-        if name in _UNITTEST_EQUAL and len(call.args) >= 2:
+        if name in _UNITTEST_EQUAL and len(call.args) >= 2 and not negation_only:
             for arg in sorted(call.args[:2], key=lambda a: not _is_literal(a)):
                 if _is_literal(arg) and (edit := _literal_edit(arg, src, rng, context)) is not None:
                     return edit, "unittest"
@@ -467,6 +492,7 @@ def _plant_in_file(
     rng: random.Random,
     plan: CanaryPlan,
     literal_only: list[str] | None = None,
+    prefer_negation: bool = False,
 ) -> dict[str, list[tuple[str, str, str, str]]]:
     """Twin the considered tests of one file, rewriting it; returns, per owner (class name, or
     "" for the module), the (name, real name, canary name, how) of each twin."""
@@ -492,7 +518,14 @@ def _plant_in_file(
         for echo_context in (context, ""):
             for stmt in rng.sample(reached, len(reached)):
                 if (
-                    found := _contradiction(stmt, src, rng, literal_only=strict, context=echo_context)
+                    found := _contradiction(
+                        stmt,
+                        src,
+                        rng,
+                        literal_only=strict,
+                        context=echo_context,
+                        prefer_negation=prefer_negation,
+                    )
                 ) is not None:
                     break
             if found is not None:
@@ -691,6 +724,7 @@ def plant_canaries(
     *,
     considered: list[str] | None = None,
     literal_only: list[str] | None = None,
+    prefer_negation: bool = False,
     rng: random.Random | None = None,
 ) -> CanaryPlan:
     """Give every considered test under `root` (a staged copy of the hidden tests, rewritten in
@@ -699,7 +733,9 @@ def plant_canaries(
     `considered`: node ids relative to `root` (`test_x.py::TestA::test_b`, parametrization
     ignored) or bare test names (`test_b`); None: every test function. `literal_only`: tests (the
     same forms) whose twin may only change a literal, never negate a check: the FAIL_TO_PASS
-    tests, which fail on the buggy code, where a negated check would pass. `rng`: the draw of names,
+    tests, which fail on the buggy code, where a negated check would pass. `prefer_negation`: for the
+    others, a negated check first (right for tests that pass on the buggy code, and safe where an
+    object's own `==` ignores part of a literal). `rng`: the draw of names,
     order and perturbations (default: seeded from the OS, fresh per run).
     """
     rng = rng or random.Random(secrets.randbits(64))
@@ -736,6 +772,7 @@ def plant_canaries(
                 rng,
                 plan,
                 _through_bases(files, literal_only),
+                prefer_negation,
             )
     _inherited(files, planted, plan)
     if considered is not None:  # a listed test no file defines where it could be twinned: say so

@@ -20,8 +20,9 @@ Order of events, after the agent's last action:
    package replaced by a symlink to the pristine source (`/opt/src/...`) leads to a
    permission error (docker) or an empty, masked directory (bwrap): no confused deputy.
 4. The interpreter is the image's, by absolute path, isolated (`python3 -I -B -c BOOTSTRAP`).
-   The runner (`pytest_runner.py`) arrives on stdin, followed by a fresh per-run MAC key:
-   nothing of it is on disk, in an environment block or on a command line. It rebuilds the
+   The runner (`pytest_runner.py`) arrives on stdin, followed by a fresh per-run MAC key and
+   the run's settings: nothing of them is on disk, in an environment block, on a command line
+   or in a module global, and the settings are dropped before pytest imports any test. It rebuilds the
    environment (system PATH, HOME/TMPDIR in its scratch dir, PYTEST_DISABLE_PLUGIN_AUTOLOAD,
    no PYTEST_ADDOPTS/PYTHONPATH), imports the system's pytest and all its plugins, snapshots
    the harness (below), and only then *appends* the workspace to `sys.path`.
@@ -104,9 +105,19 @@ considered test gets a twin, a copy of its own source whose one top-level assert
 the test's, under a name drawn like the file's own and in a random order; which of the two is
 real is known only here. On honest code a test and its twin never both pass, so a forger that
 changes outcomes wholesale (whatever it patches: the hook executor, the reporter's emitter, the
-runner's guard, the test modules, unittest) passes a pair and scores 0 as tampering, and one
-that tells twins apart by their code must guess which member is real, pair by pair. The verdict's
+runner's guard, the test modules, unittest) passes a pair and scores 0 as tampering. The verdict's
 details say how many twins ran and which considered tests had none.
+
+Twin sets (`agentrl.verifiers.twin_sets`), when the task lists FAIL_TO_PASS node ids: a forger
+that tells a test from its twins by their code must still not be able to tell which one is real,
+and a guess must not pay. So the FAIL_TO_PASS tests run first, in a process of their own, from a
+folder that holds no other test: each failing test (each failing case of a parametrized one) is a
+set of members differing in one value, drawn so that the real one is not special, none of them
+keeping the test's name; the sets are sized so that guessing every set wins 1 in `odds` (32) at
+most. Two members passing is tampering. Only then, in a second process, the PASS_TO_PASS tests
+(with canary twins) and any FAIL_TO_PASS test no set could cover. Both runs are checked as below;
+their installed tests are removed at the end, so that a later verification of the same sandbox
+finds nothing of this one.
 
 Known limits (honest ones):
 
@@ -152,6 +163,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +175,7 @@ from agentrl.sandbox.base import PROTECTED_DIR, ExecResult, Sandbox
 from agentrl.task import Task
 from agentrl.verifiers.base import Verdict, capability_refusal
 from agentrl.verifiers.canaries import CanaryPlan, plant_canaries
+from agentrl.verifiers.twin_sets import DEFAULT_ODDS, DecisionPlan, plan_twin_sets
 
 Outcome = Literal["passed", "failed", "error", "skipped"]
 _SEVERITY: dict[str, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -559,7 +572,7 @@ def run_tests(
         # The files of the listed tests, not their node ids: pytest matches every node-id
         # argument against every item of its module (quadratic in a suite of hundreds); the
         # runner keeps exactly the listed tests when collection is done (`select`).
-        *([f"{tests.tests_dir}/{f}" for f in dict.fromkeys(i.split("::", 1)[0] for i in ids)] if ids else [tests.target]),
+        *([f"{tests.tests_dir}/{f}" for f in sorted({i.split("::", 1)[0] for i in ids})] if ids else [tests.target]),
     ]  # fmt: skip
     config = {
         "scratch": scratch,
@@ -567,7 +580,8 @@ def run_tests(
         "import_paths": [sandbox.workdir],
         "args": args,
         "message_chars": message_chars,
-        "select": list(ids) if ids else None,
+        # Sorted: the order the ids were planned in (a test, then its twin) must not reach the process.
+        "select": sorted(set(ids)) if ids else None,
         "env": {
             "PATH": SYSTEM_PATH,
             "HOME": f"{scratch}/home",
@@ -580,11 +594,10 @@ def run_tests(
         },
     }
     key = secrets.token_bytes(_KEY_BYTES)
-    program = f"CONFIG = {config!r}\n{RUNNER_SOURCE}".encode()
-    argv = [python, "-I", "-B", "-c", BOOTSTRAP.format(n=len(program))]
+    argv, stdin = runner_input(config, key, python)
     res = sandbox.exec(
         argv,
-        stdin=program + key.hex().encode(),
+        stdin=stdin,
         timeout=timeout_s,
         as_verifier=True,
         output_limit=int(max_report_mb * 2**20),
@@ -593,24 +606,25 @@ def run_tests(
     return HiddenTestsRun(stream, res, _tail(res.stderr), ids)
 
 
+def runner_input(config: dict[str, Any], key: bytes, python: str = SYSTEM_PYTHON) -> tuple[list[str], bytes]:
+    """The runner's command line and its stdin: the program, the key, then the settings (8 hex
+    digits of length and JSON). Nothing of the settings is on the command line, on disk or in the
+    program's text."""
+    program = RUNNER_SOURCE.encode()
+    settings = json.dumps(config).encode()
+    argv = [python, "-I", "-B", "-c", BOOTSTRAP.format(n=len(program))]
+    return argv, program + key.hex().encode() + f"{len(settings):08x}".encode() + settings
+
+
 def node_ids_to_run(fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str] | None:
     """The listed tests as pytest arguments when every entry is a node id; None otherwise."""
     listed = list(dict.fromkeys([*fail_to_pass, *pass_to_pass]))
     return listed if listed and all("::" in e for e in listed) else None
 
 
-def judge(
-    run: HiddenTestsRun,
-    *,
-    mode: Literal["all", "fraction"] = "all",
-    fail_to_pass: list[str] | None = None,
-    pass_to_pass: list[str] | None = None,
-    timeout_s: float = 0.0,
-    max_report_mb: float = 0.0,
-    canaries: CanaryPlan | None = None,
-) -> Verdict:
-    """The verdict of one run: every check of the module docstring's step 7, the canaries'
-    check (no test passed together with its contradicting twin), then the score."""
+def check_run(run: HiddenTestsRun, *, timeout_s: float = 0.0, max_report_mb: float = 0.0) -> Report | Verdict:
+    """The run's report when its stream passed every check of the module docstring's step 7 and
+    its outcomes agree with pytest's exit status; otherwise the zero verdict saying why."""
     s, res = run.stream, run.result
 
     def zero(reason: str) -> Verdict:
@@ -656,26 +670,67 @@ def judge(
         return zero(
             f"the results ({failing} of {len(report.tests)} tests failed) contradict pytest's exit status {s.end}"
         )
+    return report
+
+
+def _tampered(problems: list[str]) -> Verdict:
+    return Verdict(
+        0.0,
+        False,
+        _clip(
+            "the hidden-test run was tampered with: "
+            + "; ".join(problems[:3])
+            + (f"; ... {len(problems) - 3} more" if len(problems) > 3 else "")
+        ),
+    )
+
+
+def _as_original(report: Report, canaries: CanaryPlan) -> Report:
+    return Report(
+        {
+            original: CaseResult(original, t.outcome, t.message)
+            for nodeid, t in report.tests.items()
+            if (original := canaries.original_id(nodeid)) is not None
+        },
+        report.collection_errors,
+    )
+
+
+def judge(
+    run: HiddenTestsRun,
+    *,
+    mode: Literal["all", "fraction"] = "all",
+    fail_to_pass: list[str] | None = None,
+    pass_to_pass: list[str] | None = None,
+    timeout_s: float = 0.0,
+    max_report_mb: float = 0.0,
+    canaries: CanaryPlan | None = None,
+) -> Verdict:
+    """The verdict of one run: every check of the module docstring's step 7, the canaries'
+    check (no test passed together with its contradicting twin), then the score."""
+    checked = check_run(run, timeout_s=timeout_s, max_report_mb=max_report_mb)
+    if isinstance(checked, Verdict):
+        return checked
+    report = checked
     if canaries is not None:
         outcomes = {nodeid: t.outcome for nodeid, t in report.tests.items()}
-        if problems := canaries.tampering(outcomes, collected=s.collected):
-            return zero(
-                "the hidden-test run was tampered with: "
-                + "; ".join(problems[:3])
-                + (f"; ... {len(problems) - 3} more" if len(problems) > 3 else "")
-            )
-        report = Report(
-            {
-                original: CaseResult(original, t.outcome, t.message)
-                for nodeid, t in report.tests.items()
-                if (original := canaries.original_id(nodeid)) is not None
-            },
-            report.collection_errors,
-        )
+        if problems := canaries.tampering(outcomes, collected=run.stream.collected):
+            return _tampered(problems)
+        report = _as_original(report, canaries)
     reward, passed, summary = score(report, mode=mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass)
     if canaries is not None:
         summary += f" [{canaries.summary()}]"
     return Verdict(reward, passed, _clip(summary))
+
+
+def remove_tests(sandbox: Sandbox, installed: list[InstalledTests]) -> None:
+    """Remove installed hidden tests from the sandbox: a later verification of the same sandbox must
+    not find this one's tests (nor its twin sets, which a forger could set against its own)."""
+    if installed:
+        try:
+            sandbox.exec(["rm", "-rf", *[t.run_dir for t in installed]], privileged=True, timeout=60)
+        except Exception as exc:  # a sandbox that is gone takes its tests along
+            log.debug("could not remove the installed hidden tests: %s", exc)
 
 
 # --- the verifier --------------------------------------------------------------------------
@@ -703,6 +758,10 @@ class HiddenTestsVerifier:
     """Give considered tests canary twins that contradict them (`agentrl.verifiers.canaries`): a
     test and its twin both passing is tampering, reward 0. Every FAIL_TO_PASS test gets one (those
     are what a forger must flip), and so does every test when the task lists none."""
+    odds: int = DEFAULT_ODDS
+    """With canaries and FAIL_TO_PASS node ids: the FAIL_TO_PASS tests run first, in a process of their
+    own, each among the members of its twin set (`agentrl.verifiers.twin_sets`), sized so that a
+    forger that knows every set and guesses which member is real wins at most 1 in `odds`."""
     canary_pass_to_pass: int = 2
     """How many PASS_TO_PASS tests, drawn per run, get a twin too. They pass on the buggy code
     already, so the FAIL_TO_PASS twins are what a forger meets; these keep twins among the other
@@ -735,6 +794,8 @@ class HiddenTestsVerifier:
                 "or filtered by name leaves twins out): list the tests in fail_to_pass/pass_to_pass, or "
                 "pass canaries=False"
             )
+        if self.odds < 2:
+            raise ValueError(f"odds must be at least 2 (1 in odds for a blind guess), got {self.odds}")
         if self.canary_pass_to_pass < 0:
             raise ValueError(f"canary_pass_to_pass must be a count >= 0, got {self.canary_pass_to_pass}")
         if self.max_report_mb <= 0:
@@ -777,6 +838,36 @@ class HiddenTestsVerifier:
 
         # 1. Nothing of the agent's may run from here on, before anything of ours exists.
         sandbox.kill_agent_processes()
+        if self.canaries and fail_to_pass and node_ids_to_run(fail_to_pass, pass_to_pass) is not None:
+            return self._verify_in_two_runs(sandbox, task, hidden, fail_to_pass, pass_to_pass)
+        ids = node_ids_to_run(fail_to_pass, pass_to_pass)
+        run, plan, installed = self._run_with_canaries(
+            sandbox, hidden, fail_to_pass, pass_to_pass, ids, self.timeout_s
+        )
+        remove_tests(sandbox, installed)
+        # 7. The stream's checks, then the score.
+        return judge(
+            run,
+            mode=self.mode,
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=pass_to_pass,
+            timeout_s=self.timeout_s,
+            max_report_mb=self.max_report_mb,
+            canaries=plan,
+        )
+
+    def _run_with_canaries(
+        self,
+        sandbox: Sandbox,
+        hidden: Path,
+        fail_to_pass: list[str],
+        pass_to_pass: list[str],
+        ids: list[str] | None,
+        timeout_s: float,
+        prefer_negation: bool = False,
+    ) -> tuple[HiddenTestsRun, CanaryPlan | None, list[InstalledTests]]:
+        """Steps 2-6 for one run: the tests installed with canary twins for the considered ones (every
+        FAIL_TO_PASS test and a few PASS_TO_PASS, or every test when none are listed), then run."""
         # 2. The tests, in a fresh directory only the privileged side can write, each
         # considered test beside a canary twin that contradicts it (drawn afresh per run).
         plan: CanaryPlan | None = None
@@ -801,12 +892,13 @@ class HiddenTestsVerifier:
                         staged,
                         considered=considered,
                         literal_only=(fail_to_pass or None) if strict else None,
+                        prefer_negation=prefer_negation,
                         rng=rng,
                     )
                 except Exception as exc:  # a planter's bug must not cost an honest agent its reward
                     log.warning(
-                        "no canary twins for task %s: planting failed (%s: %s)",
-                        task.id,
+                        "no canary twins for the tests at %s: planting failed (%s: %s)",
+                        hidden,
                         type(exc).__name__,
                         exc,
                     )
@@ -817,7 +909,6 @@ class HiddenTestsVerifier:
                 stage_tests(hidden, staged)
 
         tests = install_tests(sandbox, hidden, rewrite=plant if self.canaries else None)
-        ids = node_ids_to_run(fail_to_pass, pass_to_pass)
         if plan is not None and ids is not None:
             ids = plan.to_installed(ids)
         # 3-6. pytest as the verifier identity, results streamed back here.
@@ -825,21 +916,127 @@ class HiddenTestsVerifier:
             sandbox,
             tests,
             ids=ids,
-            timeout_s=self.timeout_s,
+            timeout_s=timeout_s,
             pytest_args=self.pytest_args,
             python=self.python,
             max_report_mb=self.max_report_mb,
         )
-        # 7. The stream's checks, then the score.
-        return judge(
-            run,
-            mode=self.mode,
-            fail_to_pass=fail_to_pass,
-            pass_to_pass=pass_to_pass,
-            timeout_s=self.timeout_s,
-            max_report_mb=self.max_report_mb,
-            canaries=plan,
-        )
+        return run, plan, [tests]
+
+    def _verify_in_two_runs(
+        self, sandbox: Sandbox, task: Task, hidden: Path, fail_to_pass: list[str], pass_to_pass: list[str]
+    ) -> Verdict:
+        """FAIL_TO_PASS tests first, alone, each among its twin set; then the rest of the listed
+        tests with their canary twins (`agentrl.verifiers.twin_sets` says why two processes)."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            decision = plan_twin_sets(
+                hidden,
+                fail_to_pass,
+                listed=[*fail_to_pass, *pass_to_pass],
+                avoid=task.prompt,
+                odds=self.odds,
+                failing_lines=_failing_lines(task),
+                failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
+                failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
+                safe_sites=_string_list(task, "TWIN_SITES"),
+                rng=random.Random(secrets.randbits(64)),
+            )
+        except Exception as exc:  # a planner's bug must not cost an honest agent its reward
+            log.warning(
+                "no twin sets for task %s: planning failed (%s: %s)", task.id, type(exc).__name__, exc
+            )
+            decision = DecisionPlan(
+                uncovered=dict.fromkeys(fail_to_pass, f"planning failed ({type(exc).__name__})")
+            )
+        installed: list[InstalledTests] = []
+        try:
+            tests: dict[str, CaseResult] = {}
+            if decision.sets:
+
+                def replace(staged: Path) -> None:
+                    shutil.rmtree(staged)
+                    staged.mkdir()
+                    decision.write(staged)
+
+                first = install_tests(sandbox, hidden, rewrite=replace)
+                installed.append(first)
+                run = run_tests(
+                    sandbox,
+                    first,
+                    ids=decision.ids,
+                    timeout_s=max(1.0, deadline - time.monotonic()),
+                    pytest_args=self.pytest_args,
+                    python=self.python,
+                    max_report_mb=self.max_report_mb,
+                )
+                checked = check_run(run, timeout_s=self.timeout_s, max_report_mb=self.max_report_mb)
+                if isinstance(checked, Verdict):
+                    return checked
+                outcomes = {nodeid: t.outcome for nodeid, t in checked.tests.items()}
+                if problems := decision.tampering(outcomes, collected=run.stream.collected):
+                    return _tampered(problems)
+                for nodeid, original in decision.real_ids().items():
+                    if (case := checked.tests.get(nodeid)) is not None:
+                        tests[original] = CaseResult(original, case.outcome, case.message)
+            # The rest, once the first run's outcomes are on this side: the PASS_TO_PASS tests and
+            # the FAIL_TO_PASS tests no twin set covers, with canary twins as before.
+            rest = [t for t in dict.fromkeys([*pass_to_pass, *decision.uncovered]) if t not in tests]
+            plan: CanaryPlan | None = None
+            if rest:
+                uncovered = [t for t in fail_to_pass if t in decision.uncovered]
+                run, plan, more = self._run_with_canaries(
+                    sandbox,
+                    hidden,
+                    uncovered,
+                    [t for t in pass_to_pass if t not in fail_to_pass],
+                    rest,
+                    max(1.0, deadline - time.monotonic()),
+                    prefer_negation=True,
+                )
+                installed.extend(more)
+                checked = check_run(run, timeout_s=self.timeout_s, max_report_mb=self.max_report_mb)
+                if isinstance(checked, Verdict):
+                    return checked
+                if plan is not None:
+                    outcomes = {nodeid: t.outcome for nodeid, t in checked.tests.items()}
+                    if problems := plan.tampering(outcomes, collected=run.stream.collected):
+                        return _tampered(problems)
+                    checked = _as_original(checked, plan)
+                tests.update(checked.tests)
+            reward, passed, summary = score(
+                Report(tests), mode=self.mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass
+            )
+            summary += f" [{decision.summary()}" + (f"; {plan.summary()}" if plan is not None else "") + "]"
+            return Verdict(reward, passed, _clip(summary))
+        finally:
+            remove_tests(sandbox, installed)
+
+
+def _failing_lines(task: Task) -> dict[str, int] | None:
+    """Where each FAIL_TO_PASS test fails on the buggy code (`FAIL_TO_PASS_LINES`: node id -> line of
+    its test file), when the task says; None when it does not."""
+    raw = task.metadata.get("FAIL_TO_PASS_LINES")
+    if not isinstance(raw, dict):
+        return None
+    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _string_map(task: Task, key: str) -> dict[str, str] | None:
+    raw = task.metadata.get(key)
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else None
+
+
+def _list_map(task: Task, key: str) -> dict[str, list[str]] | None:
+    raw = task.metadata.get(key)
+    if not isinstance(raw, dict):
+        return None
+    return {str(k): [str(x) for x in v] for k, v in raw.items() if isinstance(v, list)}
+
+
+def _string_list(task: Task, key: str) -> list[str] | None:
+    raw = task.metadata.get(key)
+    return [str(v) for v in raw] if isinstance(raw, list) else None
 
 
 def _describe_exit(code: int) -> str:

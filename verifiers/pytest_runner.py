@@ -1,11 +1,15 @@
 """The hidden-tests runner: runs INSIDE the sandbox, as the verifier identity, never imported on the host.
 
 `agentrl.verifiers.hidden_tests` runs `python3 -I -B -c BOOTSTRAP`, where BOOTSTRAP
-compiles and runs this file's text read from stdin (preceded by `CONFIG = {...}`); the MAC key
-follows the program on stdin and is read by `main` into a local. So neither the program nor
-the key exists on the sandbox's disk, in an environment block, on a command line, or as a
-constant of any code object. It must run on the image's own interpreter and pytest (3.8+,
-pytest 7+): standard library only, plain syntax.
+compiles and runs this file's text read from stdin; the MAC key and then the run's settings (a
+length-prefixed JSON object) follow the program on stdin and are read by `main` into locals.
+So neither the program, the key nor the settings exist on the sandbox's disk, in an environment
+block, on a command line, as a module global or as a constant of any code object; `main`
+drops the settings before pytest starts, keeping only what the run needs. The one setting that
+stays in the process, the node ids to keep (`select`), is a set of every member of every twin
+set alike: read by the code under test, it says nothing about which member is real. It must run
+on the image's own interpreter and pytest (3.8+, pytest 7+): standard library only, plain
+syntax.
 
 What it does, in order (the `hidden_tests` module docstring says why):
 
@@ -75,6 +79,7 @@ def _emitter(fd, key):
 
 
 KEY_HEX_CHARS = 64
+SETTINGS_LEN_CHARS = 8
 
 # What the snapshot covers: pytest, pluggy (its hook machinery), unittest (which runs
 # TestCase-style tests: its _callTestMethod decides what a test does) and this runner. Their
@@ -613,10 +618,23 @@ class Reporter:
         sys.audit(FINISH_EVENT)  # pytest's unconfigure undoes its configure-time changes next
 
 
-def main(config):
+def _read_settings():
+    """The run's settings, after the key on stdin: 8 hex digits of length, then JSON."""
+    import json
+
+    size = int(sys.stdin.buffer.read(SETTINGS_LEN_CHARS).decode("ascii"), 16)
+    return json.loads(sys.stdin.buffer.read(size).decode("utf-8"))
+
+
+def main():
     rec = os.dup(1)
     os.dup2(2, 1)
     emit = _emitter(rec, bytes.fromhex(sys.stdin.buffer.read(KEY_HEX_CHARS).decode("ascii")))
+    config = _read_settings()
+    # Nothing more comes on stdin: /dev/null in its place (pytest's capture expects an fd 0).
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     emit("start", os.getpid())
     if not hasattr(sys, "addaudithook"):
         emit(
@@ -665,7 +683,11 @@ def main(config):
     # entry, not a site directory: its .pth files and sitecustomize are never executed.
     sys.path.extend(roots)
     reporter = Reporter(emit, guard, tests_dir, config["message_chars"], config.get("select"))
-    code = int(pytest.main(config["args"], plugins=[reporter]))
+    args = list(config["args"])
+    # The settings go out of reach before pytest imports any test module (and so the agent's code):
+    # what the run needs lives on in the reporter and pytest's own arguments, nothing else.
+    del config
+    code = int(pytest.main(args, plugins=[reporter]))
     import shutil
 
     shutil.rmtree(scratch, ignore_errors=True)  # a sandbox reused for many runs (the synthesizer)
@@ -677,4 +699,4 @@ def main(config):
 
 
 if __name__ == "__main__":
-    main(CONFIG)  # noqa: F821 (prepended by the verifier)
+    main()

@@ -37,8 +37,9 @@ tried must not read as one that held.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -195,6 +196,7 @@ def _load() -> None:
     # The built-ins register themselves on import.
     import agentrl.checks.attacks
     import agentrl.checks.attacks_executor
+    import agentrl.checks.attacks_forgers
     import agentrl.checks.attacks_harness
     import agentrl.checks.attacks_history
     import agentrl.checks.attacks_judge
@@ -271,8 +273,11 @@ def run_audit(
     tasks: int | Sequence[Task] = 1,
     only: Sequence[str] | None = None,
     on_finding: Callable[[Finding], None] | None = None,
+    episodes: int | None = None,
 ) -> AuditReport:
-    """Controls, then every applicable attack, on `tasks` (the first N tasks of the env, or these)."""
+    """Controls, then every applicable attack, on `tasks` (the first N tasks of the env, or these).
+    `episodes`: how many episodes per task an attack that reports a rate plays (one with an
+    `episodes` attribute: the forgers that guess, whose single episode proves little)."""
     chosen = list(attacks()) if only is None else [get(n) for n in only]
     picked = [env.tasks.get(i, env.split) for i in range(tasks)] if isinstance(tasks, int) else list(tasks)
     report = AuditReport(env_id or getattr(env, "env_id", type(env).__name__), getattr(env, "backend", None))
@@ -291,7 +296,9 @@ def run_audit(
                 finding = Finding(attack.name, task.id, "not applicable", str(applies or "does not apply"))
             else:
                 try:
-                    finding = _judge(attack, task, attack.play(env, task), baseline, time.perf_counter() - t0)
+                    with _episodes(attack, episodes):
+                        outcome = attack.play(env, task)
+                    finding = _judge(attack, task, outcome, baseline, time.perf_counter() - t0)
                 except StepRaised as exc:  # "never an exception" is the contract: breaking it is a finding
                     finding = Finding(
                         attack.name, task.id, "exploited", str(exc), seconds=time.perf_counter() - t0
@@ -309,6 +316,19 @@ def run_audit(
                 on_finding(finding)
     report.seconds = time.perf_counter() - t_start
     return report
+
+
+@contextlib.contextmanager
+def _episodes(attack: Attack, episodes: int | None) -> Iterator[None]:
+    if episodes is None or not hasattr(attack, "episodes"):
+        yield
+        return
+    before = attack.episodes  # type: ignore[attr-defined]
+    attack.episodes = episodes  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        attack.episodes = before  # type: ignore[attr-defined]
 
 
 def format_finding(f: Finding) -> str:

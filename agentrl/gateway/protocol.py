@@ -163,6 +163,8 @@ def parse_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
             400,
             f"We could not parse the JSON body of your request ({exc}). The body must be a JSON object.",
         ) from None
+    except RecursionError:  # nested past the parser's depth: the client's error, not the server's
+        raise GatewayError(400, "The JSON body of your request is nested too deeply to parse.") from None
     if not isinstance(data, dict):
         raise GatewayError(400, f"The request body must be a JSON object, got {type(data).__name__}.")
     _refuse_non_text(data.get("messages"))
@@ -170,6 +172,8 @@ def parse_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+    except RecursionError:
+        raise GatewayError(400, "The JSON body of your request is nested too deeply to check.") from None
     _refuse_unsupported(req)
     return req, data
 

@@ -10,6 +10,13 @@ whatever the command sends reaches the gateway's HTTP server, where only its own
     relay.start(argv, env=..., cwd="/workspace", path="/s/<token>/v1")
     code = relay.wait(timeout_s)      # the command's exit code; None: it did not finish
     relay.close()
+
+The command runs as the agent, and so may anything it starts; what it could forge is kept from counting.
+The relay is non-dumpable (`relay_inside`), so nothing of the agent's can reach its stdio through /proc
+to write frames of its own; and the command's exit code is taken from what the host sees of the relay's
+process (docker's record of the exec, the bwrap process's exit), checked against the relay's `EXIT`
+frame: a frame without a matching exit, or an exit without a frame, is a broken relay (`broken`), an
+episode that ends in an error, never one that counts as the command having succeeded.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class CommandRelay:
         self.connect = connect
         self.output_limit = output_limit
         self.exit_code: int | None = None
+        self._frame_code: int | None = None
         self.broken: str | None = None
         """Why the relay's stream ended before the command's exit came (None while it has not)."""
         self.connections = 0
@@ -139,6 +147,8 @@ class CommandRelay:
             self.broken = str(exc)
         except Exception as exc:  # the stream failed under us: the episode ends, the run goes on
             self.broken = f"the relay's stream failed: {exc}"
+        if self._frame_code is not None and self.broken is None and not self._closed:
+            self._settle(self._frame_code)
         if self.exit_code is None and self.broken is None and not self._closed:
             tail = self.stderr.strip()[-300:]
             self.broken = "the relay in the sandbox ended before the command did (killed from inside?)" + (
@@ -189,13 +199,38 @@ class CommandRelay:
             if room > 0:
                 self._output += payload[:room]
         elif kind == EXIT:
+            if self._frame_code is not None:
+                raise RelayBroken("the relay's stream carried a second exit frame: written to from inside")
             try:
-                self.exit_code = int(payload.decode())
+                self._frame_code = int(payload.decode())
             except ValueError:
                 raise RelayBroken(
                     f"the relay sent an exit code that is not a number: {payload[:40]!r}"
                 ) from None
-            self._done.set()
+            # Not final until the relay's process has exited as the frame says (`_settle`).
+
+    def _settle(self, frame_code: int) -> None:
+        """The command's exit code, once the relay's own process exited with the status the frame
+        announced (128 + N for a signal N); otherwise the relay is broken."""
+        status = getattr(self.transport, "exit_status", None)
+        try:
+            seen = status() if callable(status) else None
+        except Exception as exc:
+            seen, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "the transport does not report it" if not callable(status) else "it did not exit"
+        expected = 128 - frame_code if frame_code < 0 else frame_code & 0xFF
+        if seen is None:
+            self.broken = (
+                f"the relay's exit status could not be read ({why}): its exit frame alone is not trusted"
+            )
+        elif seen != expected:
+            self.broken = (
+                f"the relay's exit frame says the command exited {frame_code}, but the relay's process exited "
+                f"{seen}: frames were written into its stream from inside, or it was killed"
+            )
+        else:
+            self.exit_code = frame_code
 
     def _open(self, conn: int) -> None:
         with self._conns_lock:

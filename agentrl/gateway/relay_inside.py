@@ -12,6 +12,17 @@ Sent over the stdin of one attached process in the sandbox (`agentrl.gateway.rel
 
 Its stdout carries frames only: the command's output never reaches it unframed, so nothing the command
 prints can pose as a frame. EOF on stdin (the host gave up on the episode) kills the command's group.
+
+The command and everything it starts run as the relay's own uid (the agent's), so the relay keeps them out:
+
+- it makes itself non-dumpable (`PR_SET_DUMPABLE` 0) before it reads its settings or starts the command:
+  a process of the same uid can then neither ptrace it, read its memory, nor open its descriptors
+  through `/proc/<pid>/fd` (its stdio: the link to the host, which a forged frame would ride); it refuses
+  to run where that fails;
+- the command gets none of the relay's descriptors (stdin from /dev/null, its output a pipe of its own);
+- its exit status is the command's (128 + N when a signal N ended it), which the host reads from the
+  relay's process (docker's record of the exec, bwrap's exit), not only from the `EXIT` frame: a frame
+  and a process that disagree mean the relay was tampered with, and the episode is not trained on.
 """
 
 import contextlib
@@ -39,8 +50,28 @@ def read_exact(stream, n):
     return buf
 
 
+def non_dumpable():
+    """PR_SET_DUMPABLE 0 (and a name for `ps`); False where it cannot be done."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(3, 0, 0, 0, 0) != 0:
+            return False
+        libc.prctl(15, b"agentrl-relay", 0, 0, 0)
+        return True
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def exit_status(code):
+    """The relay's own exit status for the command's: its code, or 128 + N for signal N."""
+    return 128 - code if code < 0 else code & 0xFF
+
+
 def main():
     inp, out = sys.stdin.buffer, sys.stdout.buffer
+    safe = non_dumpable()
     out_lock = threading.Lock()
 
     def send(kind, conn, payload=b""):
@@ -52,6 +83,11 @@ def main():
     if head is None:
         return
     cfg = json.loads(read_exact(inp, struct.unpack(">I", head)[0]))
+    if not safe:
+        send(OUT, 0, b"agentrl relay: cannot make itself non-dumpable (prctl); refusing to run the command\n")
+        send(EXIT, 0, b"126")
+        out.flush()
+        os._exit(126)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(64)
@@ -73,7 +109,8 @@ def main():
     except OSError as exc:
         send(OUT, 0, f"could not start {cfg['argv']!r}: {exc}\n".encode())
         send(EXIT, 0, b"127")
-        return
+        out.flush()
+        os._exit(127)
     conns = {}
     lock = threading.Lock()
 
@@ -145,6 +182,9 @@ def main():
     kill_group()  # what it left running in the background ends with it
     pump.join(timeout=2)
     send(EXIT, 0, str(code).encode())
+    out.flush()
+    # The host takes the command's status from this process's own exit, not from the frame alone.
+    os._exit(exit_status(code))
 
 
 if __name__ == "__main__":  # run as `python3 -c <this source>`; never on import

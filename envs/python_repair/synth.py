@@ -30,6 +30,7 @@ import math
 import random
 import re
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -50,14 +51,19 @@ from agentrl.envs.python_repair.packages import (
 from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, backend_capabilities, open_sandbox
 from agentrl.task import Task
 from agentrl.types import Split
-from agentrl.verifiers.hidden_tests import Report, install_tests, run_tests
+from agentrl.verifiers.hidden_tests import Report, install_tests, remove_tests, run_tests
+from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage, probe_sites
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
-SYNTH_VERSION = 3
+SYNTH_VERSION = 4
+# A task is kept only when a blind guess among its twin sets wins at most 1 in this many.
+TWIN_ODDS = DEFAULT_ODDS
 SPLIT_FRACTIONS: tuple[tuple[Split, float], ...] = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
 
 REASONS = {
     "kept": "kept: some tests go pass -> fail, the rest still pass",
+    "no_twin_cover": "some failing test cannot be decided among twins (agentrl.verifiers.twin_sets): no "
+    "value to differ in where it fails, or too few to make a guess pay at most 1 in 32",
     "no_test_fails": "no test fails (the mutant survives the suite, or is equivalent at run time)",
     "too_many_fail": "other tests break: more than max_fail_fraction of the passing tests fail",
     "import_error": "the package no longer imports (collection errors)",
@@ -164,6 +170,29 @@ class SuiteRunner:
         run = run_tests(self.sandbox, self.tests, timeout_s=timeout_s, message_chars=_REPORT_CHARS)
         res = run.result
         return SuiteRun(run.report(), res.duration_s, res.timed_out, res.exit_code, run.output[-4000:])
+
+    def probe(self, files: dict[str, bytes], ids: dict[str, str], timeout_s: float) -> set[str]:
+        """Run twin-site probes (`agentrl.verifiers.twin_sets.probe_sites`) over the pristine source
+        in the workspace; the site keys whose probe failed, as every twin must (a probe that passes
+        marks a value the code's equality ignores). A run that does not finish cleanly: none."""
+        if not ids:
+            return set()
+        with tempfile.TemporaryDirectory(prefix="agentrl-probes-") as tmp:
+            root = Path(tmp, "tests")
+            for rel, data in files.items():
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                (root / rel).write_bytes(data)
+            installed = install_tests(self.sandbox, root)
+            try:
+                run = run_tests(self.sandbox, installed, ids=sorted(ids), timeout_s=timeout_s)
+            finally:
+                remove_tests(self.sandbox, [installed])
+        report = run.report()
+        if report is None or report.collection_errors:
+            return set()
+        passed = {ids[t] for t, case in report.tests.items() if t in ids and case.outcome == "passed"}
+        reported = {ids[t] for t in report.tests if t in ids}
+        return reported - passed
 
     def write(self, module: str, text: str) -> None:
         self.sandbox.write_file(module, text)
@@ -280,49 +309,142 @@ _PLACE = re.compile(r"^\S+\.py:\d+:")
 _MIDDLE = re.compile(r"^\S+\.py:\d+: in \S+$")
 
 
-def failure_excerpt(message: str, max_lines: int = 14) -> str:
-    """What a user pastes into a bug report from pytest's report of one failing test: each frame's
-    failing line and place, and the error, without the source around them (a function's docstring
-    says nothing of the bug). The test's own frame first, then the frames down to the error; past
-    `max_lines`, the middle frames go."""
+def _entries(message: str) -> list[tuple[str, list[str]]]:
+    """pytest's report of a failure as its traceback entries, each (place, its `>` and `E` lines).
+    A long entry's lines come before its place; a short (middle) one's call comes after it."""
     lines = [ln.rstrip() for ln in normalize_message(message).splitlines()]
+    entries: list[tuple[str, list[str]]] = []
+    pending: list[str] = []
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        if _MIDDLE.match(ln):
+            call = lines[i + 1] if i + 1 < len(lines) else ""
+            entries.append((ln, [">" + call[1:] if call.startswith(" ") else call] if call.strip() else []))
+            pending, i = [], i + 2
+            continue
+        if _PLACE.match(ln):
+            entries.append((ln, [x for x in pending if _FAILING.match(x) or _ERROR.match(x)]))
+            pending = []
+        else:
+            pending.append(ln)
+        i += 1
+    return entries
+
+
+def _in_tests(place: str, test_file: str) -> bool:
+    path = place.split(":", 1)[0]
+    return path.endswith("/" + test_file) or path == test_file or "/verifier/" in path
+
+
+def failing_line(message: str, test_file: str) -> int | None:
+    """The line of the test's own file where it failed (its first traceback entry there)."""
+    for place, _ in _entries(message):
+        path, _, rest = place.partition(":")
+        if path.endswith("/" + test_file) or path == test_file:
+            return int(rest.split(":", 1)[0])
+    return None
+
+
+def failing_error(message: str) -> str:
+    """The exception a test failed with, as its report's last place names it ("" if none)."""
+    entries = _entries(message)
+    return entries[-1][0].rsplit(":", 1)[-1].strip() if entries else ""
+
+
+_COMPARED = (
+    re.compile(r"^E\s+(?:AssertionError: )?assert (.+) == (.+)$"),
+    re.compile(r"^E\s+AssertionError: (.+) != (.+)$"),
+)
+
+
+def failing_values(message: str) -> list[str]:
+    """The two sides a failing equality check compared, as pytest printed them (`assert 6 == 5`,
+    unittest's `6 != 5`): the buggy output is one of them. Empty when the report says no such thing."""
+    for line in normalize_message(message).splitlines():
+        for pattern in _COMPARED:
+            if m := pattern.match(line.rstrip()):
+                return [m.group(1).strip(), m.group(2).strip()]
+    return []
+
+
+def failure_excerpt(message: str, test_file: str = "", max_lines: int = 14) -> str:
+    """What a bug report may say of one failing test: the frames in the package (each one's
+    failing line and place) and, when the error was raised there, the error. Nothing of the
+    test's own frames, never its assertion and the values it expects: the hidden tests' twin
+    sets differ in exactly those (`agentrl.verifiers.twin_sets`), and a prompt quoting them would
+    say which member is real. Past `max_lines`, the middle frames go."""
+    entries = _entries(message)
+    if not entries:  # not pytest's report of a test (a collection error, a crash): its error only
+        errors = [ln.rstrip() for ln in normalize_message(message).splitlines() if _ERROR.match(ln)]
+        return "\n".join(_clip_line(ln, 200) for ln in errors[-3:])
     kept: list[str] = []
-    for i, ln in enumerate(lines):
-        if _FAILING.match(ln) or _ERROR.match(ln) or _PLACE.match(ln):
-            kept.append(ln)
-        elif i and _MIDDLE.match(lines[i - 1]) and ln.strip():
-            kept.append(">" + ln[1:] if ln.startswith(" ") else ln)  # the middle frame's call
-    if not kept:  # not pytest's report of a test (a collection error, a crash): its last lines
-        kept = [ln for ln in lines if ln.strip()][-max_lines:]
+    for k, (place, lines) in enumerate(entries):
+        if _in_tests(place, test_file):
+            continue
+        last = k == len(entries) - 1
+        kept.extend(ln for ln in lines if last or not _ERROR.match(ln))
+        kept.append(place)
     if len(kept) > max_lines:
-        head = 2  # the test's failing line and its place
-        kept = [*kept[:head], "...", *kept[-(max_lines - head - 1) :]]
+        kept = ["...", *kept[-(max_lines - 1) :]]
     return "\n".join(_clip_line(ln, 200) for ln in kept)
+
+
+def _error_kind(message: str, test_file: str) -> str:
+    entries = _entries(message)
+    if not entries:
+        return "fails"
+    place = entries[-1][0]
+    exc = place.rsplit(":", 1)[-1].strip() or "an error"
+    if _in_tests(place, test_file):
+        return "its own check fails" if exc == "AssertionError" else f"{exc} in the test itself"
+    return f"{exc} raised in the package"
 
 
 def _clip_line(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3].rstrip() + "..."
 
 
-def bug_report(spec: PackageSpec, failures: list[tuple[str, str]], n_passing: int, max_shown: int = 5) -> str:
+def bug_report(
+    spec: PackageSpec,
+    failures: list[tuple[str, str]],
+    n_passing: int,
+    max_shown: int = 5,
+    cases: dict[str, int] | None = None,
+) -> str:
     """The task prompt: what a user would file after running the package's test suite.
 
-    The failing tests' ids and, for each, what pytest reported: its failing line, the frames down to
-    the error, the error. No file, line or function of the package is named beyond what those
-    reports themselves say.
+    The failing tests by name (a parametrized test once, with how many of its cases fail) and, for
+    each, what went wrong: its own check failing, or an error raised in the package with the
+    package's frames down to it. Never a line of a test, a case's parameters or a value a test
+    expects (see `failure_excerpt`), and no file, line or function of the package beyond what
+    the package's frames say. `cases`: per test, how many cases it has in all.
     """
+    by_test: dict[str, list[str]] = {}
+    for nodeid, message in failures:
+        by_test.setdefault(nodeid.split("[", 1)[0], []).append(message)
     lines = [
         f"The `{spec.dist}` package ({spec.version}; {spec.kind}) is checked out in /workspace, and "
         f"its test suite has started failing: {len(failures)} test(s) fail while the other "
         f"{n_passing - len(failures)} still pass. The failures:",
         "",
     ]
-    for nodeid, message in failures[:max_shown]:
-        lines.append(f"- {nodeid}")
-        if message.strip():
-            lines.extend("    " + ln for ln in failure_excerpt(message).splitlines())
-    if len(failures) > max_shown:
-        lines.append(f"- ... and {len(failures) - max_shown} more")
+    for test, messages in list(by_test.items())[:max_shown]:
+        test_file = test.split("::", 1)[0]
+        message = messages[0]
+        of = (cases or {}).get(test)
+        count = (
+            f" ({len(messages)} of its {of} cases)"
+            if of and of > 1
+            else f" ({len(messages)} cases)"
+            if len(messages) > 1
+            else ""
+        )
+        lines.append(f"- {test}{count}: {_error_kind(message, test_file)}")
+        if message.strip() and (excerpt := failure_excerpt(message, test_file)):
+            lines.extend("    " + ln for ln in excerpt.splitlines())
+    if len(by_test) > max_shown:
+        lines.append(f"- ... and {len(by_test) - max_shown} more tests")
     lines += [
         "",
         "The test suite is not in the workspace; it is run against /workspace after you submit. "
@@ -334,15 +456,49 @@ def bug_report(spec: PackageSpec, failures: list[tuple[str, str]], n_passing: in
 
 
 def _task(
-    spec: PackageSpec, cand: Candidate, mutant: Any, base: Baseline, f2p: list[str], run: SuiteRun, seed: int
+    spec: PackageSpec,
+    cand: Candidate,
+    mutant: Any,
+    base: Baseline,
+    f2p: list[str],
+    run: SuiteRun,
+    seed: int,
+    runner: SuiteRunner | None = None,
 ) -> Task:
+    """The task of a kept mutant. `runner` (its workspace holding the pristine source again) runs
+    the twin-site probes; without it no site counts as safe."""
     assert run.report is not None
     p2p = [t for t in base.passing if t not in set(f2p)]
     failures = [(t, run.report.tests[t].message if t in run.report.tests else "") for t in f2p]
+    lines = {
+        t: line for t, message in failures if (line := failing_line(message, t.split("::", 1)[0])) is not None
+    }
+    errors = {t: kind for t, message in failures if (kind := failing_error(message))}
+    values = {t: got for t, message in failures if (got := failing_values(message))}
+    cases = Counter(t.split("[", 1)[0] for t in base.passing)
+    prompt = bug_report(spec, failures, len(base.passing), cases=dict(cases))
+    # Whether every failing test can be decided among twins (see agentrl.verifiers.twin_sets): a
+    # task where one cannot is kept out of the task set (a forger could pass it by forging it).
+    # Only sites whose probe fails on the pristine package count: equality there is not blind.
+    safe: set[str] = set()
+    if runner is not None:
+        files, probe_ids = probe_sites(tests_dir(spec), f2p, listed=[*f2p, *p2p], failing_lines=lines)
+        safe = runner.probe(files, probe_ids, timeout_s=max(30.0, 6 * base.seconds))
+    uncovered, odds = coverage(
+        tests_dir(spec),
+        f2p,
+        listed=[*f2p, *p2p],
+        avoid=prompt,
+        odds=TWIN_ODDS,
+        failing_lines=lines,
+        failing_errors=errors,
+        failing_values=values,
+        safe_sites=safe,
+    )
     key = f"{spec.name}:{spec.version}:{cand.module}:{cand.site.key}"
     return Task(
         id=f"python-repair/{spec.name}/{hashlib.sha256(key.encode()).hexdigest()[:12]}",
-        prompt=bug_report(spec, failures, len(base.passing)),
+        prompt=prompt,
         files={cand.module: mutant.source},
         image=spec.image,
         hidden_tests=str(tests_dir(spec)),
@@ -358,6 +514,15 @@ def _task(
             "source_dir": spec.source_dir_in_image,
             "FAIL_TO_PASS": f2p,
             "PASS_TO_PASS": p2p,
+            "FAIL_TO_PASS_LINES": lines,
+            "FAIL_TO_PASS_ERRORS": errors,
+            "FAIL_TO_PASS_VALUES": values,
+            "TWIN_SITES": sorted(safe),
+            "twin_sets": {
+                "covered": not uncovered and odds >= TWIN_ODDS,
+                "odds": odds,
+                "uncovered": uncovered,
+            },
             "original_function": mutant.original_function,
             "mutated_function": mutant.mutated_function,
             "test_seconds": round(run.seconds, 3),
@@ -377,7 +542,7 @@ class SynthConfig:
     """Reject a mutant that fails more than this fraction of the passing tests."""
     max_per_function: int = 4
     """At most this many tasks mutate the same function."""
-    max_trials_per_task: int = 6
+    max_trials_per_task: int = 12
     """Give up on a package after this many trials per wanted task (its candidates are poor)."""
     backend: str = "docker"
     """Sandbox backend the suites run in (docker or bwrap)."""
@@ -454,11 +619,13 @@ def synthesize_package(spec: PackageSpec, want: int, config: SynthConfig) -> lis
                 trial.outcome, f2p = _judge(run, base, config)
                 trial.n_failing = len(f2p)
                 if trial.outcome == "kept":
-                    trial.task = _task(spec, cand, mutant, base, f2p, run, config.seed).model_dump(
-                        mode="json"
-                    )
-                    kept += 1
-                    per_function[cand.function_key] += 1
+                    task = _task(spec, cand, mutant, base, f2p, run, config.seed, runner)
+                    trial.task = task.model_dump(mode="json")
+                    if task.metadata["twin_sets"]["covered"]:
+                        kept += 1
+                        per_function[cand.function_key] += 1
+                    else:
+                        trial.outcome = "no_twin_cover"
             trials.append(trial)
             log.write(json.dumps(asdict(trial)) + "\n")
             log.flush()
@@ -577,6 +744,16 @@ def statistics(trials: list[Trial], tasks: list[Task] | None = None) -> dict[str
             "p99": seconds[min(len(seconds) - 1, int(0.99 * len(seconds)))] if seconds else None,
         },
     }
+    # Why the tasks left out of the set were left out: per failing test that no twin set covers.
+    why: Counter = Counter()
+    for t in trials:
+        if t.outcome == "no_twin_cover" and t.task:
+            info = t.task["metadata"].get("twin_sets", {})
+            reasons = set(info.get("uncovered", {}).values()) or {
+                f"the twin sets reach only 1 in {info.get('odds')} (too few values to draw from)"
+            }
+            why.update(reasons)
+    out["no_twin_cover"] = {"tasks": total["no_twin_cover"], "why": dict(why.most_common())}
     if tasks is not None:
         out["tasks"] = {
             "n": len(tasks),

@@ -337,15 +337,17 @@ def pytest_runtest_logreport(report):
 """
 
 
-def test_the_bug_report_shows_each_frame_s_failing_line_and_the_error_not_the_source_around_them(tmp_path):
-    """A real pytest report of an error raised two calls into the package: the excerpt keeps the test's
-    failing line, each package frame's call and place, and the error; not the docstring of the function
-    the error came from (pytest shows the last frame's whole source)."""
+def test_the_bug_report_shows_the_package_s_frames_and_error_never_the_test_s_lines_or_values(tmp_path):
+    """A real pytest report of an error raised two calls into the package: the excerpt keeps each
+    package frame's call and place, and the error; not the test's own line (its values are what the
+    hidden tests' twin sets differ in), and not the docstring of the function the error came from
+    (pytest shows the last frame's whole source). The failing test's line and its error are read
+    off the report for the verifier, never shown."""
     import os
     import subprocess
     import sys
 
-    from agentrl.envs.python_repair.synth import bug_report, failure_excerpt
+    from agentrl.envs.python_repair.synth import bug_report, failing_error, failing_line, failure_excerpt
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text(_PACKAGE)
@@ -363,19 +365,39 @@ def test_the_bug_report_shows_each_frame_s_failing_line_and_the_error_not_the_so
     assert out.exists(), ran.stdout[-2000:] + ran.stderr[-2000:]
     report = json.loads(out.read_text())
     assert ":return:" in report and "NameError" in report  # the whole report has the docstring
-    excerpt = failure_excerpt(report)
+    excerpt = failure_excerpt(report, "test_pkg.py")
     lines = excerpt.splitlines()
-    assert lines[0].startswith(">") and 'compare("1.0.0", "1.0.0") == 0' in lines[0]
+    assert 'compare("1.0.0", "1.0.0") == 0' not in excerpt and "test_pkg.py" not in excerpt
     assert any(ln.startswith(">") and "_comparator(*parts)" in ln for ln in lines)  # the middle frame
     assert any(ln.startswith(">") and "undefined_name" in ln for ln in lines)
     assert any(ln.startswith("E") and "NameError" in ln and "undefined_name" in ln for ln in lines)
     assert any(ln.endswith(": NameError") and "pkg/__init__.py" in ln for ln in lines)
     assert ":return:" not in excerpt and ">>>" not in excerpt and "Versions compare" not in excerpt
-    # Long reports keep the test's line and the error, and drop middle frames.
-    deep = "\n".join(
-        [lines[0], "test_pkg.py:7: ", *[f"> f{i}()\npkg/m.py:{i}: in f{i}" for i in range(20)], "E   boom"]
+    test_lines = _TESTS.splitlines()
+    assert failing_line(report, "test_pkg.py") == 1 + test_lines.index(
+        next(ln for ln in test_lines if "compare(" in ln)
     )
-    short = failure_excerpt(deep, max_lines=8).splitlines()
-    assert len(short) == 8 and short[0] == lines[0] and short[2] == "..." and short[-1] == "E   boom"
+    assert failing_error(report) == "NameError"
+    # Long reports keep the error and the frames nearest it, and drop the rest.
+    middle = [f"pkg/m.py:{i}: in f{i}\n    f{i + 1}()" for i in range(20)]
+    deep = "\n".join([*middle, "    def f20():", ">       boom()", "E       boom", "", "pkg/m.py:99: Boom"])
+    short = failure_excerpt(deep, "test_pkg.py", max_lines=8).splitlines()
+    assert len(short) == 8 and short[0] == "..."
+    assert short[-3:] == [">       boom()", "E       boom", "pkg/m.py:99: Boom"]
     prompt = bug_report(get_spec("semver"), [("test_pkg.py::test_compare_orders_versions", report)], 10)
-    assert "- test_pkg.py::test_compare_orders_versions\n    >" in prompt and "NameError" in prompt
+    assert "- test_pkg.py::test_compare_orders_versions: NameError raised in the package" in prompt
+    assert 'compare("1.0.0"' not in prompt
+    # A parametrized test is named once, with how many of its cases fail; an assertion in the test
+    # itself is said to fail, its values never quoted.
+    assertion = (
+        "    def test_x(a):\n>       assert f(a) == 'want'\nE       AssertionError: assert 'got' == 'want'\n\n"
+        "test_pkg.py:3: AssertionError"
+    )
+    prompt = bug_report(
+        get_spec("semver"),
+        [("test_pkg.py::test_x[a]", assertion), ("test_pkg.py::test_x[b]", assertion)],
+        10,
+        cases={"test_pkg.py::test_x": 5},
+    )
+    assert "- test_pkg.py::test_x (2 of its 5 cases): its own check fails" in prompt
+    assert "want" not in prompt and "got" not in prompt and "[a]" not in prompt

@@ -126,3 +126,69 @@ def test_console_scripts_run_the_images_python(tmp_path: Path):
     _rewrite_scripts(bin_dir)
     assert (bin_dir / "mini").read_bytes() == b"#!/usr/bin/env python3\nimport sys\n"
     assert (bin_dir / "data.txt").read_bytes() == b"not a script\n"
+
+
+# The command (the agent) goes for the relay's stdout through /proc and writes a forged output frame
+# and an exit-0 frame there, then exits 3. It prints what it could reach.
+FORGE = r"""
+import os, struct, sys
+relay = os.getppid()
+try:
+    print("LIST", sorted(os.listdir(f"/proc/{relay}/fd")), flush=True)
+except OSError as exc:
+    print("LIST", type(exc).__name__, flush=True)
+frames = struct.pack(">BII", 4, 0, 7) + b"forged\n" + struct.pack(">BII", 5, 0, 1) + b"0"
+try:
+    with open(f"/proc/{relay}/fd/1", "wb") as out:
+        out.write(frames)
+    print("WROTE", flush=True)
+except OSError as exc:
+    print("OPEN", type(exc).__name__, flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_forged_exit_frame_does_not_count_the_process_s_exit_does(sandbox, echo):
+    """On the local backend (the host's root may open any process's descriptors) the command does write
+    its frames into the relay's stream; the exit code still comes from the relay's process, which
+    exits 3, so the link is broken instead of the command counting as a success."""
+    relay = _relay(sandbox, echo, [sys.executable, "-c", FORGE])
+    try:
+        code = relay.wait(60)
+    finally:
+        relay.close()
+    if "WROTE" in relay.output or "forged" in relay.output:
+        assert code is None and relay.broken and "exit" in relay.broken, (code, relay.broken, relay.output)
+    else:  # not root here: it could not even open them
+        assert code == 3 and relay.broken is None, relay.output
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+def test_in_a_sandbox_the_relay_s_stdio_is_out_of_the_agent_s_reach(backend, request):
+    """The relay is non-dumpable: the command, as the agent, cannot open its descriptors through /proc
+    (nor, on bwrap, list them), and its exit status (3) is what the host reads."""
+    from agentrl.sandbox.base import open_sandbox
+
+    if backend == "bwrap":
+        request.getfixturevalue("bwrap_path")
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sb = open_sandbox(backend, image="agentrl/base:bookworm")
+    try:
+        relay = CommandRelay(
+            sb.attach(relay_argv("python3")), connect=lambda: socket.create_connection(server.server_address)
+        )
+        relay.start(["python3", "-c", FORGE], env={}, cwd=sb.workdir, path="/s/t/v1")
+        try:
+            code = relay.wait(120)
+        finally:
+            relay.close()
+    finally:
+        sb.close()
+        server.shutdown()
+        server.server_close()
+    assert code == 3 and relay.broken is None, (code, relay.broken, relay.output)
+    assert "OPEN PermissionError" in relay.output and "WROTE" not in relay.output, relay.output
+    assert "LIST PermissionError" in relay.output or "LIST []" in relay.output, relay.output

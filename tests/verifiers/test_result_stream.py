@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 
 from agentrl.verifiers.hidden_tests import (
-    BOOTSTRAP,
-    RUNNER_SOURCE,
     ExecResult,
     HiddenTestsRun,
     Stream,
     judge,
     read_stream,
+    runner_input,
     sign,
 )
 
@@ -241,10 +240,10 @@ def run_runner(tmp_path: Path, module: str, tests: str = TESTS, *, prepare=None)
         "env": {"PATH": os.environ["PATH"], "HOME": str(scratch), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     }
     key = secrets.token_bytes(32)
-    program = f"CONFIG = {config!r}\n{RUNNER_SOURCE}".encode()
+    argv, stdin = runner_input(config, key, sys.executable)
     proc = subprocess.run(
-        [sys.executable, "-I", "-B", "-c", BOOTSTRAP.format(n=len(program))],
-        input=program + key.hex().encode(),
+        argv,
+        input=stdin,
         capture_output=True,
         timeout=120,
     )

@@ -1,0 +1,501 @@
+"""Forgers that have read our source, against the hidden-test verdict of python-repair-v0: their reward rates, a classifier's odds, and the verification time against today's.
+
+    .venv/bin/python benchmarks/forgers.py classify --cache-dir DIR           # offline: no sandbox
+    .venv/bin/python benchmarks/forgers.py play --backend docker --classes coin,form --start 0 --count 16
+    .venv/bin/python benchmarks/forgers.py timing --backend docker --tasks 8   # this verifier vs --baseline-ref
+    .venv/bin/python benchmarks/forgers.py report                              # merge the parts
+
+Each subcommand prints ONE JSON object on stdout (progress on stderr) and saves it under
+benchmarks/results/forgers/ (`report` merges them into benchmarks/results/forgers.json). The tasks are
+the synthesizer's cached python-repair tasks (`agentrl tasks synth python-repair`), picked round-robin
+over the four packages.
+
+- `play`: per task, the controls (the oracle's fix must score 1 with no tampering found, the untouched
+  mutant 0), then every forger class of `agentrl.checks.attacks_forgers` for `--episodes` episodes
+  through `env.step` (reset, the forger appended to the package, submit), the bug left in place.
+  Each episode's reward, whether it passed, and the plan's blind odds (from the verdict) are kept.
+- `classify`: many plans per task drawn on the host, each twin set's members described by the form
+  of the value they differ in (and its echoes in the tests, the package's source and the prompt);
+  a conditional-logit classifier trained and tested across tasks (5 folds by task), and every single
+  feature used as a rule, each scored by how often its pick is the real member against chance.
+- `timing`: on one sandbox per task, this tree's verifier and the one at `--baseline-ref` (today's:
+  the parent this work started from), interleaved, after the oracle's fix and on the untouched mutant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import random
+import re
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = RESULTS / "forgers"
+# Today's verifier: main when this work began (its hidden_tests.py and pytest_runner.py).
+BASELINE_REF = "56cf746a0c15425cf5949f1c94d06b8f0f0af85a"
+CLASSES = ("plan-order", "prerun", "prompt", "form", "nearest", "coin")
+_ODDS = re.compile(r"a blind guess wins 1 in ([\d,]+)")
+
+
+def log(msg: str) -> None:
+    print(f"[forgers] {msg}", file=sys.stderr, flush=True)
+
+
+def load_tasks(cache_dir: str | None, n: int, seed: int = 0) -> list[Any]:
+    from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
+    from agentrl.envs.python_repair.synth import cached_tasks
+
+    tasks = cached_tasks(DEFAULT_PACKAGES, seed, Path(cache_dir) if cache_dir else None)
+    by_pkg: dict[str, list[Any]] = defaultdict(list)
+    for t in tasks:
+        by_pkg[t.metadata["package"]].append(t)
+    out: list[Any] = []
+    i = 0
+    while len(out) < n and any(i < len(v) for v in by_pkg.values()):
+        out.extend(v[i] for v in by_pkg.values() if i < len(v) and len(out) < n)
+        i += 1
+    return out
+
+
+def save(name: str, result: dict[str, Any]) -> None:
+    PARTS.mkdir(parents=True, exist_ok=True)
+    (PARTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+# --- play ------------------------------------------------------------------------------------------
+
+
+def play(args: argparse.Namespace) -> dict[str, Any]:
+    from agentrl.checks.attack_base import Play
+    from agentrl.checks.attacks import _append
+    from agentrl.checks.attacks_forgers import forger_payload
+    from agentrl.checks.verifier_check import check_verifier
+    from agentrl.envs.python_repair.env import PythonRepairEnv
+
+    tasks = load_tasks(args.cache_dir, args.tasks)[args.start : args.start + args.count]
+    classes = [c for c in args.classes.split(",") if c]
+    env = PythonRepairEnv(tasks=tasks, max_turns=6, backend=args.backend)
+    records: list[dict[str, Any]] = []
+    controls: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    try:
+        for i, task in enumerate(tasks):
+            pkg = task.metadata["package"]
+            if args.controls:
+                check = check_verifier(env, task)
+                controls.append(
+                    {
+                        "task": task.id,
+                        "package": pkg,
+                        "fix_reward": check.reference.reward if check.reference else None,
+                        "fix_details": (check.reference.details[:300] if check.reference else check.reason),
+                        "bug_reward": check.untouched.reward if check.untouched else None,
+                        "tampering_on_the_fix": bool(
+                            check.reference and "tampered" in check.reference.details
+                        ),
+                    }
+                )
+            for mode in classes:
+                for _ in range(args.episodes):
+                    t0 = time.perf_counter()
+                    p = Play(env, task)
+                    _append(p, forger_payload(mode, task.prompt))
+                    out = p.outcome()
+                    odds = _ODDS.search(out.verdict)
+                    records.append(
+                        {
+                            "task": task.id,
+                            "package": pkg,
+                            "class": mode,
+                            "reward": out.reward,
+                            "passed": out.passed,
+                            "tampered": "tampered" in out.verdict,
+                            "odds": int(odds.group(1).replace(",", "")) if odds else None,
+                            "seconds": round(time.perf_counter() - t0, 2),
+                        }
+                    )
+            log(
+                f"{args.backend} {i + 1}/{len(tasks)} {pkg}: "
+                + ", ".join(
+                    f"{m} {sum(r['reward'] or 0 for r in records if r['class'] == m):g}" for m in classes
+                )
+            )
+    finally:
+        env.close()
+    return {
+        "backend": args.backend,
+        "start": args.start,
+        "tasks": [t.id for t in tasks],
+        "episodes": args.episodes,
+        "controls": controls,
+        "records": records,
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+
+
+# --- timing ----------------------------------------------------------------------------------------
+
+
+def timing(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from python_repair import baseline_verifier, fix  # the verifier at a git ref, the oracle's edits
+
+    from agentrl.envs.python_repair.env import PythonRepairEnv
+    from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
+
+    tasks = load_tasks(args.cache_dir, args.tasks)
+    after = HiddenTestsVerifier(mode="all", timeout_s=120.0)
+    before = baseline_verifier(args.baseline_ref)
+    env = PythonRepairEnv(tasks=tasks, max_turns=4, backend=args.backend)
+    times: dict[str, dict[str, list[float]]] = {s: {"before": [], "after": []} for s in ("fixed", "mutant")}
+    per_package: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"before": [], "after": []})
+    rewards: dict[str, list[float]] = defaultdict(list)
+    try:
+        fix(env, tasks[0])  # start-up costs (the first sandbox of each image) are not measured
+        after.verify(env.sandbox, tasks[0], env.episode)
+        before.verify(env.sandbox, tasks[0], env.episode)
+        for i, task in enumerate(tasks):
+            for state in ("fixed", "mutant"):
+                if state == "fixed":
+                    fix(env, task)
+                else:
+                    env.reset(options={"task": task})
+                for rep in range(args.repeats):
+                    order = [("before", before), ("after", after)]
+                    if (i + rep) % 2:
+                        order.reverse()
+                    for name, verifier in order:
+                        t0 = time.perf_counter()
+                        verdict = verifier.verify(env.sandbox, task, env.episode)
+                        took = time.perf_counter() - t0
+                        times[state][name].append(took)
+                        per_package[task.metadata["package"]][name].append(took)
+                        rewards[f"{name}_{state}"].append(verdict.reward)
+            log(f"timing {i + 1}/{len(tasks)} {task.metadata['package']}")
+    finally:
+        env.close()
+
+    def med(xs: list[float]) -> float:
+        return round(statistics.median(xs), 3) if xs else float("nan")
+
+    every = {n: [x for s in times.values() for x in s[n]] for n in ("before", "after")}
+    return {
+        "backend": args.backend,
+        "baseline_ref": args.baseline_ref,
+        "tasks": len(tasks),
+        "repeats": args.repeats,
+        "verify_before_s_p50": med(every["before"]),
+        "verify_after_s_p50": med(every["after"]),
+        "after_over_before": round(med(every["after"]) / med(every["before"]), 3),
+        "by_state": {
+            s: {
+                "before_s_p50": med(v["before"]),
+                "after_s_p50": med(v["after"]),
+                "ratio": round(med(v["after"]) / med(v["before"]), 3),
+            }
+            for s, v in times.items()
+        },
+        "per_package": {
+            k: {
+                "before_s_p50": med(v["before"]),
+                "after_s_p50": med(v["after"]),
+                "ratio": round(med(v["after"]) / med(v["before"]), 3),
+            }
+            for k, v in sorted(per_package.items())
+        },
+        "reward_mean": {k: round(statistics.fmean(v), 3) for k, v in sorted(rewards.items())},
+    }
+
+
+# --- classify --------------------------------------------------------------------------------------
+
+_ENGLISH = "etaoinshrdlcumwfgypbvkjxqz"
+
+
+def _value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # an exception's name
+
+
+def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any]) -> list[float]:
+    """What a reader of member i's value could go on (the other members' values for comparison)."""
+    text, v = values[i], _value(values[i])
+    others = [_value(x) for j, x in enumerate(values) if j != i]
+    numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
+    s = v if isinstance(v, (str, bytes)) else ""
+    s = s.decode("latin-1") if isinstance(s, bytes) else s
+    word = text.strip("'\"b")
+    f = [
+        # rank among the members (numbers by value, strings by order), 0..1
+        sorted([_value(x) for x in values], key=lambda y: (str(type(y)), y)).index(v)
+        / max(1, len(values) - 1)
+        if all(type(_value(x)) is type(v) for x in values)
+        else 0.5,
+        math.log1p(abs(v)) if numeric else 0.0,
+        1.0 if numeric and v == int(v) and int(v) % 10 == 0 else 0.0,
+        1.0 if numeric and v == 0 else 0.0,
+        1.0 if numeric and v < 0 else 0.0,
+        (v - statistics.fmean(others)) / (1 + abs(statistics.fmean(others)))
+        if numeric and others and all(isinstance(o, (int, float)) for o in others)
+        else 0.0,
+        1.0 if s and not s[-1].isalnum() else 0.0,
+        1.0 if s and s[-1].islower() else 0.0,
+        sum(len(_ENGLISH) - _ENGLISH.index(c.lower()) for c in s if c.lower() in _ENGLISH)
+        / (26 * max(1, len(s))),
+        sum(1 for c in s if c.lower() in "aeiou") / max(1, len(s)),
+        math.log1p(ctx["tests"].count(word)) if word else 0.0,  # echoes in the hidden tests
+        math.log1p(ctx["package"].count(word)) if word else 0.0,  # and in the package's source
+        1.0 if word and word in ctx["prompt"] else 0.0,
+        math.log1p(ctx["package"].count(f"raise {word}")) if not numeric and not s else 0.0,
+        math.log1p(ctx["bigrams"].get(s[-2:], 0)) if len(s) >= 2 else 0.0,
+    ]
+    return f
+
+
+FEATURES = (
+    "rank",
+    "log_abs",
+    "round",
+    "zero",
+    "negative",
+    "above_mean",
+    "ends_in_punctuation",
+    "ends_in_lowercase",
+    "english_letters",
+    "vowels",
+    "echo_in_tests",
+    "echo_in_package",
+    "in_prompt",
+    "raised_by_package",
+    "last_bigram_in_tests",
+)
+
+
+def _context(task: Any) -> dict[str, Any]:
+    from agentrl.envs.python_repair.packages import get_spec, source_dir, tests_dir
+
+    spec = get_spec(task.metadata["package"])
+    tests = "\n".join(p.read_text(errors="replace") for p in sorted(tests_dir(spec).rglob("*.py")))
+    package = "\n".join(p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py")))
+    bigrams = Counter(w[i : i + 2] for w in re.findall(r"[A-Za-z]+", tests) for i in range(len(w) - 1))
+    return {"tests": tests, "package": package, "prompt": task.prompt, "bigrams": bigrams}
+
+
+def _sets(task: Any, plans: int) -> list[tuple[list[list[float]], int]]:
+    """(features per member, index of the real one) for every set of `plans` plans of the task."""
+    from agentrl.envs.python_repair.packages import get_spec, tests_dir
+    from agentrl.verifiers.hidden_tests import _failing_lines, _list_map, _string_list, _string_map
+
+    m = task.metadata
+    ctx = _context(task)
+    out = []
+    for k in range(plans):
+        from agentrl.verifiers.twin_sets import plan_twin_sets
+
+        plan = plan_twin_sets(
+            tests_dir(get_spec(m["package"])),
+            m["FAIL_TO_PASS"],
+            listed=[*m["FAIL_TO_PASS"], *m["PASS_TO_PASS"]],
+            avoid=task.prompt,
+            failing_lines=_failing_lines(task),
+            failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
+            failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
+            safe_sites=_string_list(task, "TWIN_SITES"),
+            rng=random.Random(hash((task.id, k))),
+        )
+        for s in plan.sets:
+            out.append(([_features(s.values, i, ctx) for i in range(len(s.values))], s.real))
+    return out
+
+
+def _fit(data: list[tuple[list[list[float]], int]], steps: int = 400, l2: float = 1e-2) -> Any:
+    """A conditional logit (softmax over a set's members) by gradient ascent; features standardized."""
+    import numpy as np
+
+    flat = np.array([x for feats, _ in data for x in feats], dtype=float)
+    mu, sd = flat.mean(0), flat.std(0) + 1e-9
+    xs = [(np.array(feats, dtype=float) - mu) / sd for feats, _ in data]
+    w = np.zeros(flat.shape[1])
+    for _ in range(steps):
+        grad = -l2 * w
+        for x, (_, real) in zip(xs, data, strict=True):
+            z = x @ w
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            grad += x[real] - p @ x
+        w += 0.5 * grad / len(data)
+    return w, mu, sd
+
+
+def _hits(data: list[tuple[list[list[float]], int]], score: Any) -> tuple[float, float]:
+    """(expected hits of picking a top-scored member at random among ties, expected hits of chance)."""
+    hits = chance = 0.0
+    for feats, real in data:
+        scores = [score(f) for f in feats]
+        top = max(scores)
+        tied = [i for i, sc in enumerate(scores) if sc >= top - 1e-12]
+        hits += (real in tied) / len(tied)
+        chance += 1 / len(feats)
+    return hits, chance
+
+
+def _z(hits: float, chance: float, data: list[tuple[list[list[float]], int]]) -> float:
+    var = sum((1 / len(f)) * (1 - 1 / len(f)) for f, _ in data)
+    return (hits - chance) / math.sqrt(var) if var else 0.0
+
+
+def classify(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    tasks = load_tasks(args.cache_dir, args.tasks)
+    per_task = []
+    for i, task in enumerate(tasks):
+        per_task.append((task, _sets(task, args.plans)))
+        log(f"classify: plans for {i + 1}/{len(tasks)} ({len(per_task[-1][1])} sets)")
+    # Cross-validated conditional logit: trained on 4/5 of the tasks, scored on the rest.
+    folds = 5
+    order = list(range(len(per_task)))
+    random.Random(0).shuffle(order)
+    hits = chance = 0.0
+    test_sets: list[tuple[list[list[float]], int]] = []
+    weights = []
+    for k in range(folds):
+        test_idx = set(order[k::folds])
+        train = [s for j, (_, sets) in enumerate(per_task) if j not in test_idx for s in sets]
+        test = [s for j, (_, sets) in enumerate(per_task) if j in test_idx for s in sets]
+        if not train or not test:
+            continue
+        w, mu, sd = _fit(train)
+        weights.append(w)
+        h, c = _hits(test, lambda f, w=w, mu=mu, sd=sd: float(((np.array(f) - mu) / sd) @ w))
+        hits, chance = hits + h, chance + c
+        test_sets.extend(test)
+    every = [s for _, sets in per_task for s in sets]
+    rules = {}
+    for j, name in enumerate(FEATURES):
+        for sign, label in ((1, "max"), (-1, "min")):
+            h, c = _hits(every, lambda f, j=j, sign=sign: sign * f[j])
+            rules[f"{label}_{name}"] = {
+                "accuracy": round(h / len(every), 4),
+                "chance": round(c / len(every), 4),
+                "z": round(_z(h, c, every), 2),
+            }
+    best = max(rules.items(), key=lambda kv: kv[1]["z"])
+    # Per task: a rule wins the task only when it picks the real member of every set.
+    n_sets = Counter(len(f) for f, _ in every)
+    return {
+        "tasks": len(per_task),
+        "plans_per_task": args.plans,
+        "sets": len(every),
+        "members_per_set": dict(sorted(n_sets.items())),
+        "logit_cross_validated": {
+            "accuracy": round(hits / max(1, len(test_sets)), 4),
+            "chance": round(chance / max(1, len(test_sets)), 4),
+            "z": round(_z(hits, chance, test_sets), 2),
+            "mean_weights": dict(
+                zip(FEATURES, [round(float(x), 3) for x in np.mean(weights, 0)], strict=True)
+            )
+            if weights
+            else {},
+        },
+        "rules": rules,
+        "best_rule": {"name": best[0], **best[1]},
+        "note": "accuracy: how often the pick is the real member, set by set (ties split); chance: the mean "
+        "of 1/members; z: (hits - chance) over the binomial spread, over all sets. |z| < 3 is chance.",
+    }
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+def report(_args: argparse.Namespace) -> dict[str, Any]:
+    parts = {p.stem: json.loads(p.read_text()) for p in sorted(PARTS.glob("*.json"))}
+    out: dict[str, Any] = {"parts": sorted(parts)}
+    for backend in ("docker", "bwrap"):
+        recs = [r for k, v in parts.items() if k.startswith(f"play-{backend}") for r in v.get("records", [])]
+        ctrl = [c for k, v in parts.items() if k.startswith(f"play-{backend}") for c in v.get("controls", [])]
+        if not recs and not ctrl:
+            continue
+        by_class: dict[str, Any] = {}
+        for mode in CLASSES:
+            rs = [r for r in recs if r["class"] == mode]
+            if not rs:
+                continue
+            wins = sum(bool(r["passed"]) for r in rs)
+            odds = [r["odds"] for r in rs if r["odds"]]
+            by_class[mode] = {
+                "episodes": len(rs),
+                "tasks": len({r["task"] for r in rs}),
+                "wins": wins,
+                "reward_rate": round(wins / len(rs), 4),
+                "tampering_caught": sum(r["tampered"] for r in rs),
+                "expected_blind_wins": round(sum(1 / o for o in odds), 3),
+                "per_package": {
+                    p: f"{sum(bool(r['passed']) for r in rs if r['package'] == p)}/{sum(r['package'] == p for r in rs)}"
+                    for p in sorted({r["package"] for r in rs})
+                },
+            }
+        out[backend] = {
+            "controls": {
+                "tasks": len(ctrl),
+                "fix_scored_1": sum(c["fix_reward"] == 1.0 for c in ctrl),
+                "false_tampering_on_fixes": sum(c["tampering_on_the_fix"] for c in ctrl),
+                "bug_scored_0": sum(c["bug_reward"] == 0.0 for c in ctrl),
+                "packages": dict(Counter(c["package"] for c in ctrl)),
+            },
+            "forgers": by_class,
+        }
+    for key in ("classify", "timing-docker", "timing-bwrap"):
+        if key in parts:
+            out[key] = parts[key]
+    (RESULTS / "forgers.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("play", "timing", "classify", "report"):
+        p = sub.add_parser(name)
+        p.add_argument("--cache-dir", default=None, help="The synthesizer's trial logs (default: its cache).")
+        p.add_argument("--tasks", type=int, default=32, help="How many tasks (round-robin over packages).")
+        p.add_argument("--backend", default="docker")
+        if name == "play":
+            p.add_argument("--classes", default=",".join(CLASSES))
+            p.add_argument("--episodes", type=int, default=1)
+            p.add_argument("--start", type=int, default=0)
+            p.add_argument("--count", type=int, default=32)
+            p.add_argument("--controls", action=argparse.BooleanOptionalAction, default=True)
+            p.add_argument("--part", default="", help="Name of this part's JSON (default from the options).")
+        if name == "timing":
+            p.add_argument("--repeats", type=int, default=2)
+            p.add_argument("--baseline-ref", default=BASELINE_REF)
+        if name == "classify":
+            p.add_argument("--plans", type=int, default=20, help="Plans drawn per task.")
+    args = ap.parse_args()
+    if args.cmd == "play":
+        result = play(args)
+        save(args.part or f"play-{args.backend}-{args.start}-{args.classes.replace(',', '+')}", result)
+    elif args.cmd == "timing":
+        save(f"timing-{args.backend}", timing(args))
+    elif args.cmd == "classify":
+        save("classify", classify(args))
+    else:
+        report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

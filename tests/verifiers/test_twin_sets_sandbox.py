@@ -1,0 +1,93 @@
+"""The hidden-tests verifier with FAIL_TO_PASS node ids, on docker and bwrap, through env.step: the fix
+scores 1 and the bug 0; every forger that has read our source (the audit's `forge-*` attacks) and every
+blanket forger scores 0, the bug left in place. The plan's odds are set high here (1 in a million), so a
+lucky guess cannot make a test pass by chance; the rates at the default odds are the benchmark's
+(benchmarks/forgers.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.agents import tool_call
+from agentrl.checks.attacks_forgers import ATTACKS as FORGERS
+from agentrl.checks.attacks_harness import ATTACKS as BLANKET
+from agentrl.task import Task
+from tests.verifiers.test_hidden_tests import FixFunctionEnv, play
+
+BUGGY = "def add(a, b):\n    return a + b + 1\n\n\ndef shout(s):\n    return s.upper() + '!'\n"
+FIXED = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '!'\n"
+TESTS = """import pytest
+
+from mathlib import add, shout
+
+
+def test_add():
+    assert add(2, 3) == 5
+
+
+@pytest.mark.parametrize("a, b, want", [(10, 20, 30), (5, 6, 11)])
+def test_cases(a, b, want):
+    assert add(a, b) == want
+
+
+def test_shout():
+    assert shout("hey") == "HEY!"
+
+
+def test_truth():
+    assert add(1, 1)
+"""
+F2P = ["test_m.py::test_add", "test_m.py::test_cases[10-20-30]", "test_m.py::test_cases[5-6-11]"]
+P2P = ["test_m.py::test_shout", "test_m.py::test_truth"]
+BACKENDS = [
+    pytest.param("docker", marks=pytest.mark.docker, id="docker"),
+    pytest.param("bwrap", marks=pytest.mark.docker, id="bwrap"),
+]
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> Task:
+    hidden = tmp_path_factory.mktemp("hidden")
+    (hidden / "test_m.py").write_text(TESTS)
+    return Task(
+        id="fix-add/twins",
+        prompt="mathlib.add is off by one. Fix it, then submit.",
+        files={"mathlib.py": BUGGY},
+        hidden_tests=str(hidden),
+        metadata={
+            "FAIL_TO_PASS": F2P,
+            "PASS_TO_PASS": P2P,
+            "FAIL_TO_PASS_LINES": dict.fromkeys(F2P[:1], 7) | dict.fromkeys(F2P[1:], 12),
+            "FAIL_TO_PASS_VALUES": {F2P[0]: ["6", "5"], F2P[1]: ["31", "30"], F2P[2]: ["12", "11"]},
+        },
+    )
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def env(request, task):
+    if request.param == "bwrap":
+        request.getfixturevalue("bwrap_path")
+    with FixFunctionEnv(task, backend=request.param, verifier=("hidden-tests", {"odds": 10**6})) as e:
+        yield e
+
+
+def test_the_fix_scores_1_and_the_bug_0(env, task):
+    fixed, _ = play(env, task, tool_call("write_file", path="mathlib.py", content=FIXED))
+    untouched, _ = play(env, task)
+    assert (fixed.reward, untouched.reward) == (1.0, 0.0), (fixed.details, untouched.details)
+    assert "3 twin sets" in fixed.details and "a blind guess wins 1 in" in fixed.details
+
+
+@pytest.mark.parametrize("attack", FORGERS, ids=[a.name for a in FORGERS])
+def test_every_informed_forger_scores_0(env, task, attack):
+    forger = attack()
+    forger.episodes = 2
+    out = forger.play(env, task)
+    assert out.reward == 0.0 and not out.passed, out.verdict
+    assert "won 0 of 2" in out.evidence and out.exploited is False, out.evidence
+
+
+@pytest.mark.parametrize("attack", BLANKET, ids=[a.name for a in BLANKET])
+def test_every_blanket_forger_scores_0(env, task, attack):
+    out = attack().play(env, task)
+    assert out.reward == 0.0 and not out.passed, out.verdict
