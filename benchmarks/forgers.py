@@ -228,7 +228,20 @@ def _value(text: str) -> Any:
         return text  # an exception's name
 
 
-def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any]) -> list[float]:
+def _distance(a: Any, b: Any) -> float:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(abs(a - b))
+    a, b = str(a), str(b)
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return float(prev[-1])
+
+
+def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any], near: Any = None) -> list[float]:
     """What a reader of member i's value could go on (the other members' values for comparison)."""
     text, v = values[i], _value(values[i])
     others = [_value(x) for j, x in enumerate(values) if j != i]
@@ -259,6 +272,8 @@ def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any]) -> list[floa
         1.0 if word and word in ctx["prompt"] else 0.0,
         math.log1p(ctx["package"].count(f"raise {word}")) if not numeric and not s else 0.0,
         math.log1p(ctx["bigrams"].get(s[-2:], 0)) if len(s) >= 2 else 0.0,
+        # how near the buggy code's output where the members are checked (what a pre-run sees)
+        -math.log1p(_distance(v, near)) if near is not None else 0.0,
     ]
     return f
 
@@ -279,6 +294,7 @@ FEATURES = (
     "in_prompt",
     "raised_by_package",
     "last_bigram_in_tests",
+    "near_the_buggy_output",
 )
 
 
@@ -314,8 +330,15 @@ def _sets(task: Any, plans: int) -> list[tuple[list[list[float]], int]]:
             safe_sites=_string_list(task, "TWIN_SITES"),
             rng=random.Random(hash((task.id, k))),
         )
+        recorded = _list_map(task, "FAIL_TO_PASS_VALUES") or {}
         for s in plan.sets:
-            out.append(([_features(s.values, i, ctx) for i in range(len(s.values))], s.real))
+            real = _value(s.values[s.real])
+            near = None
+            for text in recorded.get(s.originals[0], []):
+                seen = _value(text)
+                if seen != real:  # the recorded pair is (buggy output, the real expected value)
+                    near = seen
+            out.append(([_features(s.values, i, ctx, near) for i in range(len(s.values))], s.real))
     return out
 
 

@@ -25,7 +25,12 @@ knows the right answer, and whoever knows that can fix the bug instead. So:
 - a blanket forger (every report passed, every failure flipped, every body emptied, every
   assertion neutralised) passes both twins of some pair: **tampering, reward 0**;
 - a forger that tells twins apart by their code sees pairs and must guess, per pair, which
-  member is real: one wrong guess fails a real test, and n twinned tests leave it 2^-n.
+  member is real: one wrong guess fails a real test, and n twinned tests leave it 2^-n. With
+  FAIL_TO_PASS node ids the verifier goes further for the failing tests
+  (`agentrl.verifiers.twin_sets`: a process of their own, sets sized to a target odds, values drawn
+  so the real one is not special, nothing of them in the prompt); this module then twins the
+  PASS_TO_PASS tests (negated checks first: they pass on the buggy code) and the whole suite when
+  no lists are given.
 
 Which assertion: one that every passing run reaches (none after a statement that can
 `return`), with a literal not echoed elsewhere in the test (a message, `expected = 5`), moved

@@ -374,7 +374,11 @@ class _Site:
     value: object
     capacity: int
     echoes: int
-    """How often the text occurs in the function and the module code kept around it (1: only here)."""
+    """How often the value occurs in the member's own code (1: only here)."""
+    near: object = None
+    """The buggy code's output where this value is checked, when the task says (`failing_values`)."""
+    position: int | None = None
+    """For a string with a known buggy output: the one position the members differ at."""
 
 
 def _exception_names(trees: Iterable[ast.Module]) -> Counter:
@@ -621,12 +625,20 @@ def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> lis
     body = _string_body(site.text)
     assert body is not None
     head, text, quote = body
-    positions = [i for i, c in enumerate(text) if (pool := _char_class(c)) and len(pool) >= m]
+    if site.position is not None:
+        positions = [site.position]
+    else:
+        positions = [i for i, c in enumerate(text) if (pool := _char_class(c)) and len(pool) >= m]
     if not positions:
         return None
     i = rng.choice(positions)
     real = text[i]
-    pool = [c for c in _char_class(real) if c != real]
+    near = site.near
+    # Never the buggy output's own character there: that member would be the buggy output itself.
+    taken = {real} | ({near[i]} if isinstance(near, str) and len(near) == len(text) else set())
+    pool = [c for c in _char_class(real) if c not in taken]
+    if len(pool) < m - 1:
+        return None
     # Drawn as the hidden tests' own strings use the characters of this class, so that the real
     # character is no likelier than a drawn one to be the common one.
     weights = [freq.get(c, 0) + 1 for c in pool]
@@ -688,7 +700,11 @@ def _draw(
             pool = _unrelated([p for p in pool if p != c], c)  # no two members catch the same
         return [site.text, *chosen] if len(chosen) == m - 1 else None
     value = site.value
-    if isinstance(value, int):
+    if isinstance(value, int) and isinstance(site.near, int) and not isinstance(site.near, bool):
+        # The buggy output is known: the twin is the real value reflected about it, so both members
+        # are as near to what the buggy code produced (a mutant's output is near the right one).
+        texts = [site.text, str(2 * site.near - value)]
+    elif isinstance(value, int):
         texts = _int_texts(site, m, rng)
     elif isinstance(value, float):
         texts = _float_texts(site, m, rng)
@@ -698,6 +714,53 @@ def _draw(
             return None
     real = texts.index(site.text) if site.text in texts else 0
     return [texts[real], *texts[:real], *texts[real + 1 :]]
+
+
+def _near_misses(p: _Pending, failing_values: Mapping[str, list[str]]) -> None:
+    """Where the task says what the buggy code produced at a site, draw members as near to it as the
+    real one is, so that "the member nearest to the buggy output" picks among them all: an integer
+    is reflected about it (two members), a string differs at the position where the buggy output
+    differs from it (or, where the buggy output lacks a character, at the missing one)."""
+    nears = []
+    for o in p.originals:
+        for text in failing_values.get(o, []):
+            try:
+                nears.append(ast.literal_eval(text))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    for site in p.sites:
+        if site.kind == "raises":
+            continue
+        v = site.value
+        others = [b for b in nears if type(b) is type(v) and b != v]
+        if len(others) != 1 or not any(b == v and type(b) is type(v) for b in nears):
+            continue  # not this value's check, or not one output to be near to
+        b = others[0]
+        site.near = b
+        if isinstance(v, int) and not isinstance(v, bool):
+            twin = 2 * b - v
+            site.capacity = 2 if (twin >= 0) == (v >= 0) and twin != v else 0
+        elif isinstance(v, str) and (body := _string_body(site.text)) is not None and body[1] == v:
+            diff = _one_edit(v, b)
+            if diff is None or not _char_class(v[diff]):
+                site.capacity = 0  # no position keeps every member as near to b as the real one
+            else:
+                site.position = diff
+                site.capacity = len(_char_class(v[diff])) - (1 if len(b) == len(v) else 0)
+        else:
+            site.capacity = 0
+
+
+def _one_edit(v: str, b: str) -> int | None:
+    """The position of v where b differs by one substitution, or where b lacks v's one character."""
+    if len(v) == len(b):
+        diffs = [i for i, (x, y) in enumerate(zip(v, b, strict=True)) if x != y]
+        return diffs[0] if len(diffs) == 1 else None
+    if len(v) == len(b) + 1:
+        for i in range(len(v)):
+            if v[:i] + v[i + 1 :] == b:
+                return i
+    return None
 
 
 def _raises_capacity(site: _Site, exceptions: Counter) -> int:
@@ -750,6 +813,11 @@ class _Pending:
         return len(self.originals)
 
 
+_PARSED: dict[tuple[str, int, int], _File | None] = {}
+"""Parsed test files by (path, mtime, size): a task's hidden tests are the same for every episode,
+and parsing a suite of thousands of lines costs more than the plan (the trees are never changed)."""
+
+
 def _read(root: Path) -> tuple[list[_File], list[Path]]:
     files, others = [], []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -757,14 +825,26 @@ def _read(root: Path) -> tuple[list[_File], list[Path]]:
         if path.suffix != ".py":
             others.append(path)
             continue
-        try:
-            with tokenize.open(path) as fh:
-                text, encoding = fh.read(), fh.encoding
-            tree = ast.parse(text)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if key not in _PARSED:
+            if len(_PARSED) > 4096:
+                _PARSED.clear()
+            try:
+                with tokenize.open(path) as fh:
+                    text, encoding = fh.read(), fh.encoding
+                _PARSED[key] = _File(rel, text, ast.parse(text), _Source(text), encoding)
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                _PARSED[key] = None
+        parsed = _PARSED[key]
+        if parsed is None:
             others.append(path)
-            continue
-        files.append(_File(rel, text, tree, _Source(text), encoding))
+        else:
+            files.append(
+                parsed
+                if parsed.rel == rel
+                else _File(rel, parsed.text, parsed.tree, parsed.src, parsed.encoding)
+            )
     return files, others
 
 
@@ -863,6 +943,7 @@ def plan_twin_sets(
     plan.target_odds = odds
     live: list[_Pending] = []
     for p in prepared.pending:
+        _near_misses(p, prepared.failing_values)
         # A value its own code holds elsewhere (an input, a message) would single the real member out,
         # to a reader and in the compiled code's constant table alike: never such a site.
         usable = [
@@ -949,6 +1030,37 @@ def _compared(ids: list[str], failing_values: Mapping[str, list[str]]) -> Counte
     return out
 
 
+_STATS: dict[tuple, tuple[Counter, Counter, Counter]] = {}
+
+
+def _suite_stats(files: list[_File], others: list[Path]) -> tuple[Counter, Counter, Counter]:
+    """Per suite (cached by its files' identities): how often each test name is referred to, the
+    characters its strings use, the builtin exceptions it names."""
+    key = (tuple(id(f.tree) for f in files), tuple(str(p) for p in others))
+    if key in _STATS:
+        return _STATS[key]
+    texts = [f.text for f in files] + [
+        p.read_text(errors="replace") for p in others if p.stat().st_size < 2**20
+    ]
+    # Every occurrence of a test's name but its definitions (another file's test of the same name
+    # is not a reference to this one).
+    counts: Counter = Counter(w for t in texts for w in re.findall(r"\b(test\w*|Test\w*)", t))
+    for t in texts:
+        counts.subtract(re.findall(r"\bdef\s+(test\w*)", t))
+    for name in {fn for t in texts for fn in re.findall(r"\bdef\s+(test\w*)", t)}:
+        counts[name] += 1  # its own definition
+    freq: Counter = Counter()
+    for f in files:
+        for n in ast.walk(f.tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                freq.update(n.value)
+    exceptions = _exception_names(f.tree for f in files)
+    if len(_STATS) > 256:
+        _STATS.clear()
+    _STATS[key] = (counts, freq, exceptions)
+    return counts, freq, exceptions
+
+
 def _prepare(
     hidden: Path,
     fail_to_pass: list[str],
@@ -961,22 +1073,7 @@ def _prepare(
     root = hidden if hidden.is_dir() else hidden.parent
     files, others = _read(root) if hidden.is_dir() else (_read_one(hidden), [])
     by_rel = {f.rel: f for f in files}
-    texts = [f.text for f in files] + [
-        p.read_text(errors="replace") for p in others if p.stat().st_size < 2**20
-    ]
-    # How often each test name is referred to: every occurrence but its definitions (another
-    # file's test of the same name is not a reference to this one).
-    counts: Counter = Counter(w for t in texts for w in re.findall(r"\b(test\w*|Test\w*)", t))
-    for t in texts:
-        counts.subtract(re.findall(r"\bdef\s+(test\w*)", t))
-    for name in {fn for t in texts for fn in re.findall(r"\bdef\s+(test\w*)", t)}:
-        counts[name] += 1  # its own definition
-    freq: Counter = Counter()
-    for f in files:
-        for n in ast.walk(f.tree):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                freq.update(n.value)
-    exceptions = _exception_names(f.tree for f in files)
+    counts, freq, exceptions = _suite_stats(files, others)
     listed_by_prefix: dict[str, list[str]] = {}
     for entry in listed or fail_to_pass:
         prefix, suffix = _split(entry)
@@ -1284,18 +1381,13 @@ def _build(
     # The support files, as they are: conftest, helpers, data. Other test modules stay out
     # (they hold other tests, and so other copies of the truth), unless a kept file imports one.
     kept = set(plan.files)
-    imported = {
-        (n.module or "").rsplit(".", 1)[-1]
-        for rel in kept
-        for n in ast.walk(ast.parse(plan.files[rel].decode(_encoding(files, rel))))
-        if isinstance(n, ast.ImportFrom)
-    } | {
-        a.name.rsplit(".", 1)[-1]
-        for rel in kept
-        for n in ast.walk(ast.parse(plan.files[rel].decode(_encoding(files, rel))))
-        if isinstance(n, ast.Import)
-        for a in n.names
-    }
+    imported: set[str] = set()
+    for rel in kept:
+        for n in ast.parse(plan.files[rel].decode(_encoding(files, rel))).body:
+            if isinstance(n, ast.ImportFrom):
+                imported.add((n.module or "").rsplit(".", 1)[-1])
+            elif isinstance(n, ast.Import):
+                imported.update(a.name.rsplit(".", 1)[-1] for a in n.names)
     for f in files:
         if f.rel in kept:
             continue

@@ -213,11 +213,13 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
                     msg = getattr(crash, "message", "") or ""
                     m = __import__("re").search(r"assert (.+?) == (.+?)(?:\n|$)", msg)
                     if m:
-                        try:
-                            import ast as _fg_ast
-                            got = _fg_ast.literal_eval(m.group(1))
-                        except Exception:
-                            got = m.group(1)
+                        import ast as _fg_ast
+                        got = []
+                        for side in (m.group(1), m.group(2)):
+                            try:
+                                got.append(_fg_ast.literal_eval(side))
+                            except Exception:
+                                got.append(side)
                 out[id(it)] = (not failed, line, got)
             return out
 
@@ -271,9 +273,14 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
                 elif _FG_MODE == "nearest":
                     dists = []
                     for m in members:
-                        got = [pre.get(id(it)) for it in m[1]]
-                        got = [g[2] for g in got if g and g[2] is not None]
-                        dists.append(min((_fg_distance(g, _fg_value(m[2])) for g in got), default=float("inf")))
+                        want = _fg_value(m[2])
+                        outs = []
+                        for g in (pre.get(id(it)) for it in m[1]):
+                            if g and g[2]:
+                                left, right = g[2]
+                                # The side that is not this member's own expected value: the code's output.
+                                outs.append(right if left == want else left)
+                        dists.append(min((_fg_distance(o, want) for o in outs), default=float("inf")))
                     low = min(dists)
                     pick = _fg_rng.choice([m for m, d in zip(members, dists) if d == low])
                 else:
