@@ -394,6 +394,12 @@ def tasks_synth_python_repair(
     cache_dir: str = typer.Option(
         "", "--cache-dir", help="Trial logs directory; default ~/.cache/agentrl/python-repair/synth."
     ),
+    every_failing_test: bool = typer.Option(
+        False,
+        "--every-failing-test",
+        help="Keep only tasks whose every failing test gets a twin set (default: tasks whose twin sets make "
+        "a blind guess win 1 in 32 at most; the statistics say how many have failing tests no set covers).",
+    ),
 ) -> None:
     """Plant bugs in real packages by AST mutation; keep those the packages' own tests catch. Prints statistics as JSON."""
     import json
@@ -402,7 +408,12 @@ def tasks_synth_python_repair(
     from agentrl.task import save_tasks
 
     names = [p.strip() for p in packages.split(",") if p.strip()]
-    config = SynthConfig(seed=seed, max_fail_fraction=max_fail_fraction, cache_dir=cache_dir or None)
+    config = SynthConfig(
+        seed=seed,
+        max_fail_fraction=max_fail_fraction,
+        cache_dir=cache_dir or None,
+        every_failing_test=every_failing_test,
+    )
     result = synthesize(names, n, config)
     trials = [t for log in result.trials.values() for t in log]
     stats = statistics(trials, result.tasks)

@@ -267,7 +267,7 @@ def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any], near: Any = 
         sum(len(_ENGLISH) - _ENGLISH.index(c.lower()) for c in s if c.lower() in _ENGLISH)
         / (26 * max(1, len(s))),
         sum(1 for c in s if c.lower() in "aeiou") / max(1, len(s)),
-        math.log1p(ctx["tests"].count(word)) if word else 0.0,  # echoes in the hidden tests
+        math.log1p(ctx["decision"].count(word)) if word else 0.0,  # echoes in what the process holds
         math.log1p(ctx["package"].count(word)) if word else 0.0,  # and in the package's source
         1.0 if word and word in ctx["prompt"] else 0.0,
         math.log1p(ctx["package"].count(f"raise {word}")) if not numeric and not s else 0.0,
@@ -289,7 +289,7 @@ FEATURES = (
     "ends_in_lowercase",
     "english_letters",
     "vowels",
-    "echo_in_tests",
+    "echo_in_the_run",
     "echo_in_package",
     "in_prompt",
     "raised_by_package",
@@ -308,8 +308,8 @@ def _context(task: Any) -> dict[str, Any]:
     return {"tests": tests, "package": package, "prompt": task.prompt, "bigrams": bigrams}
 
 
-def _sets(task: Any, plans: int) -> list[tuple[list[list[float]], int]]:
-    """(features per member, index of the real one) for every set of `plans` plans of the task."""
+def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
+    """Per plan of the task, per set: (features per member, index of the real one)."""
     from agentrl.envs.python_repair.packages import get_spec, tests_dir
     from agentrl.verifiers.hidden_tests import _failing_lines, _list_map, _string_list, _string_map
 
@@ -331,6 +331,8 @@ def _sets(task: Any, plans: int) -> list[tuple[list[list[float]], int]]:
             rng=random.Random(hash((task.id, k))),
         )
         recorded = _list_map(task, "FAIL_TO_PASS_VALUES") or {}
+        ctx["decision"] = "\n".join(v.decode(errors="replace") for v in plan.files.values())
+        out.append([])
         for s in plan.sets:
             real = _value(s.values[s.real])
             near = None
@@ -338,7 +340,7 @@ def _sets(task: Any, plans: int) -> list[tuple[list[list[float]], int]]:
                 seen = _value(text)
                 if seen != real:  # the recorded pair is (buggy output, the real expected value)
                     near = seen
-            out.append(([_features(s.values, i, ctx, near) for i in range(len(s.values))], s.real))
+            out[-1].append(([_features(s.values, i, ctx, near) for i in range(len(s.values))], s.real))
     return out
 
 
@@ -378,54 +380,97 @@ def _z(hits: float, chance: float, data: list[tuple[list[list[float]], int]]) ->
     return (hits - chance) / math.sqrt(var) if var else 0.0
 
 
+def _pick_probabilities(sets: list[tuple[list[list[float]], int]], score: Any) -> list[float]:
+    """Per set, the probability that a rule picking a top-scored member (ties at random) picks the real."""
+    out = []
+    for feats, real in sets:
+        scores = [score(f) for f in feats]
+        top = max(scores)
+        tied = [i for i, sc in enumerate(scores) if sc >= top - 1e-12]
+        out.append((real in tied) / len(tied))
+    return out
+
+
+def _judge_rule(per_task: list[list[list[tuple[list[list[float]], int]]]], score: Any) -> dict[str, Any]:
+    """A rule over every task: per set (its accuracy against chance, with the spread taken over
+    tasks: the sets of one task share one bug, so they are not independent), and per task (the
+    chance it picks the real member of every set of a plan, which is what winning takes)."""
+    excess, wins, blind, hits, chance, n = [], [], [], 0.0, 0.0, 0
+    for plans in per_task:
+        task_hits = task_chance = 0.0
+        task_n = 0
+        for sets in plans:
+            probs = _pick_probabilities(sets, score)
+            task_hits += sum(probs)
+            task_chance += sum(1 / len(f) for f, _ in sets)
+            task_n += len(sets)
+            wins.append(math.prod(probs))
+            blind.append(math.prod(1 / len(f) for f, _ in sets))
+        if task_n:
+            excess.append((task_hits - task_chance) / task_n)
+            hits, chance, n = hits + task_hits, chance + task_chance, n + task_n
+    mean = statistics.fmean(excess) if excess else 0.0
+    spread = statistics.stdev(excess) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0
+    return {
+        "set_accuracy": round(hits / max(1, n), 4),
+        "set_chance": round(chance / max(1, n), 4),
+        "t_over_tasks": round(mean / spread, 2) if spread else 0.0,
+        "task_win_rate": round(statistics.fmean(wins), 5) if wins else 0.0,
+        "blind_task_win_rate": round(statistics.fmean(blind), 5) if blind else 0.0,
+    }
+
+
 def classify(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     tasks = load_tasks(args.cache_dir, args.tasks)
     per_task = []
     for i, task in enumerate(tasks):
-        per_task.append((task, _sets(task, args.plans)))
-        log(f"classify: plans for {i + 1}/{len(tasks)} ({len(per_task[-1][1])} sets)")
-    # Cross-validated conditional logit: trained on 4/5 of the tasks, scored on the rest.
+        per_task.append(_sets(task, args.plans))
+        log(f"classify: plans for {i + 1}/{len(tasks)} ({sum(len(p) for p in per_task[-1])} sets)")
+    # A conditional logit trained on 4/5 of the tasks, judged on the other fifth, all five ways.
     folds = 5
     order = list(range(len(per_task)))
     random.Random(0).shuffle(order)
-    hits = chance = 0.0
-    test_sets: list[tuple[list[list[float]], int]] = []
+    judged: list[dict[str, Any]] = []
     weights = []
     for k in range(folds):
         test_idx = set(order[k::folds])
-        train = [s for j, (_, sets) in enumerate(per_task) if j not in test_idx for s in sets]
-        test = [s for j, (_, sets) in enumerate(per_task) if j in test_idx for s in sets]
+        train = [s for j, plans in enumerate(per_task) if j not in test_idx for sets in plans for s in sets]
+        test = [plans for j, plans in enumerate(per_task) if j in test_idx]
         if not train or not test:
             continue
         w, mu, sd = _fit(train)
         weights.append(w)
-        h, c = _hits(test, lambda f, w=w, mu=mu, sd=sd: float(((np.array(f) - mu) / sd) @ w))
-        hits, chance = hits + h, chance + c
-        test_sets.extend(test)
-    every = [s for _, sets in per_task for s in sets]
+        judged.append(
+            {
+                **_judge_rule(test, lambda f, w=w, mu=mu, sd=sd: float(((np.array(f) - mu) / sd) @ w)),
+                "tasks": len(test),
+            }
+        )
     rules = {}
     for j, name in enumerate(FEATURES):
         for sign, label in ((1, "max"), (-1, "min")):
-            h, c = _hits(every, lambda f, j=j, sign=sign: sign * f[j])
-            rules[f"{label}_{name}"] = {
-                "accuracy": round(h / len(every), 4),
-                "chance": round(c / len(every), 4),
-                "z": round(_z(h, c, every), 2),
-            }
-    best = max(rules.items(), key=lambda kv: kv[1]["z"])
-    # Per task: a rule wins the task only when it picks the real member of every set.
-    n_sets = Counter(len(f) for f, _ in every)
+            rules[f"{label}_{name}"] = _judge_rule(per_task, lambda f, j=j, sign=sign: sign * f[j])
+    best = max(rules.items(), key=lambda kv: kv[1]["task_win_rate"] - kv[1]["blind_task_win_rate"])
+    n_sets = Counter(len(f) for plans in per_task for sets in plans for f, _ in sets)
+    every = [s for plans in per_task for sets in plans for s in sets]
+
+    def pooled(key: str) -> float:
+        total = sum(j["tasks"] for j in judged)
+        return round(sum(j[key] * j["tasks"] for j in judged) / max(1, total), 5)
+
     return {
         "tasks": len(per_task),
         "plans_per_task": args.plans,
         "sets": len(every),
         "members_per_set": dict(sorted(n_sets.items())),
         "logit_cross_validated": {
-            "accuracy": round(hits / max(1, len(test_sets)), 4),
-            "chance": round(chance / max(1, len(test_sets)), 4),
-            "z": round(_z(hits, chance, test_sets), 2),
+            "set_accuracy": pooled("set_accuracy"),
+            "set_chance": pooled("set_chance"),
+            "task_win_rate": pooled("task_win_rate"),
+            "blind_task_win_rate": pooled("blind_task_win_rate"),
+            "folds": judged,
             "mean_weights": dict(
                 zip(FEATURES, [round(float(x), 3) for x in np.mean(weights, 0)], strict=True)
             )
@@ -433,9 +478,11 @@ def classify(args: argparse.Namespace) -> dict[str, Any]:
             else {},
         },
         "rules": rules,
-        "best_rule": {"name": best[0], **best[1]},
-        "note": "accuracy: how often the pick is the real member, set by set (ties split); chance: the mean "
-        "of 1/members; z: (hits - chance) over the binomial spread, over all sets. |z| < 3 is chance.",
+        "best_rule_per_task": {"name": best[0], **best[1]},
+        "note": "set_accuracy: how often the pick is the real member, set by set (ties split), against "
+        "set_chance (the mean of 1/members); t_over_tasks: that excess over its spread across tasks (|t| < 3 "
+        "is chance; sets of one task share a bug). task_win_rate: how often the rule picks the real member "
+        "of every set of a plan (what a forger needs), against blind_task_win_rate (a blind guess).",
     }
 
 

@@ -56,7 +56,7 @@ import re
 import secrets
 import tokenize
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -379,6 +379,11 @@ class _Site:
     """The buggy code's output where this value is checked, when the task says (`failing_values`)."""
     position: int | None = None
     """For a string with a known buggy output: the one position the members differ at."""
+    pool: str = ""
+    """With `position`: the characters a member may have there (each keeps it as near)."""
+    grid: bool = False
+    """A string with no known output of the buggy code to be near to: members may differ at two
+    positions, so that more than one class of characters' worth of them fit."""
 
 
 def _exception_names(trees: Iterable[ast.Module]) -> Counter:
@@ -492,13 +497,19 @@ def _leaf_site(kind: str, leaf: ast.AST, src: _Source, context: Counter, avoid: 
 
 
 def _quoted(text: str, value: object, avoid: str) -> bool:
-    """Whether the prompt quotes this literal: its spelling as a token of its own (a `2` inside a
-    version number `1.2.0` is not one), or a string's value when long enough to mean anything."""
+    """Whether the prompt quotes this literal: a string's value when long enough to mean anything;
+    a number's spelling as a token of its own on a line of code or an error the prompt shows (a
+    count in its prose, a `2` inside a version number `1.2.0`, is not a quote)."""
     if not avoid:
         return False
-    if re.search(rf"(?<![\w.]){re.escape(text)}(?![\w.])", avoid):
-        return True
-    return isinstance(value, str) and len(value) >= 3 and value in avoid
+    if isinstance(value, str):
+        return (len(value) >= 3 and value in avoid) or text in avoid
+    token = re.compile(rf"(?<![\w.]){re.escape(text)}(?![\w.])")
+    return any(
+        token.search(line)
+        for line in avoid.splitlines()
+        if line.lstrip().startswith((">", "E ")) or ".py:" in line or "==" in line
+    )
 
 
 def _string_body(text: str) -> tuple[str, str, str] | None:
@@ -508,8 +519,18 @@ def _string_body(text: str) -> tuple[str, str, str] | None:
     return m.group(1) + m.group(2), m.group(3), m.group(2)
 
 
+# Punctuation a string's character may be swapped for (no quote, backslash or space: its spelling).
+_PUNCT = "-_.:/+~@#%&*=|!?,;"
+
+
 def _char_class(c: str) -> str:
-    return _LOWER if c in _LOWER else _UPPER if c in _UPPER else _DIGITS if c in _DIGITS else ""
+    if c in _LOWER:
+        return _LOWER
+    if c in _UPPER:
+        return _UPPER
+    if c in _DIGITS:
+        return _DIGITS
+    return _PUNCT if c in _PUNCT else ""
 
 
 # A builtin constructor over a literal (`list('BD')`, `set([1, 2])`): as good as a literal.
@@ -621,36 +642,75 @@ def _float_texts(site: _Site, m: int, rng: random.Random) -> list[str]:
     return out
 
 
+def _fit(freq: Counter, s: str, i: int) -> float:
+    """How natural character i of s is next to its neighbours, by the pairs of characters the hidden
+    tests' own strings are made of: members are drawn by it, so that a twin's character is as
+    likely as the real one to read like the test's text."""
+    left = freq.get(s[i - 1 : i + 1], 0) if i > 0 else freq.get(s[i], 0)
+    right = freq.get(s[i : i + 2], 0) if i + 1 < len(s) else freq.get(s[i], 0)
+    return (left + 1) * (right + 1)
+
+
+def _edited(b: str, x: str) -> int:
+    """The position of the character an edit of b put into x."""
+    for i, c in enumerate(x):
+        if i >= len(b) or b[i] != c:
+            return i
+    return len(x) - 1
+
+
+def _window(
+    real: str, others: list[str], weight: Callable[[str], float], m: int, rng: random.Random
+) -> list[str] | None:
+    """The real candidate and m - 1 others next to it in rank by `weight` (how natural each reads),
+    the real one at a uniformly random place in that window where the ranks allow: a rule that
+    picks the most (or least) natural member then picks the real one no more often than chance,
+    which drawing the others by weight alone does not give (the common ones fill the set, and the
+    real one is then the odd, rarer one). Ties are broken at random. None: too few candidates."""
+    if len(others) < m - 1:
+        return None
+    keyed = [(weight(x), rng.random(), x) for x in [real, *others]]
+    ranked = [x for _, _, x in sorted(keyed, reverse=True)]
+    k = ranked.index(real)
+    lo, hi = max(0, k - m + 1), min(k, len(ranked) - m)
+    start = rng.randint(lo, hi)
+    window = ranked[start : start + m]
+    return [real, *[x for x in window if x != real]]
+
+
 def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> list[str] | None:
     body = _string_body(site.text)
     assert body is not None
     head, text, quote = body
-    if site.position is not None:
-        positions = [site.position]
+    if isinstance(site.near, str) and _neighbour_edit(text, site.near) is not None:
+        # One edit from the buggy output, each, like the real value.
+        near = site.near
+        picked = _window(text, _neighbours(near, text), lambda x: _fit(freq, x, _edited(near, x)), m, rng)
+    elif site.grid:
+        spots = [i for i, c in enumerate(text) if _char_class(c)]
+        i, j = sorted(rng.sample(spots, 2))
+        made = [
+            text[:i] + x + text[i + 1 : j] + y + text[j + 1 :]
+            for x in _char_class(text[i])
+            for y in _char_class(text[j])
+            if (x, y) != (text[i], text[j])
+        ]
+        picked = _window(text, made, lambda x: _fit(freq, x, i) * _fit(freq, x, j), m, rng)
     else:
-        positions = [i for i, c in enumerate(text) if (pool := _char_class(c)) and len(pool) >= m]
-    if not positions:
-        return None
-    i = rng.choice(positions)
-    real = text[i]
-    near = site.near
-    # Never the buggy output's own character there: that member would be the buggy output itself.
-    taken = {real} | ({near[i]} if isinstance(near, str) and len(near) == len(text) else set())
-    pool = [c for c in _char_class(real) if c not in taken]
-    if len(pool) < m - 1:
-        return None
-    # Drawn as the hidden tests' own strings use the characters of this class, so that the real
-    # character is no likelier than a drawn one to be the common one.
-    weights = [freq.get(c, 0) + 1 for c in pool]
-    chosen: list[str] = []
-    while len(chosen) < m - 1:
-        c = rng.choices(pool, weights)[0]
-        k = pool.index(c)
-        pool.pop(k)
-        weights.pop(k)
-        chosen.append(c)
-    chars = [real, *chosen]
-    return [f"{head}{text[:i]}{c}{text[i + 1 :]}{quote}" for c in chars]
+        if site.position is not None:
+            positions = [site.position]
+        else:
+            positions = [i for i, c in enumerate(text) if (pool := _char_class(c)) and len(pool) >= m]
+        if not positions:
+            return None
+        i = rng.choice(positions)
+        real = text[i]
+        near = site.near
+        # Never the buggy output's own character there: that member would be the buggy output itself.
+        taken = {real} | ({near[i]} if isinstance(near, str) and len(near) == len(text) else set())
+        made = [text[:i] + c + text[i + 1 :] for c in (site.pool or _char_class(real)) if c not in taken]
+        picked = _window(text, made, lambda x: _fit(freq, x, i), m, rng)
+    return None if picked is None else [f"{head}{x}{quote}" for x in picked]
 
 
 def _values(
@@ -716,11 +776,15 @@ def _draw(
     return [texts[real], *texts[:real], *texts[real + 1 :]]
 
 
-def _near_misses(p: _Pending, failing_values: Mapping[str, list[str]]) -> None:
+def _near_misses(
+    p: _Pending, failing_values: Mapping[str, list[str]], failing_errors: Mapping[str, str] | None = None
+) -> None:
     """Where the task says what the buggy code produced at a site, draw members as near to it as the
     real one is, so that "the member nearest to the buggy output" picks among them all: an integer
-    is reflected about it (two members), a string differs at the position where the buggy output
-    differs from it (or, where the buggy output lacks a character, at the missing one)."""
+    is reflected about it (two members); a string one edit from it (a mutant's usual miss) has
+    members that are all one edit from it too (`_neighbours`); a string further away differs from
+    its twins at one of the positions where the buggy output differs from it. A site where none of
+    that holds is not used."""
     nears = []
     for o in p.originals:
         for text in failing_values.get(o, []):
@@ -733,7 +797,19 @@ def _near_misses(p: _Pending, failing_values: Mapping[str, list[str]]) -> None:
             continue
         v = site.value
         others = [b for b in nears if type(b) is type(v) and b != v]
+        if nears and not any(b == v and type(b) is type(v) for b in nears):
+            # The buggy output is known, but as a whole this value is part of (a container): no
+            # way to draw members all as near to it, so none at all.
+            site.capacity = 0
+            continue
         if len(others) != 1 or not any(b == v and type(b) is type(v) for b in nears):
+            if isinstance(v, str) and not others and (body := _string_body(site.text)) is not None:
+                # No output of the buggy code to be near to (the package raised before the check, or
+                # the task does not say): room for more members, at two positions.
+                classes = sorted((len(_char_class(c)) for c in body[1] if _char_class(c)), reverse=True)
+                if len(classes) >= 2:
+                    site.grid = True
+                    site.capacity = min(_MAX_MEMBERS, classes[0] * classes[1])
             continue  # not this value's check, or not one output to be near to
         b = others[0]
         site.near = b
@@ -741,26 +817,64 @@ def _near_misses(p: _Pending, failing_values: Mapping[str, list[str]]) -> None:
             twin = 2 * b - v
             site.capacity = 2 if (twin >= 0) == (v >= 0) and twin != v else 0
         elif isinstance(v, str) and (body := _string_body(site.text)) is not None and body[1] == v:
-            diff = _one_edit(v, b)
-            if diff is None or not _char_class(v[diff]):
-                site.capacity = 0  # no position keeps every member as near to b as the real one
+            assert isinstance(b, str)
+            if _neighbour_edit(v, b) is not None:
+                site.capacity = min(_MAX_MEMBERS, len(_neighbours(b, v)) + 1)
             else:
-                site.position = diff
-                site.capacity = len(_char_class(v[diff])) - (1 if len(b) == len(v) else 0)
+                # Further than one edit: one position whose every other character leaves a member
+                # exactly as far from the buggy output as the real value.
+                far = _levenshtein(v, b)
+                best = ""
+                for i, c in enumerate(v):
+                    pool = "".join(
+                        x for x in _char_class(c) if x != c and _levenshtein(v[:i] + x + v[i + 1 :], b) == far
+                    )
+                    if len(pool) > len(best):
+                        site.position, best = i, pool
+                site.pool = best
+                site.capacity = len(best) + 1 if best else 0
         else:
-            site.capacity = 0
+            site.capacity = 0  # a float, bytes: no member drawn near enough, so none at all
 
 
-def _one_edit(v: str, b: str) -> int | None:
-    """The position of v where b differs by one substitution, or where b lacks v's one character."""
+def _levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def _neighbour_edit(v: str, b: str) -> tuple[str, int] | None:
+    """How v is one edit from b: ("sub", position) or ("ins", position of v's extra character)."""
     if len(v) == len(b):
         diffs = [i for i, (x, y) in enumerate(zip(v, b, strict=True)) if x != y]
-        return diffs[0] if len(diffs) == 1 else None
+        return ("sub", diffs[0]) if len(diffs) == 1 and _char_class(v[diffs[0]]) else None
     if len(v) == len(b) + 1:
         for i in range(len(v)):
-            if v[:i] + v[i + 1 :] == b:
-                return i
+            if v[:i] + v[i + 1 :] == b and _char_class(v[i]):
+                return ("ins", i)
     return None
+
+
+def _neighbours(b: str, v: str) -> list[str]:
+    """The strings one edit from b of the same kind as v's (a substitution, or an insertion),
+    with a character of the class the edit put in v: v and the twins it may be drawn among."""
+    edit = _neighbour_edit(v, b)
+    assert edit is not None
+    kind, at = edit
+    pool = _char_class(v[at])
+    out: list[str] = []
+    if kind == "sub":
+        for i, c in enumerate(b):
+            if _char_class(c) == pool:
+                out.extend(b[:i] + x + b[i + 1 :] for x in pool if x != c)
+    else:
+        for i in range(len(b) + 1):
+            out.extend(b[:i] + x + b[i:] for x in pool)
+    return [x for x in dict.fromkeys(out) if x != v]
 
 
 def _raises_capacity(site: _Site, exceptions: Counter) -> int:
@@ -943,13 +1057,16 @@ def plan_twin_sets(
     plan.target_odds = odds
     live: list[_Pending] = []
     for p in prepared.pending:
-        _near_misses(p, prepared.failing_values)
+        _near_misses(p, prepared.failing_values, prepared.failing_errors)
         # A value its own code holds elsewhere (an input, a message) would single the real member out,
         # to a reader and in the compiled code's constant table alike: never such a site.
         usable = [
             s
             for s in p.sites
-            if s.capacity >= 2 and s.echoes <= 1 and (safe_sites is None or site_key(p, s) in safe_sites)
+            if s.capacity >= 2
+            and s.echoes <= 1
+            and prepared.run[_key(s.value) if s.kind != "raises" else ("name", s.value)] <= 1
+            and (safe_sites is None or site_key(p, s) in safe_sites)
         ]
         if not usable:
             for o in p.originals:
@@ -978,15 +1095,18 @@ def probe_sites(
     *,
     listed: list[str] | None = None,
     failing_lines: Mapping[str, int] | None = None,
+    avoid: str = "",
     rng: random.Random | None = None,
 ) -> tuple[dict[str, bytes], dict[str, str]]:
     """A folder of probes (path -> content) and its node ids (-> site key): for every candidate
     site of every FAIL_TO_PASS test, one copy whose value there is drawn as a twin's would be.
     Run over the correct code, every probe must fail: one that passes marks a site whose value
     the code's equality ignores (a version compared with a string, build metadata and all), where
-    members would not contradict each other. `tasks synth` runs them on the pristine package."""
+    members would not contradict each other. `tasks synth` runs them on the pristine package.
+    `avoid`: text the agent can read (the prompt, the package's own source): a site whose value it
+    quotes is not a candidate (a real value a docstring mentions would stand out)."""
     rng = rng or random.Random(0)
-    prepared = _prepare(hidden, fail_to_pass, listed, "", failing_lines, None)
+    prepared = _prepare(hidden, fail_to_pass, listed, avoid, failing_lines, None)
     probes: list[_Pending] = []
     keys: dict[int, str] = {}
     for p in prepared.pending:
@@ -1016,6 +1136,10 @@ class _Prepared:
     exceptions: Counter
     failing_errors: Mapping[str, str]
     failing_values: Mapping[str, list[str]] = field(default_factory=dict)
+    run: Counter = field(default_factory=Counter)
+    """Every constant the FAIL_TO_PASS run holds (each failing test's code once, each failing case's
+    values, the module code kept around them, the support files): a value found twice in it (its
+    own place and one more) would stand out, to a reader and in the constant tables alike."""
 
 
 def _compared(ids: list[str], failing_values: Mapping[str, list[str]]) -> Counter:
@@ -1053,7 +1177,8 @@ def _suite_stats(files: list[_File], others: list[Path]) -> tuple[Counter, Count
     for f in files:
         for n in ast.walk(f.tree):
             if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                freq.update(n.value)
+                freq.update(n.value)  # characters, and the pairs they come in
+                freq.update(n.value[i : i + 2] for i in range(len(n.value) - 1))
     exceptions = _exception_names(f.tree for f in files)
     if len(_STATS) > 256:
         _STATS.clear()
@@ -1132,7 +1257,10 @@ def _prepare(
                     for leaf in _leaves(element):
                         if (site := _leaf_site("row", leaf, f.src, row_context, avoid)) is not None:
                             sites.append(site)
-                sites += _body_sites(fn, f.src, row_context, avoid, where)
+                if len(t.suffixes) == 1:
+                    # With more failing cases of this test in the run, every other case's members hold
+                    # the body's real values: only the case's own values may differ then.
+                    sites += _body_sites(fn, f.src, row_context, avoid, where)
                 for site in sites:
                     if site.kind == "raises":
                         site.capacity = _raises_capacity(site, exceptions)
@@ -1140,7 +1268,36 @@ def _prepare(
         else:
             pending.append(_Pending(t, [t.prefix + s for s in t.suffixes], list(body), context=context))
 
-    return _Prepared(plan, pending, files, others, root, freq, exceptions, failing_errors or {})
+    prepared = _Prepared(plan, pending, files, others, root, freq, exceptions, failing_errors or {})
+    prepared.run = _run_constants(tests, pending, files)
+    return prepared
+
+
+def _run_constants(tests: Mapping[str, _Test], pending: list[_Pending], files: list[_File]) -> Counter:
+    nodes: list[ast.AST] = []
+    split = {id(p.test.fn) for p in pending if p.row is not None}
+    for t in tests.values():
+        if id(t.fn) in split:
+            others = [d for d in t.fn.decorator_list if not _is_parametrize(d)]
+            nodes += [*t.fn.body, *others]
+        else:
+            nodes.append(t.fn)
+    for p in pending:
+        if p.row is not None:
+            nodes += p.row.elements
+    with_tests = {t.file.rel for t in tests.values()}
+    for f in files:
+        if f.rel in with_tests:
+            nodes += [
+                n
+                for n in f.tree.body
+                if not (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test"))
+                and not isinstance(n, ast.ClassDef)
+                and not (isinstance(n, ast.Assign) and _is_literal(n.value))
+            ]
+        elif not _is_test_module(f.rel):
+            nodes.append(f.tree)  # conftest, helpers: in the run as they are
+    return _constants(nodes)
 
 
 def _where(
@@ -1163,7 +1320,30 @@ def _where(
         found.add(id(hit))
     if len(found) != 1:
         return False
-    return next(st for st in stmts if id(st) in found)
+    hit = next(st for st in stmts if id(st) in found)
+    if _is_check(hit):
+        return hit
+    # It failed before any check (the package raised in an assignment): the first check that reads
+    # what that statement assigned is where the members may differ; the buggy code never gets there.
+    assigned = {n.id for n in ast.walk(hit) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for st in stmts[stmts.index(hit) + 1 :]:
+        if _is_check(st) and any(isinstance(n, ast.Name) and n.id in assigned for n in ast.walk(st)):
+            return st
+        if any(isinstance(n, ast.Name) and n.id in assigned for n in ast.walk(st)):
+            return False  # used by something else first
+    return False
+
+
+def _is_check(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Assert):
+        return True
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return any(_raises_name(i.context_expr) is not None for i in stmt.items)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and getattr(stmt.value.func, "attr", "").startswith("assert")
+    )
 
 
 def _first_use(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.stmt | None:
@@ -1327,7 +1507,7 @@ def _build(
             # The exception each case fails with on the buggy code is one no member may expect.
             raised = {e for o in p.originals if (e := prepared.failing_errors.get(o))}
             # So is a value it compared on the buggy code (its output there): that member would pass.
-            avoid_values = p.context + _compared(p.originals, prepared.failing_values)
+            avoid_values = p.context + prepared.run + _compared(p.originals, prepared.failing_values)
             values = None
             for m in range(p.m, 1, -1):  # fewer members when that many values all echo
                 if (values := _values(p.site, m, rng, freq, exceptions, avoid_values, raised)) is not None:
@@ -1418,9 +1598,19 @@ def _rewrite(f: _File, blocks: dict[int, list[str]], rng: random.Random) -> str 
         )
         cuts.append((first, fn.end_lineno or fn.lineno, text))
 
+    # A test the module's own code names (`test_x.slow = True`, an alias) stays, or importing the
+    # file would fail; the ones replaced by members go regardless.
+    named = {
+        n.id
+        for node in f.tree.body
+        if not isinstance(node, (*defs, ast.ClassDef))
+        for n in ast.walk(node)
+        if isinstance(n, ast.Name)
+    }
     for node in f.tree.body:
         if isinstance(node, defs) and node.name.startswith("test"):
-            cut(node, "")
+            if node.name not in named or id(node) in blocks:
+                cut(node, "")
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, defs) and item.name.startswith("test"):

@@ -29,7 +29,7 @@ CASES = [(1, 2, 13), (20, 22, 42), (5, 6, 111)]
 
 
 def test_add():
-    assert add(2, 3) == 5
+    assert add(7, 8) == 15
     assert add(40, 50) == 90
 
 
@@ -108,7 +108,7 @@ def run_runner(tests: Path, lib: str, ids: list[str], *, payload: str = "") -> d
 # What each failing check compared on the buggy code (`tasks synth` reads it off pytest's report):
 # no member may expect the buggy output, or it would pass there and be known for a twin.
 COMPARED = {
-    "test_x.py::test_add": ["6", "5"],
+    "test_x.py::test_add": ["16", "15"],
     "test_x.py::test_add_cases[10-20-30]": ["31", "30"],
     "test_x.py::test_add_cases[5-6-11]": ["12", "11"],
 }
@@ -150,7 +150,7 @@ def test_the_folder_holds_only_the_members_and_no_other_copy_of_the_truth(tmp_pa
     text = (folder / "test_x.py").read_text()
     # The failing tests' originals, the passing cases' rows and the unused table are gone.
     assert "def test_add(" not in text and "def test_add_cases(" not in text and "CASES" not in text
-    assert "(3, 4, 17)" not in text and "HO!" not in text
+    assert "(3, 4, 17)" not in text and "\"HO!\"" not in text
     assert "def test_only_a_truth" not in text and "def test_echo" not in text
     # Members are renamed, none keeps its test's name; each case's values are its defaults.
     assert all(not m[0].endswith(("::test_add", "::test_shout")) for s in plan.sets for m in s.members)
@@ -188,10 +188,10 @@ def test_members_differ_only_where_the_test_fails_on_the_buggy_code(tmp_path):
 
 def test_a_value_the_prompt_quotes_is_never_the_one_members_differ_in(tmp_path):
     hidden = lay_out(tmp_path)
-    plan = plan_twin_sets(hidden, ["test_x.py::test_add"], avoid="add(2, 3) == 5", rng=random.Random(2))
+    plan = plan_twin_sets(hidden, ["test_x.py::test_add"], avoid="add(7, 8) == 15", rng=random.Random(2))
     text = plan.files["test_x.py"].decode()
-    assert text.count("add(2, 3) == 5") == len(plan.sets[0].members)  # the other check differs
-    plan = plan_twin_sets(hidden, ["test_x.py::test_add"], avoid="5 ... 90", rng=random.Random(2))
+    assert text.count("add(7, 8) == 15") == len(plan.sets[0].members)  # the other check differs
+    plan = plan_twin_sets(hidden, ["test_x.py::test_add"], avoid="E   assert 15 == 90", rng=random.Random(2))
     assert not plan.sets
 
 
