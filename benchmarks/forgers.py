@@ -50,13 +50,37 @@ def log(msg: str) -> None:
 
 
 def load_tasks(cache_dir: str | None, n: int, seed: int = 0) -> list[Any]:
-    from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
-    from agentrl.envs.python_repair.synth import cached_tasks
+    """Up to n tasks, round-robin over the packages: every synthesized task whose twin sets, planned by
+    this tree's verifier from the task's own metadata, make a blind guess win 1 in 32 at most (the
+    trial log's verdict may come from an earlier planner)."""
+    from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES, get_spec, tests_dir
+    from agentrl.envs.python_repair.synth import read_log
+    from agentrl.task import Task
+    from agentrl.verifiers.hidden_tests import _failing_lines, _list_map, _string_list, _string_map
+    from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage
 
-    tasks = cached_tasks(DEFAULT_PACKAGES, seed, Path(cache_dir) if cache_dir else None)
     by_pkg: dict[str, list[Any]] = defaultdict(list)
-    for t in tasks:
-        by_pkg[t.metadata["package"]].append(t)
+    for name in DEFAULT_PACKAGES:
+        spec = get_spec(name)
+        for trial in read_log(spec, seed, Path(cache_dir) if cache_dir else None):
+            if trial.outcome not in ("kept", "no_twin_cover") or not trial.task:
+                continue
+            task = Task.model_validate(trial.task)
+            m = task.metadata
+            if "TWIN_SITES" not in m:
+                continue
+            _, odds = coverage(
+                tests_dir(spec),
+                m["FAIL_TO_PASS"],
+                listed=[*m["FAIL_TO_PASS"], *m["PASS_TO_PASS"]],
+                avoid=task.prompt,
+                failing_lines=_failing_lines(task),
+                failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
+                failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
+                safe_sites=_string_list(task, "TWIN_SITES"),
+            )
+            if odds >= DEFAULT_ODDS:
+                by_pkg[name].append(task)
     out: list[Any] = []
     i = 0
     while len(out) < n and any(i < len(v) for v in by_pkg.values()):

@@ -117,6 +117,9 @@ class TwinSet:
     """What the members differ in: `literal`, `row` (a case's expected parameter), `raises`."""
     values: tuple[str, ...] = ()
     """Per member, its value where they differ, as written in its source (for measurements)."""
+    linked: bool = False
+    """An integer reflected about the buggy code's output: which of the two is real follows the way
+    the bug errs, the same for every such set of the task, so together they are one guess of two."""
 
 
 @dataclass
@@ -138,8 +141,10 @@ class DecisionPlan:
 
     @property
     def odds(self) -> int:
-        """1 in this many: a guess of every set, uniformly among its members, is right."""
-        return math.prod(len(s.members) for s in self.sets) if self.sets else 1
+        """1 in this many: a guess of every set, uniformly among its members, is right (the linked
+        sets, which share one way the bug errs, count once, as one guess of two)."""
+        free = math.prod(len(s.members) for s in self.sets if not s.linked)
+        return free * (2 if any(s.linked for s in self.sets) else 1)
 
     @property
     def short(self) -> bool:
@@ -381,6 +386,8 @@ class _Site:
     """For a string with a known buggy output: the one position the members differ at."""
     pool: str = ""
     """With `position`: the characters a member may have there (each keeps it as near)."""
+    linked: bool = False
+    """Reflected about the buggy output (see `TwinSet.linked`)."""
     grid: bool = False
     """A string with no known output of the buggy code to be near to: members may differ at two
     positions, so that more than one class of characters' worth of them fit."""
@@ -760,9 +767,7 @@ def _draw(
             pool = _unrelated([p for p in pool if p != c], c)  # no two members catch the same
         return [site.text, *chosen] if len(chosen) == m - 1 else None
     value = site.value
-    if isinstance(value, int) and isinstance(site.near, int) and not isinstance(site.near, bool):
-        # The buggy output is known: the twin is the real value reflected about it, so both members
-        # are as near to what the buggy code produced (a mutant's output is near the right one).
+    if isinstance(value, int) and isinstance(site.near, int) and site.linked:
         texts = [site.text, str(2 * site.near - value)]
     elif isinstance(value, int):
         texts = _int_texts(site, m, rng)
@@ -781,10 +786,10 @@ def _near_misses(
 ) -> None:
     """Where the task says what the buggy code produced at a site, draw members as near to it as the
     real one is, so that "the member nearest to the buggy output" picks among them all: an integer
-    is reflected about it (two members); a string one edit from it (a mutant's usual miss) has
-    members that are all one edit from it too (`_neighbours`); a string further away differs from
-    its twins at one of the positions where the buggy output differs from it. A site where none of
-    that holds is not used."""
+    is reflected about it (two members, linked); a string one edit from it (a mutant's usual miss)
+    has twins made by that same edit with another character (`_neighbours`); a string further away
+    differs from its twins at one position where every other character keeps them as far. A string
+    no such position fits, or a value that is only part of what was compared, is not used."""
     nears = []
     for o in p.originals:
         for text in failing_values.get(o, []):
@@ -814,8 +819,13 @@ def _near_misses(
         b = others[0]
         site.near = b
         if isinstance(v, int) and not isinstance(v, bool):
+            # Reflected about it: both members as near to it. Any other twin would be further, and a
+            # mutant's output is near the right one (off by one: "the nearest" would win 9 sets in
+            # 10). Which of the two is real then follows the way the bug errs, the same in every
+            # such set of the task: they are linked, one guess of two for them all (`_size`).
             twin = 2 * b - v
             site.capacity = 2 if (twin >= 0) == (v >= 0) and twin != v else 0
+            site.linked = True
         elif isinstance(v, str) and (body := _string_body(site.text)) is not None and body[1] == v:
             assert isinstance(b, str)
             if _neighbour_edit(v, b) is not None:
@@ -860,21 +870,21 @@ def _neighbour_edit(v: str, b: str) -> tuple[str, int] | None:
 
 
 def _neighbours(b: str, v: str) -> list[str]:
-    """The strings one edit from b of the same kind as v's (a substitution, or an insertion),
-    with a character of the class the edit put in v: v and the twins it may be drawn among."""
+    """The strings one edit from b made as v is (the same substitution or insertion, at the same
+    place) with another character of that class: v's twins. At the same place, so that where a
+    string was edited (its end, say: "the one ending in punctuation is real") says nothing; one edit
+    from b, so that "the one nearest the buggy output" says nothing either."""
     edit = _neighbour_edit(v, b)
     assert edit is not None
     kind, at = edit
     pool = _char_class(v[at])
-    out: list[str] = []
     if kind == "sub":
-        for i, c in enumerate(b):
-            if _char_class(c) == pool:
-                out.extend(b[:i] + x + b[i + 1 :] for x in pool if x != c)
+        out = [b[:at] + x + b[at + 1 :] for x in pool if x != b[at]]
     else:
-        for i in range(len(b) + 1):
-            out.extend(b[:i] + x + b[i:] for x in pool)
-    return [x for x in dict.fromkeys(out) if x != v]
+        out = [b[:at] + x + b[at:] for x in pool]
+    # An insertion next to the same character reads the same whichever side it went on: no twin
+    # may equal another, or the real value.
+    return [x for x in dict.fromkeys(out) if x != v and x != b]
 
 
 def _raises_capacity(site: _Site, exceptions: Counter) -> int:
@@ -1367,16 +1377,22 @@ def _size(sets: list[_Pending], odds: int, rng: random.Random) -> None:
         return
     need = max(2, math.ceil(odds ** (1 / len(sets))))
     for p in sets:
-        # A site that holds what this set needs, else any; then at random.
-        best = sorted(p.sites, key=lambda s: (s.capacity < need, rng.random()))
+        # A free site (not linked to the others by the way the bug errs) that holds what this set
+        # needs, else any; then at random.
+        best = sorted(p.sites, key=lambda s: (s.linked, s.capacity < need, rng.random()))
         p.site = best[0]
         p.m = 2
-    while math.prod(p.m for p in sets) < odds:
-        growable = [p for p in sets if p.site is not None and p.m < p.site.capacity]
+
+    def reached() -> int:
+        free = math.prod(p.m for p in sets if p.site is not None and not p.site.linked)
+        return free * (2 if any(p.site is not None and p.site.linked for p in sets) else 1)
+
+    while reached() < odds:
+        growable = [p for p in sets if p.site is not None and not p.site.linked and p.m < p.site.capacity]
         if not growable:
             # Try a roomier site for the set that limits most.
             for p in sorted(sets, key=lambda q: q.m):
-                roomier = [s for s in p.sites if s.capacity > p.m]
+                roomier = [s for s in p.sites if s.capacity > p.m and not s.linked]
                 if roomier:
                     p.site = max(roomier, key=lambda s: s.capacity)
                     break
@@ -1544,6 +1560,7 @@ def _build(
                         real,
                         "row" if p.site.kind == "row" else p.site.kind,
                         drawn,
+                        p.site.linked,
                     ),
                 )
             )

@@ -164,8 +164,12 @@ def test_synthesis_is_deterministic_and_keeps_only_caught_mutants(synthesized):
         meta = task.metadata
         assert meta["FAIL_TO_PASS"] and not set(meta["FAIL_TO_PASS"]) & set(meta["PASS_TO_PASS"])
         assert task.split == split_of("inflection", meta["module"], meta["function"])
-        # The bug report names failing tests, never the mutated function or its line.
-        assert meta["FAIL_TO_PASS"][0] in task.prompt
+        # The bug report names failing tests (never a case's parameters: the twin sets differ in
+        # them), never the mutated function or its line; the task says where each test fails.
+        first = meta["FAIL_TO_PASS"][0]
+        assert first.split("[", 1)[0] in task.prompt and ("[" not in first or first not in task.prompt)
+        assert set(meta["FAIL_TO_PASS_LINES"]) <= set(meta["FAIL_TO_PASS"])
+        assert meta["twin_sets"]["covered"] and meta["twin_sets"]["odds"] >= 32
         assert meta["mutated_function"] not in task.prompt
         assert f"line {meta['lineno']}" not in task.prompt
         assert list(task.files) == [meta["module"]]
@@ -294,6 +298,10 @@ def test_cli_prints_statistics_and_writes_the_tasks(synthesized, tmp_path):
     assert stats["tasks"]["n"] == 3 and stats["tasks"]["per_package"] == {"inflection": 3}
     total = stats["total"]
     assert total["tried"] == total["kept"] + total["rejected"] and total["kept"] >= 3
+    # How many mutants no twin sets could decide at 1 in 32, and why; how many kept tasks have
+    # failing tests no set covers, and why.
+    assert stats["no_twin_cover"]["tasks"] == total["reasons"].get("no_twin_cover", 0)
+    assert set(stats["kept_with_uncovered_failing_tests"]) == {"tasks", "why"}
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [t.id for t in first.tasks]
 
 

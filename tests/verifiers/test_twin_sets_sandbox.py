@@ -1,8 +1,8 @@
 """The hidden-tests verifier with FAIL_TO_PASS node ids, on docker and bwrap, through env.step: the fix
 scores 1 and the bug 0; every forger that has read our source (the audit's `forge-*` attacks) and every
-blanket forger scores 0, the bug left in place. The plan's odds are set high here (1 in a million), so a
-lucky guess cannot make a test pass by chance; the rates at the default odds are the benchmark's
-(benchmarks/forgers.py)."""
+blanket forger scores 0, the bug left in place. Nine failing cases, a twin set of two each (a blind
+guess wins 1 in 512), so that a lucky guess hardly ever lets a forger pass here; the rates at the
+default odds are the benchmark's (benchmarks/forgers.py)."""
 
 from __future__ import annotations
 
@@ -14,31 +14,31 @@ from agentrl.checks.attacks_harness import ATTACKS as BLANKET
 from agentrl.task import Task
 from tests.verifiers.test_hidden_tests import FixFunctionEnv, play
 
-BUGGY = "def add(a, b):\n    return a + b + 1\n\n\ndef shout(s):\n    return s.upper() + '!'\n"
+BUGGY = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '.'\n"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '!'\n"
-TESTS = """import pytest
+WORDS = ["hey", "ho", "let us go", "run", "stop", "wait", "jump", "now", "again"]
+TESTS = f"""import pytest
 
 from mathlib import add, shout
 
 
 def test_add():
-    assert add(2, 3) == 5
+    assert add(7, 8) == 15
 
 
-@pytest.mark.parametrize("a, b, want", [(10, 20, 30), (5, 6, 11)])
-def test_cases(a, b, want):
-    assert add(a, b) == want
-
-
-def test_shout():
-    assert shout("hey") == "HEY!"
+@pytest.mark.parametrize("text, want", {[(w, w.upper() + "!") for w in WORDS]!r})
+def test_shout(text, want):
+    assert shout(text) == want
 
 
 def test_truth():
     assert add(1, 1)
 """
-F2P = ["test_m.py::test_add", "test_m.py::test_cases[10-20-30]", "test_m.py::test_cases[5-6-11]"]
-P2P = ["test_m.py::test_shout", "test_m.py::test_truth"]
+F2P = [f"test_m.py::test_shout[{w}-{w.upper()}!]" for w in WORDS]
+P2P = ["test_m.py::test_add", "test_m.py::test_truth"]
+# Where each fails on the buggy code, and what it compared there (what `tasks synth` records).
+FAILING_LINES = dict.fromkeys(F2P, 1 + TESTS.splitlines().index("    assert shout(text) == want"))
+COMPARED = {f: [repr(w.upper() + "."), repr(w.upper() + "!")] for f, w in zip(F2P, WORDS, strict=True)}
 BACKENDS = [
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
     pytest.param("bwrap", marks=pytest.mark.docker, id="bwrap"),
@@ -51,14 +51,14 @@ def task(tmp_path_factory) -> Task:
     (hidden / "test_m.py").write_text(TESTS)
     return Task(
         id="fix-add/twins",
-        prompt="mathlib.add is off by one. Fix it, then submit.",
+        prompt="mathlib.shout ends with the wrong mark. Fix it, then submit.",
         files={"mathlib.py": BUGGY},
         hidden_tests=str(hidden),
         metadata={
             "FAIL_TO_PASS": F2P,
             "PASS_TO_PASS": P2P,
-            "FAIL_TO_PASS_LINES": dict.fromkeys(F2P[:1], 7) | dict.fromkeys(F2P[1:], 12),
-            "FAIL_TO_PASS_VALUES": {F2P[0]: ["6", "5"], F2P[1]: ["31", "30"], F2P[2]: ["12", "11"]},
+            "FAIL_TO_PASS_LINES": FAILING_LINES,
+            "FAIL_TO_PASS_VALUES": COMPARED,
         },
     )
 
@@ -67,7 +67,7 @@ def task(tmp_path_factory) -> Task:
 def env(request, task):
     if request.param == "bwrap":
         request.getfixturevalue("bwrap_path")
-    with FixFunctionEnv(task, backend=request.param, verifier=("hidden-tests", {"odds": 10**6})) as e:
+    with FixFunctionEnv(task, backend=request.param, verifier=("hidden-tests", {"odds": 512})) as e:
         yield e
 
 
@@ -75,7 +75,7 @@ def test_the_fix_scores_1_and_the_bug_0(env, task):
     fixed, _ = play(env, task, tool_call("write_file", path="mathlib.py", content=FIXED))
     untouched, _ = play(env, task)
     assert (fixed.reward, untouched.reward) == (1.0, 0.0), (fixed.details, untouched.details)
-    assert "3 twin sets" in fixed.details and "a blind guess wins 1 in" in fixed.details
+    assert "9 twin sets" in fixed.details and "a blind guess wins 1 in 512" in fixed.details
 
 
 @pytest.mark.parametrize("attack", FORGERS, ids=[a.name for a in FORGERS])
