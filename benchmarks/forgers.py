@@ -332,6 +332,10 @@ def _context(task: Any) -> dict[str, Any]:
     return {"tests": tests, "package": package, "prompt": task.prompt, "bigrams": bigrams}
 
 
+ODDS: dict[int, int] = {}
+"""A plan's odds (sets linked by the way the bug errs count once), by the id of its list of sets."""
+
+
 def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
     """Per plan of the task, per set: (features per member, index of the real one)."""
     from agentrl.envs.python_repair.packages import get_spec, tests_dir
@@ -357,6 +361,7 @@ def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
         recorded = _list_map(task, "FAIL_TO_PASS_VALUES") or {}
         ctx["decision"] = "\n".join(v.decode(errors="replace") for v in plan.files.values())
         out.append([])
+        ODDS[id(out[-1])] = plan.odds
         for s in plan.sets:
             real = _value(s.values[s.real])
             near = None
@@ -429,7 +434,7 @@ def _judge_rule(per_task: list[list[list[tuple[list[list[float]], int]]]], score
             task_chance += sum(1 / len(f) for f, _ in sets)
             task_n += len(sets)
             wins.append(math.prod(probs))
-            blind.append(math.prod(1 / len(f) for f, _ in sets))
+            blind.append(1 / ODDS.get(id(sets), math.prod(len(f) for f, _ in sets)))
         if task_n:
             excess.append((task_hits - task_chance) / task_n)
             hits, chance, n = hits + task_hits, chance + task_chance, n + task_n

@@ -737,9 +737,21 @@ def _values(
         texts = _draw(site, m, rng, freq, exceptions, raised)
         if texts is None:
             return None
-        if not any(context[_text_key(site, t)] > 0 for t in texts[1:]):
+        if not any(context[_text_key(site, t)] > 0 or _held(site, t, context) for t in texts[1:]):
             return texts
     return None
+
+
+def _held(site: _Site, text: str, context: Counter) -> bool:
+    """Whether one of the run's strings (`("inside", s)` keys) holds this member's text."""
+    if site.kind == "raises":
+        return False
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return False
+    shown = value if isinstance(value, str) else text
+    return bool(shown) and any(k[0] == "inside" and shown in k[1] for k in context)
 
 
 def _text_key(site: _Site, text: str) -> tuple[str, object]:
@@ -1076,6 +1088,10 @@ def plan_twin_sets(
             if s.capacity >= 2
             and s.echoes <= 1
             and prepared.run[_key(s.value) if s.kind != "raises" else ("name", s.value)] <= 1
+            and (
+                s.kind == "raises"
+                or _inside(_text_of(s.value, s.text), prepared.run_strings, isinstance(s.value, str)) <= 0
+            )
             and (safe_sites is None or site_key(p, s) in safe_sites)
         ]
         if not usable:
@@ -1146,6 +1162,9 @@ class _Prepared:
     exceptions: Counter
     failing_errors: Mapping[str, str]
     failing_values: Mapping[str, list[str]] = field(default_factory=dict)
+    run_strings: list[str] = field(default_factory=list)
+    """The run's string constants: a value whose text one of them holds (an expected slice of an
+    input string, an expected number the input spells out) is read off the input."""
     run: Counter = field(default_factory=Counter)
     """Every constant the FAIL_TO_PASS run holds (each failing test's code once, each failing case's
     values, the module code kept around them, the support files): a value found twice in it (its
@@ -1279,11 +1298,13 @@ def _prepare(
             pending.append(_Pending(t, [t.prefix + s for s in t.suffixes], list(body), context=context))
 
     prepared = _Prepared(plan, pending, files, others, root, freq, exceptions, failing_errors or {})
-    prepared.run = _run_constants(tests, pending, files)
+    prepared.run, prepared.run_strings = _run_constants(tests, pending, files)
     return prepared
 
 
-def _run_constants(tests: Mapping[str, _Test], pending: list[_Pending], files: list[_File]) -> Counter:
+def _run_constants(
+    tests: Mapping[str, _Test], pending: list[_Pending], files: list[_File]
+) -> tuple[Counter, list[str]]:
     nodes: list[ast.AST] = []
     split = {id(p.test.fn) for p in pending if p.row is not None}
     for t in tests.values():
@@ -1307,7 +1328,23 @@ def _run_constants(tests: Mapping[str, _Test], pending: list[_Pending], files: l
             ]
         elif not _is_test_module(f.rel):
             nodes.append(f.tree)  # conftest, helpers: in the run as they are
-    return _constants(nodes)
+    strings = [
+        n.value
+        for tree in nodes
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+    return _constants(nodes), strings
+
+
+def _inside(text: str, strings: list[str], own: bool) -> int:
+    """How many of the run's strings hold `text` (its own string, when it is one, not counted)."""
+    return sum(text in x for x in strings) - (1 if own else 0)
+
+
+def _text_of(value: object, text: str) -> str:
+    """What a value reads as inside a string: a string's own characters, a number's spelling."""
+    return value if isinstance(value, str) else text
 
 
 def _where(
@@ -1524,6 +1561,8 @@ def _build(
             raised = {e for o in p.originals if (e := prepared.failing_errors.get(o))}
             # So is a value it compared on the buggy code (its output there): that member would pass.
             avoid_values = p.context + prepared.run + _compared(p.originals, prepared.failing_values)
+            for x in prepared.run_strings:  # and no twin whose text a string of the run holds
+                avoid_values[("inside", x)] += 1
             values = None
             for m in range(p.m, 1, -1):  # fewer members when that many values all echo
                 if (values := _values(p.site, m, rng, freq, exceptions, avoid_values, raised)) is not None:
