@@ -150,7 +150,7 @@ def test_the_folder_holds_only_the_members_and_no_other_copy_of_the_truth(tmp_pa
     text = (folder / "test_x.py").read_text()
     # The failing tests' originals, the passing cases' rows and the unused table are gone.
     assert "def test_add(" not in text and "def test_add_cases(" not in text and "CASES" not in text
-    assert "(3, 4, 17)" not in text and "\"HO!\"" not in text
+    assert "(3, 4, 17)" not in text and '"HO!"' not in text
     assert "def test_only_a_truth" not in text and "def test_echo" not in text
     # Members are renamed, none keeps its test's name; each case's values are its defaults.
     assert all(not m[0].endswith(("::test_add", "::test_shout")) for s in plan.sets for m in s.members)
