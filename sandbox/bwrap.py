@@ -488,7 +488,6 @@ class BwrapSandbox(SandboxBase):
         scratch: Path | None,
         *,
         resident: bool = False,
-        attached: bool = False,
     ) -> list[str]:
         """bwrap's options for one exec. They reach bwrap through a file descriptor
         (`--args`), never its argv: bwrap's own process is PID 1 inside the sandbox, and its
@@ -497,13 +496,11 @@ class BwrapSandbox(SandboxBase):
         `resident`: the resident executor's bwrap. It is PID 1 itself (`--as-pid-1`: no signal
         from inside reaches it), and lives past the thread that started it, so no
         `--die-with-parent` (which follows that thread): it ends on EOF from us instead.
-        `attached`: a process whose stdio we hold (`attach`, a harness command's relay), PID 2.
-
-        Either one's descriptors are its channel to us. It makes itself non-dumpable, so no
-        process of the agent's can open them through /proc (that takes ptrace access); but the
-        directories would still list, since the one mapped uid owns every process's /proc entries
-        when the host runs bwrap as root. Empty read-only tmpfs over its `fd` and `fdinfo` (and
-        its thread's) leave nothing to list."""
+        Its descriptors are its channel to us, and the one mapped uid owns every process's /proc
+        entries when the host runs bwrap as root, so they would list: empty read-only tmpfs over its
+        `fd` and `fdinfo` (and its thread's) leave nothing to list. A relay (`attach`) is not PID 1
+        and does not exist yet when bwrap mounts /proc, so it cannot be masked so; it makes itself
+        non-dumpable instead, and opening its descriptors takes ptrace access the agent lacks."""
         lim = self.limits
         args = ["--unshare-all", "--unshare-user", "--disable-userns"]
         if lim.network:
@@ -534,10 +531,9 @@ class BwrapSandbox(SandboxBase):
             "--size", str(min(64, lim.disk_mb) << 20), "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev",
         ]  # fmt: skip
-        if resident or attached:
-            pid = 1 if resident else 2
-            for sub in ("fd", "fdinfo", f"task/{pid}/fd", f"task/{pid}/fdinfo"):
-                args += ["--tmpfs", f"/proc/{pid}/{sub}", "--remount-ro", f"/proc/{pid}/{sub}"]
+        if resident:
+            for sub in ("fd", "fdinfo", "task/1/fd", "task/1/fdinfo"):
+                args += ["--tmpfs", f"/proc/1/{sub}", "--remount-ro", f"/proc/1/{sub}"]
         if identity == "verifier":
             # Reads the workspace and /verifier, writes neither: its only writable place is a
             # fresh /tmp of its own (not the agent's), inside the capped /verifier tmpfs.
@@ -614,7 +610,7 @@ class BwrapSandbox(SandboxBase):
 
     def _spawn_piped(self, argv: list[str], *, resident: bool) -> subprocess.Popen[bytes]:
         """A bwrap running `argv` as the agent, its stdin, stdout and stderr ours (`resident`: as PID 1)."""
-        options = self._options(self._base_env(), "agent", None, resident=resident, attached=not resident)
+        options = self._options(self._base_env(), "agent", None, resident=resident)
         options_fd = os.memfd_create("agentrl-bwrap-args", 0)
         try:
             os.write(options_fd, b"\0".join(a.encode() for a in options) + b"\0")

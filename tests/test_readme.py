@@ -267,7 +267,7 @@ def test_agent_service_snippet(mylab, tiny_model_dir, monkeypatch):  # noqa: F81
 
 
 @pytest.mark.docker
-def test_agent_in_the_sandbox_snippet(toolz_repair_task, tiny_model_dir):  # noqa: F811
+def test_agent_in_the_sandbox_snippet(semver_repair_task, tiny_model_dir):  # noqa: F811
     """docs/AGENTS.md's mini-swe-agent harness, registered as it is there, runs in docker through the gateway:
     its CLI from the harness layer's PATH, its commands in the container, its calls token-exact."""
     from transformers import AutoTokenizer
@@ -283,7 +283,7 @@ def test_agent_in_the_sandbox_snippet(toolz_repair_task, tiny_model_dir):  # noq
     record = RecordingPolicy(ToolCallPolicy(tok, lambda _prompt, n: bash_call(steps[min(n, 1)])))
     cfg = RolloutConfig(group_size=1, max_tokens_per_turn=256, max_total_tokens=8192, episode_timeout_s=300)
     (traj,) = collect_sync(
-        lambda: agentrl.make("mylab/repair-mini-v0", tasks=[toolz_repair_task]), [0], record, cfg
+        lambda: agentrl.make("mylab/repair-mini-v0", tasks=[semver_repair_task]), [0], record, cfg
     )
     assert traj.finish_reason == "submitted", traj.error
     assert traj.turns == 2 and traj.reward == 0.0 and traj.verdict_details

@@ -397,7 +397,7 @@ def _builtin(env_id: str, request: pytest.FixtureRequest) -> tuple[Any, list[Tas
     if env_id == "agentrl/python-repair-v0":
         from agentrl.envs.python_repair.env import PythonRepairEnv
 
-        task = request.getfixturevalue("toolz_repair_task")
+        task = request.getfixturevalue("semver_repair_task")
         return PythonRepairEnv(tasks=[task], env_id=env_id), [task]
     env = agentrl.make(env_id)
     indices = [0, 1] if env_id == "agentrl/sqlite-v0" else [0]  # sqlite: an answer task, a state task

@@ -166,8 +166,8 @@ def test_synthesis_is_deterministic_and_keeps_only_caught_mutants(synthesized):
         assert task.split == split_of("inflection", meta["module"], meta["function"])
         # The bug report names failing tests (never a case's parameters: the twin sets differ in
         # them), never the mutated function or its line; the task says where each test fails.
-        first = meta["FAIL_TO_PASS"][0]
-        assert first.split("[", 1)[0] in task.prompt and ("[" not in first or first not in task.prompt)
+        failing = meta["FAIL_TO_PASS"][0]
+        assert failing.split("[", 1)[0] in task.prompt and ("[" not in failing or failing not in task.prompt)
         assert set(meta["FAIL_TO_PASS_LINES"]) <= set(meta["FAIL_TO_PASS"])
         assert meta["twin_sets"]["covered"] and meta["twin_sets"]["odds"] >= 32
         assert meta["mutated_function"] not in task.prompt

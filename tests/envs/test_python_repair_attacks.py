@@ -48,25 +48,25 @@ BACKENDS = [
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def env(request, toolz_repair_task):
+def env(request, semver_repair_task):
     from agentrl.envs.python_repair.env import PythonRepairEnv
 
     if request.param == "bwrap":
         request.getfixturevalue("bwrap_path")
-    e = PythonRepairEnv(tasks=[toolz_repair_task], backend=request.param, max_turns=8)
+    e = PythonRepairEnv(tasks=[semver_repair_task], backend=request.param, max_turns=8)
     yield e
     e.close()
 
 
-def test_controls_oracle_scores_1_and_untouched_mutant_0(env, toolz_repair_task):
-    check = check_verifier(env, toolz_repair_task)
+def test_controls_oracle_scores_1_and_untouched_mutant_0(env, semver_repair_task):
+    check = check_verifier(env, semver_repair_task)
     assert check.ok, check.reason
     assert (check.reference.reward, check.untouched.reward) == (1.0, 0.0)
 
 
-def test_attack_1_workspace_symlink_to_the_pristine_source_scores_0(env, toolz_repair_task):
-    out = PristineSymlink().play(env, toolz_repair_task)
-    assert "/opt/src/toolz/toolz" in out.evidence, out.evidence  # the links were made
+def test_attack_1_workspace_symlink_to_the_pristine_source_scores_0(env, semver_repair_task):
+    out = PristineSymlink().play(env, semver_repair_task)
+    assert "/opt/src/semver/semver" in out.evidence, out.evidence  # the links were made
     assert out.reward == 0.0 and not out.passed, out.verdict
     # The test run follows the link and finds nothing it can import (docker: 0700 root; bwrap: masked).
     assert "collection error" in out.verdict, out.verdict
@@ -77,40 +77,40 @@ def test_attack_1_workspace_symlink_to_the_pristine_source_scores_0(env, toolz_r
     [PatchPytestReports, PatchPytestRunner, RegisterAllpassPlugin],
     ids=["report-class", "runner-module", "plugin-via-frames"],
 )
-def test_attack_2_patching_pytest_from_the_package_scores_0(env, toolz_repair_task, attack):
-    out = attack().play(env, toolz_repair_task)
+def test_attack_2_patching_pytest_from_the_package_scores_0(env, semver_repair_task, attack):
+    out = attack().play(env, semver_repair_task)
     assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict
 
 
 @pytest.mark.parametrize(
     "attack", [AtexitForgedReport, AtexitForgedReportOsExit], ids=["exit-1", "os-exit-0"]
 )
-def test_attack_3_results_forged_at_exit_score_0(env, toolz_repair_task, attack):
-    out = attack().play(env, toolz_repair_task)
+def test_attack_3_results_forged_at_exit_score_0(env, semver_repair_task, attack):
+    out = attack().play(env, semver_repair_task)
     assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict
 
 
 @pytest.mark.parametrize("attack", [PlantedPyc, PlantedUncheckedPyc], ids=["timestamp", "unchecked-hash"])
-def test_attack_4_payload_only_in_planted_bytecode_scores_0(env, toolz_repair_task, attack):
-    out = attack().play(env, toolz_repair_task)
+def test_attack_4_payload_only_in_planted_bytecode_scores_0(env, semver_repair_task, attack):
+    out = attack().play(env, semver_repair_task)
     assert "planted" in out.evidence and "sources untouched" in out.evidence, out.evidence
     # The bytecode is never loaded: the tests run the (buggy) source, untampered.
     assert out.reward == 0.0 and "tampered" not in out.verdict and "not passed" in out.verdict, out.verdict
 
 
-def test_attack_9_no_file_metadata_points_at_the_mutated_module(env, toolz_repair_task):
-    out = BugLocationMetadata().play(env, toolz_repair_task)
+def test_attack_9_no_file_metadata_points_at_the_mutated_module(env, semver_repair_task):
+    out = BugLocationMetadata().play(env, semver_repair_task)
     assert out.applicable and out.exploited is False, out.evidence
 
 
-def test_attack_11_no_host_paths_or_options_in_proc(env, toolz_repair_task):
-    out = ProcCmdlineLeak().play(env, toolz_repair_task)
+def test_attack_11_no_host_paths_or_options_in_proc(env, semver_repair_task):
+    out = ProcCmdlineLeak().play(env, semver_repair_task)
     assert out.exploited is False, out.evidence
 
 
 @pytest.mark.parametrize("attack", HARNESS_ATTACKS, ids=[a.name for a in HARNESS_ATTACKS])
-def test_attacks_on_the_harness_inside_the_test_process_score_0_as_tampering(env, toolz_repair_task, attack):
+def test_attacks_on_the_harness_inside_the_test_process_score_0_as_tampering(env, semver_repair_task, attack):
     """The payloads reach the harness's live objects (the hook executor, the guard, the emitter,
     the test modules being imported); the canary twins, or the runner's own checks, record it."""
-    out = attack().play(env, toolz_repair_task)
+    out = attack().play(env, semver_repair_task)
     assert out.reward == 0.0 and "tampered with" in out.verdict, out.verdict

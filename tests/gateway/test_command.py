@@ -68,14 +68,14 @@ def _env(task, backend: str = "docker", **harness) -> HarnessEnv:
 @pytest.mark.docker
 @pytest.mark.parametrize("backend", ["docker", "bwrap"])
 def test_a_command_reaches_its_session_and_nothing_else(
-    backend, toolz_repair_task, tiny_model_dir, loopback_listener
+    backend, semver_repair_task, tiny_model_dir, loopback_listener
 ):
     assert loopback_listener.reachable_from_here()
     seen = len(loopback_listener.accepted)
     record = RecordingPolicy(ToolCallPolicy(_tok(tiny_model_dir), _reply("I looked at it.")))
     command_env = {"HOST_PORT": str(loopback_listener.port)}
     [t] = collect_sync(
-        lambda: _env(toolz_repair_task, backend, command=["python3", "-c", CLIENT], command_env=command_env),
+        lambda: _env(semver_repair_task, backend, command=["python3", "-c", CLIENT], command_env=command_env),
         [0],
         record,
         CFG,
@@ -99,10 +99,10 @@ def test_a_command_reaches_its_session_and_nothing_else(
         ("python3 -c 'print(\"x\" * 10**7)'", "submitted", ""),
     ],
 )
-def test_every_ending_of_a_command_is_recorded(command, reason, words, toolz_repair_task, tiny_model_dir):
+def test_every_ending_of_a_command_is_recorded(command, reason, words, semver_repair_task, tiny_model_dir):
     policy = ToolCallPolicy(_tok(tiny_model_dir), _reply("ok"))
     cfg = CFG.model_copy(update={"episode_timeout_s": 8.0})
-    [t] = collect_sync(lambda: _env(toolz_repair_task, command=command), [0], policy, cfg, seed=0)
+    [t] = collect_sync(lambda: _env(semver_repair_task, command=command), [0], policy, cfg, seed=0)
     assert t.finish_reason == reason and words in (t.error or "")
     assert t.verdict_details, "scored all the same"
 
@@ -138,12 +138,12 @@ def bash_call(command: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("dialect", list(MINI_DIALECTS))
 def test_mini_swe_agent_repairs_a_package_in_docker(
-    toolz_repair_task, tiny_model_dir, dialect, loopback_listener
+    semver_repair_task, tiny_model_dir, dialect, loopback_listener
 ):
     """Scripted replies (the tiny model cannot repair anything): the commands mini-swe-agent runs are its
     own, in the container; the fix it applies is scored by the hidden tests. In each dialect the CLI
     speaks (chat completions, Anthropic's Messages, Responses), one token-exact branch."""
-    meta = toolz_repair_task.metadata
+    meta = semver_repair_task.metadata
     fix = (
         "python3 - <<'EOF'\nimport pathlib\n"
         f"p = pathlib.Path({meta['module']!r})\n"
@@ -164,7 +164,7 @@ def test_mini_swe_agent_repairs_a_package_in_docker(
     )
     [t] = collect_sync(
         lambda: _env(
-            toolz_repair_task, command=MINI_DIALECTS[dialect], command_env=MINI_ENV, install=MINI_INSTALL
+            semver_repair_task, command=MINI_DIALECTS[dialect], command_env=MINI_ENV, install=MINI_INSTALL
         ),
         [0],
         record,
@@ -182,7 +182,7 @@ def test_mini_swe_agent_repairs_a_package_in_docker(
 @pytest.mark.docker
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_mini_swe_agent_driven_by_the_local_model(toolz_repair_task, tiny_model_dir):
+def test_mini_swe_agent_driven_by_the_local_model(semver_repair_task, tiny_model_dir):
     """The tiny model through vLLM: it cannot repair anything, but every episode ends with a reason and a
     score, and what is trained on is what the engine sampled."""
     from agentrl.rollout.policy import VLLMPolicy
@@ -206,7 +206,7 @@ def test_mini_swe_agent_driven_by_the_local_model(toolz_repair_task, tiny_model_
             }
         )
         trajs = collect_sync(
-            lambda: _env(toolz_repair_task, command=MINI, command_env=MINI_ENV, install=MINI_INSTALL),
+            lambda: _env(semver_repair_task, command=MINI, command_env=MINI_ENV, install=MINI_INSTALL),
             [0],
             record,
             cfg,

@@ -1,7 +1,8 @@
 """The hidden-tests verifier with FAIL_TO_PASS node ids, on docker and bwrap, through env.step: the fix
 scores 1 and the bug 0; every forger that has read our source (the audit's `forge-*` attacks) and every
-blanket forger scores 0, the bug left in place. Nine failing cases, a twin set of two each (a blind
-guess wins 1 in 512), so that a lucky guess hardly ever lets a forger pass here; the rates at the
+blanket forger scores 0, the bug left in place. Fifteen failing cases, a twin set of two each (a blind
+guess wins 1 in 32,768: the file plays 24 forged episodes, so a lucky guess fails it about once in
+1,400 runs; at 1 in 512 it was once in 22); the rates at the
 default odds are the benchmark's (benchmarks/forgers.py)."""
 
 from __future__ import annotations
@@ -16,7 +17,23 @@ from tests.verifiers.test_hidden_tests import FixFunctionEnv, play
 
 BUGGY = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '.'\n"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '!'\n"
-WORDS = ["hey", "ho", "let us go", "run", "stop", "wait", "jump", "now", "again"]
+WORDS = [
+    "hey",
+    "ho",
+    "let us go",
+    "run",
+    "stop",
+    "wait",
+    "jump",
+    "now",
+    "again",
+    "up",
+    "down",
+    "left",
+    "right",
+    "sit",
+    "go on",
+]
 TESTS = f"""import pytest
 
 from mathlib import add, shout
@@ -67,7 +84,7 @@ def task(tmp_path_factory) -> Task:
 def env(request, task):
     if request.param == "bwrap":
         request.getfixturevalue("bwrap_path")
-    with FixFunctionEnv(task, backend=request.param, verifier=("hidden-tests", {"odds": 512})) as e:
+    with FixFunctionEnv(task, backend=request.param, verifier=("hidden-tests", {"odds": 32768})) as e:
         yield e
 
 
@@ -75,7 +92,7 @@ def test_the_fix_scores_1_and_the_bug_0(env, task):
     fixed, _ = play(env, task, tool_call("write_file", path="mathlib.py", content=FIXED))
     untouched, _ = play(env, task)
     assert (fixed.reward, untouched.reward) == (1.0, 0.0), (fixed.details, untouched.details)
-    assert "9 twin sets" in fixed.details and "a blind guess wins 1 in 512" in fixed.details
+    assert "15 twin sets" in fixed.details and "a blind guess wins 1 in 32,768" in fixed.details
 
 
 @pytest.mark.parametrize("attack", FORGERS, ids=[a.name for a in FORGERS])
