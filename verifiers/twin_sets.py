@@ -391,6 +391,9 @@ class _Site:
     grid: bool = False
     """A string with no known output of the buggy code to be near to: members may differ at two
     positions, so that more than one class of characters' worth of them fit."""
+    quoted: frozenset[int] = frozenset()
+    """Positions in a string's body inside a word the prompt quotes (`FixedTzOffset` in a frame the
+    bug report shows): a member edited there would quote the prompt less than the real one does."""
 
 
 def _exception_names(trees: Iterable[ast.Module]) -> Counter:
@@ -492,7 +495,8 @@ def _leaf_site(kind: str, leaf: ast.AST, src: _Source, context: Counter, avoid: 
         body = _string_body(text)
         if body is None:
             return None
-        classes = [_char_class(c) for c in body[1]]
+        quoted = _quoted_positions(body[1], avoid)
+        classes = [_char_class(c) if i not in quoted else "" for i, c in enumerate(body[1])]
         if not any(classes):
             return None
         cap = max(len(pool) for pool in classes if pool)
@@ -500,7 +504,22 @@ def _leaf_site(kind: str, leaf: ast.AST, src: _Source, context: Counter, avoid: 
         return None
     if cap < 2:
         return None
-    return _Site(kind, leaf, text, value, cap, context[_key(value)])
+    site = _Site(kind, leaf, text, value, cap, context[_key(value)])
+    if isinstance(value, (str, bytes)):
+        site.quoted = quoted
+    return site
+
+
+def _quoted_positions(body: str, avoid: str) -> frozenset[int]:
+    """The positions of `body` inside a word (a run of letters, digits and underscores, three or more
+    long) that `avoid` holds as a word of its own."""
+    if not avoid:
+        return frozenset()
+    out: set[int] = set()
+    for m in re.finditer(r"\w{3,}", body):
+        if re.search(rf"(?<!\w){re.escape(m.group())}(?!\w)", avoid):
+            out.update(range(m.start(), m.end()))
+    return frozenset(out)
 
 
 def _quoted(text: str, value: object, avoid: str) -> bool:
@@ -694,7 +713,9 @@ def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> lis
         near = site.near
         picked = _window(text, _neighbours(near, text), lambda x: _fit(freq, x, _edited(near, x)), m, rng)
     elif site.grid:
-        spots = [i for i, c in enumerate(text) if _char_class(c)]
+        spots = [i for i, c in enumerate(text) if _char_class(c) and i not in site.quoted]
+        if len(spots) < 2:
+            return None
         i, j = sorted(rng.sample(spots, 2))
         made = [
             text[:i] + x + text[i + 1 : j] + y + text[j + 1 :]
@@ -707,7 +728,11 @@ def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> lis
         if site.position is not None:
             positions = [site.position]
         else:
-            positions = [i for i, c in enumerate(text) if (pool := _char_class(c)) and len(pool) >= m]
+            positions = [
+                i
+                for i, c in enumerate(text)
+                if (pool := _char_class(c)) and len(pool) >= m and i not in site.quoted
+            ]
         if not positions:
             return None
         i = rng.choice(positions)

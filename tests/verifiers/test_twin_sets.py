@@ -313,3 +313,19 @@ def test_a_leaky_prompt_is_what_the_prompt_forger_needs(tmp_path):
     out = run_runner(folder, BUGGY, plan.ids, payload=forger_payload("prompt", "\n".join(leak)))
     assert plan.tampering(out, collected=out) == []
     assert set(plan.real_outcomes(out).values()) == {"passed"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_members_never_differ_inside_a_word_the_prompt_quotes(tmp_path, seed):
+    # The bug report shows a package frame that names the class: a member edited inside that name
+    # would quote the prompt less than the real one, and the prompt forger would pick the real one.
+    hidden = tmp_path / f"hidden-{seed}"
+    hidden.mkdir()
+    (hidden / "test_tz.py").write_text(
+        "from tz import Offset\n\n\ndef test_repr():\n    assert repr(Offset(0)) == '<FixedTzOffset UTC 0:00:00>'\n"
+    )
+    prompt = '    >   return "<%s %s %s>" % (self.__class__.__name__, self._name)\nFixedTzOffset raised'
+    plan = plan_twin_sets(hidden, ["test_tz.py::test_repr"], avoid=prompt, rng=random.Random(seed))
+    [tset] = plan.sets
+    assert len(set(tset.values)) == len(tset.values) > 1
+    assert all("<FixedTzOffset " in v for v in tset.values), tset.values
