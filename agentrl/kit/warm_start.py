@@ -58,6 +58,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentrl.kit.numerics import Numerics, pinned_env
 
 RECORD_FILE = "agentrl_warm_start.json"
+# A tiny model learns to copy after ~8,000 demonstration sequences (the module docstring): a short stage
+# given fewer is not expected to have learned, and its loss is not checked.
+COPY_SEQUENCES = 8192
 # Bump when a stage changes in a way the recipe fields do not capture (a new masker, a new SFT loss).
 # 2: the SFT on the trainer's token-budget micro-batches builds another model from the same recipe
 # than version 1 did (benchmarks/RESULTS.md, the curriculum runs), so version-1 caches are rebuilt.
@@ -131,7 +134,8 @@ class WarmStartRecipe(BaseModel):
         description="The short stage has learned to copy when its SFT loss per action token (the mean of its "
         "last 16 steps) is at most this; above it, extra rounds train on from where it stands. The short "
         "stages that learned ended at 0.004-0.023, the two that never did at 0.164 and 0.236 (docs/DEMO.md): "
-        "0.06 is 2.6x from either. None: no check (the stage ends after `short_epochs`, learned or not).",
+        "0.06 is 2.6x from either. Checked only when `short_demos` x `short_epochs` reaches the ~8,000 sequences "
+        "copying takes (`COPY_SEQUENCES`); None: no check (the stage ends after `short_epochs`, learned or not).",
     )
     short_round_epochs: int = Field(
         4,
@@ -214,6 +218,17 @@ class WarmStartRecipe(BaseModel):
     def short_stage(self) -> int:
         """Demonstrations of the short stage this build runs (none from a checkpoint)."""
         return 0 if self.start_from is not None else self.short_demos
+
+    @property
+    def short_checked(self) -> bool:
+        """Whether the short stage's loss is checked (`short_fit_loss`): only a stage long enough for the
+        copying transition (`COPY_SEQUENCES` demonstration sequences) is expected to have learned; a
+        shorter one (a smoke run, `agentrl demo --quick`, a test) ends after `short_epochs` as it is."""
+        return (
+            self.short_fit_loss is not None
+            and self.short_stage > 0
+            and self.short_demos * self.short_epochs >= COPY_SEQUENCES
+        )
 
     def build_fields(self) -> dict[str, Any]:
         """The fields the model depends on (the measurement fields are not among them)."""
@@ -596,7 +611,7 @@ def _short_round(k: int, entry: dict[str, Any], steps: int, recipe: WarmStartRec
         "sft_steps": steps,
         "sft_last_loss": entry["sft_last_loss"],
         "sft_tail_loss": tail,
-        "learned": None if recipe.short_fit_loss is None else tail <= recipe.short_fit_loss,
+        "learned": tail <= recipe.short_fit_loss if recipe.short_checked and recipe.short_fit_loss else None,
     }
 
 
@@ -604,7 +619,7 @@ def _built_before_the_check(record: dict[str, Any], recipe: WarmStartRecipe) -> 
     """A cache with this recipe's hash whose short stage never learned: built before the short stage checked
     its loss (the check adds no field to the hash at its defaults), so this recipe builds another model."""
     build = record.get("build") or {}
-    if recipe.short_fit_loss is None or not recipe.short_stage or "short_rounds" in build:
+    if not recipe.short_checked or recipe.short_fit_loss is None or "short_rounds" in build:
         return False
     short = [s for s in build.get("stages") or [] if s.get("stage") == "short"]
     return bool(short) and short[0]["sft_last_loss"] > recipe.short_fit_loss

@@ -148,3 +148,12 @@ def test_a_cache_whose_short_stage_never_learned_is_rebuilt(
     result = ws.warm_start(out, recipe)
     assert builds == ([build_hash(recipe)] if rebuilt else [])
     assert result.reused is not rebuilt
+
+
+def test_a_short_stage_too_short_to_learn_is_not_checked():
+    # A smoke run (`agentrl demo --quick`, a test's recipe) gives the stage far fewer sequences than copying
+    # takes: it ends after its epochs, learned or not, and never fails the build.
+    assert WarmStartRecipe(seed=1).short_checked
+    assert not WarmStartRecipe(seed=1, short_demos=64).short_checked  # 64 x 12 sequences
+    assert not WarmStartRecipe(seed=1, short_fit_loss=None).short_checked
+    assert not WarmStartRecipe(seed=1, short_demos=4, short_epochs=1, eval_tasks=0).short_checked
