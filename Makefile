@@ -9,13 +9,16 @@ demo: setup
 # The whole suite in two halves: the quick lane (below) on two workers, then the tests it leaves
 # out (`--heavy`: Docker, vLLM, Ray, GPU, slow), also on two workers, a test file per worker at a time
 # (`--dist loadfile`: a module's engines and sandboxes start once, in one worker); much of a heavy
-# test is waiting (process start-up, containers, a peer rank), so two workers overlap it. It ends
-# with its 25 slowest tests, where the suite's time goes.
+# test is waiting (process start-up, containers, a peer rank), so two workers overlap it. Files go
+# longest first, by the seconds tests/heavy_durations.json records (tests/conftest.py; xdist's own
+# order, most tests first, would leave a long file of few tests to the end). It ends with its 25
+# slowest tests, where the suite's time goes, and writes every file's seconds to
+# build/heavy-durations.json.
 HEAVY_WORKERS ?= 2
 test: setup
 	$(LINT)
 	$(QUICK_LANE)
-	.venv/bin/python -m pytest --heavy -n $(HEAVY_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	.venv/bin/python -m pytest --heavy -n $(HEAVY_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # Lint: ruff, then mypy over the public API (scripts/typecheck.py: `[tool.mypy]` in pyproject.toml says
 # which modules; seconds with its cache in build/, about 20 s of CPU without).

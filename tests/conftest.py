@@ -11,10 +11,13 @@ exactly the tests `--quick` leaves out: `make test` is the two halves, the first
 
 from __future__ import annotations
 
+import collections
 import functools
+import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -130,6 +133,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=left_out)
             dropped = {id(i) for i in left_out}
             items[:] = [i for i in items if id(i) not in dropped]
+    if heavy:
+        _longest_files_first(items)
+
+
+# The heavy lane's seconds per test file, as its last full run measured them (`make test` writes
+# build/heavy-durations.json; copy it here when the suite's shape changes). The lane runs a file per
+# worker at a time, in collection order, so a long file collected last (tests/test_userpath.py, by name)
+# kept one worker busy minutes after the other ran out of work: longest first evens the two out.
+HEAVY_DURATIONS = Path(__file__).with_name("heavy_durations.json")
+MEASURED_DURATIONS = Path(__file__).resolve().parents[1] / "build" / "heavy-durations.json"
+_seconds_per_file: collections.Counter[str] = collections.Counter()
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files longest first (by the recorded seconds; a file not recorded, last), keeping
+    each file's tests together and in their own order."""
+    try:
+        seconds = json.loads(HEAVY_DURATIONS.read_text())
+    except FileNotFoundError:
+        return
+    first = {}
+    for index, item in enumerate(items):
+        first.setdefault(_file_of(item.nodeid), index)
+    items.sort(key=lambda i: (-seconds.get(_file_of(i.nodeid), 0.0), first[_file_of(i.nodeid)]))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds_per_file[_file_of(report.nodeid)] += report.duration  # setup, call and teardown
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    # The controller writes (under xdist it sees every worker's reports), and only for the whole lane:
+    # a run of a path or `-k` would record part of it.
+    whole_lane = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("-k")
+    if (
+        config.getoption("--heavy")
+        and not hasattr(config, "workerinput")
+        and whole_lane
+        and _seconds_per_file
+    ):
+        MEASURED_DURATIONS.parent.mkdir(exist_ok=True)
+        ordered = sorted(((f, round(s, 1)) for f, s in _seconds_per_file.items()), key=lambda fs: -fs[1])
+        MEASURED_DURATIONS.write_text(json.dumps(dict(ordered), indent=1) + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
