@@ -78,9 +78,12 @@ def run_one(out: Path, seed: int, numerics: str, args: argparse.Namespace) -> di
             "error": f"agentrl demo {'left no demo.json' if args.collect else f'exited {rc}'}; see {run_dir}/console.txt",
             "said": said[-1][:400] if said else None,
         }
-        # A warm start that never learned to call the tool (its SFT missed the copying transition): GRPO
-        # has no group with a success to learn from and stops. Not a verdict on the recipe, but counted.
-        row["warm_start_never_learned"] = bool(said and "every episode failed" in said[-1])
+        # A warm start that never learned to call the tool (its SFT missed the copying transition): the
+        # warm start's own check stops it, or GRPO finds no group with a success to learn from. Not a
+        # verdict on the recipe, but counted.
+        row["warm_start_never_learned"] = bool(
+            said and ("every episode failed" in said[-1] or "did not learn to copy" in said[-1])
+        )
         return row
     demo = json.loads((run_dir / "demo.json").read_text())
     paired = demo["paired"]

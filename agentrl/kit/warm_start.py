@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentrl.errors import UserError
 from agentrl.kit.numerics import Numerics, pinned_env
 
 RECORD_FILE = "agentrl_warm_start.json"
@@ -529,8 +530,9 @@ def _stage(
     return out
 
 
-class ShortStageNotLearned(RuntimeError):
-    """The short stage's loss stayed above `short_fit_loss` after its extra rounds."""
+class ShortStageNotLearned(UserError, RuntimeError):
+    """The short stage's loss stayed above `short_fit_loss` after its extra rounds (a user error: the
+    command line says it in one line, and which seed to change)."""
 
 
 def _short_stage(

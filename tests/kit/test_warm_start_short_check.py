@@ -91,6 +91,9 @@ def test_a_stage_that_never_learns_fails_after_the_last_round_in_one_line(tmp_pa
     assert said.startswith("the short stage of seed 1 did not learn to copy: its SFT loss is 0.150")
     assert "after 1280 steps (2 extra round(s)), above 0.06" in said and said.endswith("use another seed")
     assert len(fake.calls) == 3  # the stage and two extra rounds, never a third
+    from agentrl.cli import _user_error_message
+
+    assert _user_error_message(caught.value) == said  # the command line says it as `error: ...`, no traceback
     with pytest.raises(ShortStageNotLearned, match="0.236 per action token after 768 steps \\(0 extra"):
         run(tmp_path / "none", FakeStage([0.236]), short_max_rounds=0)
 
