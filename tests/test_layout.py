@@ -54,7 +54,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("train", ("agentrl.train",)),
     ("eval", ("agentrl.eval",)),
     ("checks", ("agentrl.checks",)),
-    ("rollout", ("agentrl.rollout", "agentrl.gateway", "agentrl.cluster")),
+    ("gateway", ("agentrl.gateway",)),
+    ("rollout", ("agentrl.rollout", "agentrl.cluster")),
     (
         "env",
         (
@@ -206,8 +207,9 @@ def test_every_module_has_a_stage():
 
 
 def test_no_module_imports_a_higher_stage():
-    """kit -> train -> eval -> checks -> rollout -> env -> verifiers -> sandbox -> core: the arrows
-    only point down (docs/LAYOUT.md)."""
+    """kit -> train -> eval -> checks -> gateway -> rollout -> env -> verifiers -> sandbox -> core: the
+    arrows only point down (docs/LAYOUT.md). The rollout drives an episode an outside agent plays through
+    its own protocol (`agentrl.rollout.driver`), which the gateway implements: it never imports the gateway."""
     backward = backward_imports(import_graph())
     assert not backward, "imports of a higher stage:\n" + "\n".join(backward)
 
@@ -253,6 +255,70 @@ def test_the_checks_fail_on_a_planted_backward_import_and_circle(tmp_path):
     assert planted_circle in circles and planted_circle not in circles_before
     assert any({"agentrl.task", "agentrl.train.trainer"} <= set(circle) for circle in circles)
     assert not any({"agentrl.task", "agentrl.train.trainer"} <= set(circle) for circle in circles_before)
+
+
+def private_crossings(package_dirs: dict[str, Path] = PACKAGE_DIRS) -> list[str]:
+    """Every private name (a leading underscore) a module takes from a module of another stage: imported
+    (`from agentrl.gateway.session import _count`, a private module alike) or read off a module it imported
+    (`import agentrl.rollout.loop as loop; loop._in_thread`), as `importer -> module.name`."""
+    known = modules(package_dirs)
+    found = []
+    for name, path in sorted(known.items()):
+        here = stage_of(name)
+        bound: dict[str, str] = {}  # local name -> the module it is bound to
+        taken: list[tuple[str, str]] = []  # (module, private name)
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in known:
+                        bound[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in known:
+                        bound[alias.asname or alias.name] = full
+                    if alias.name.startswith("_") or any(p.startswith("_") for p in node.module.split(".")):
+                        taken.append((node.module, alias.name))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.attr.startswith("_")
+            ):
+                module = bound.get(node.value.id)
+                if module is not None and not node.attr.startswith("__"):
+                    taken.append((module, node.attr))
+        for module, private in taken:
+            owner = _within(module, known)
+            if owner is not None and stage_of(owner) != here:
+                found.append(f"{name} -> {module}.{private}")
+    return sorted(set(found))
+
+
+def test_no_private_name_crosses_a_stage(tmp_path):
+    """What a stage offers the others is its public names: a private one taken across stages is an arrow
+    the drawing does not show (the two stages change together). Planted on a copy, each form is caught."""
+    assert not private_crossings(), "private names used from another stage:\n" + "\n".join(
+        private_crossings()
+    )
+    copies = _copy_sources(tmp_path)
+    before = set(private_crossings(copies))
+    loop = copies["agentrl"] / "rollout" / "loop.py"
+    loop.write_text(loop.read_text() + "\n\ndef _planted():\n    from agentrl.types import _planted_name\n")
+    harness = copies["agentrl"] / "gateway" / "harness.py"
+    harness.write_text(
+        harness.read_text() + "\n\ndef _planted():\n    import agentrl.rollout.loop as loop\n\n"
+        "    return loop._in_thread, loop.collect\n"
+    )
+    session = copies["agentrl"] / "gateway" / "session.py"
+    session.write_text(
+        session.read_text() + "\n\ndef _planted_inside():\n    from agentrl.gateway.server import _x\n"
+    )
+    assert set(private_crossings(copies)) - before == {
+        "agentrl.rollout.loop -> agentrl.types._planted_name",
+        "agentrl.gateway.harness -> agentrl.rollout.loop._in_thread",
+    }
 
 
 def test_nothing_in_the_core_imports_the_kit():

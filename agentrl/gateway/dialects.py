@@ -27,8 +27,8 @@ from typing import Any
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     GatewayError,
-    _validation_error,
     non_text_part,
+    validation_error,
 )
 from agentrl.gateway.session import Choice, Completion, random_hex, text_pieces
 
@@ -69,7 +69,7 @@ def _chat_request(fields: dict[str, Any]) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(fields)
     except ValidationError as exc:
-        raise _validation_error(exc) from None
+        raise validation_error(exc) from None
 
 
 def _text_of(parts: Any, where: str, param: str, kinds: tuple[str, ...]) -> str:
@@ -202,9 +202,9 @@ def parse_responses(raw: bytes, history: Callable[[str], list[dict[str, Any]]]) 
         "logprobs": True,
     }
     chat = _chat_request({k: v for k, v in fields.items() if v is not None})
-    from agentrl.gateway.protocol import _refuse_unsupported
+    from agentrl.gateway.protocol import refuse_unsupported
 
-    _refuse_unsupported(chat)
+    refuse_unsupported(chat)
     return ResponsesRequest(chat, tools, data)
 
 
@@ -530,9 +530,9 @@ def parse_messages(raw: bytes, max_tokens_limit: int) -> MessagesRequest:
     if fields["temperature"] is not None and fields["temperature"] > 1:
         raise GatewayError(400, "temperature: must be at most 1", param="temperature")
     chat = _chat_request({k: v for k, v in fields.items() if v is not None})
-    from agentrl.gateway.protocol import _refuse_unsupported
+    from agentrl.gateway.protocol import refuse_unsupported
 
-    _refuse_unsupported(chat)
+    refuse_unsupported(chat)
     return MessagesRequest(chat, tools, data)
 
 

@@ -21,8 +21,9 @@ An agent that is a program of its own runs inside the episode's sandbox instead 
 `HarnessEnv(env, agent)` wraps an environment: its tasks, tools, limits and verifier are the wrapped
 environment's (built with `tools_in_prompt=False`: the tools reach the model through the chat
 template's `tools`, as OpenAI's API passes them). The rollout (`agentrl.rollout.loop`, so `agentrl
-train`, `agentrl eval` and `agentrl rollout` alike) plays such an environment by opening one gateway
-session per episode and running `agent(client, task)` with `client` an `openai.AsyncOpenAI` pointed
+train`, `agentrl eval` and `agentrl rollout` alike) hands each episode of such an environment to its
+driver (`HarnessEnv.episode_driver`, the rollout's `agentrl.rollout.driver` protocol), which opens one
+gateway session for it and runs `agent(client, task)` with `client` an `openai.AsyncOpenAI` pointed
 at it. `task.step(message)` steps the environment with the text the policy sampled for that reply,
 and returns the observation as OpenAI messages to append.
 
@@ -54,7 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.gateway.protocol import ChatMessage, normal_message
 from agentrl.gateway.session import Session
-from agentrl.rollout.config import RolloutConfig
+from agentrl.rollout.assemble import branch_trajectories
+from agentrl.rollout.driver import EpisodeContext
 from agentrl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -358,6 +360,13 @@ class HarnessEnv:
     def end_episode(self, reason: FinishReason, error: str | None = None) -> Any:
         return self.env.end_episode(reason, error)
 
+    def episode_driver(self, context: EpisodeContext) -> HarnessEpisode:
+        """One episode of a rollout (`agentrl.rollout.driver`): the agent plays it through a session of the
+        gateway the rollout's policy is served by (one per policy and process: `shared_gateway`)."""
+        from agentrl.gateway.server import shared_gateway
+
+        return HarnessEpisode(self, shared_gateway(context.policy, context.masker), context)
+
     def close(self) -> None:
         self.env.close()
 
@@ -455,8 +464,7 @@ def _tool_names(tools: Sequence[dict[str, Any]] | None) -> frozenset[str]:
 
 def _declared(session: Session, default: Sequence[dict[str, Any]]) -> frozenset[str]:
     """Every tool the session's requests declared so far (the environment's, before the first request)."""
-    with session._lock:
-        tool_lists = [s.tools for s in session.samples]
+    tool_lists = session.declared_tools()
     if not tool_lists:
         return _tool_names(default)
     return frozenset().union(*(_tool_names(t) for t in tool_lists))
@@ -558,27 +566,22 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
 
 
 class HarnessEpisode:
-    """One harness episode in a rollout: reset, the agent against a fresh session, the ending, the branches."""
+    """One harness episode in a rollout, the rollout's `EpisodeDriver` (`agentrl.rollout.driver`): reset, the
+    agent against a fresh session, the ending, the branches."""
 
-    def __init__(
-        self,
-        env: HarnessEnv,
-        gateway: Gateway,
-        *,
-        rollout: RolloutConfig,
-        seed: int | None,
-        index: int,
-        group_id: str,
-        env_call: Callable[..., Awaitable[Any]],
-        episode_policy: Callable[[Any, Any], Any] | None = None,
-    ):
-        self.env, self.gateway, self.rollout = env, gateway, rollout
-        self.episode_policy = episode_policy
+    def __init__(self, env: HarnessEnv, gateway: Gateway, context: EpisodeContext):
+        self.env, self.gateway, self.rollout = env, gateway, context.rollout
+        self.episode_policy = context.episode_policy
         """(environment after reset, None) -> the policy that answers this episode's calls instead of the
         gateway's (`agentrl.kit.demonstrations`: the oracle, in the agent's own prompt)."""
-        self.seed, self.index, self.group_id = seed, index, group_id
-        self.env_call = env_call
+        self.seed, self.index, self.group_id = context.seed, context.index, context.group_id
+        self.env_call = context.env_call
         self.session: Session | None = None
+
+    def sampled_versions(self) -> set[int]:
+        """The weights versions of every id sampled for the session's calls."""
+        session = self.session
+        return {v for s in (session.samples if session is not None else []) for v in s.token_versions}
 
     async def play(self, *, seed: int | None, options: dict[str, Any]) -> None:
         """Play the episode to its end (see the module docstring); the environment's episode records how."""
@@ -655,39 +658,24 @@ class HarnessEpisode:
 
     def trajectories(self, base: Trajectory) -> list[Trajectory]:
         """`base` (the episode's trajectory as the native loop would make it, without tokens) once per
-        branch, each with its branch's tokens; `base` itself when the agent never called the model."""
+        branch, each with its branch's tokens (`agentrl.rollout.assemble`); `base` itself when the agent
+        never called the model."""
         session = self.session
         branches = session.branches() if session is not None else []
         if not branches:
             return [base]
-        out = []
-        cfg = self.rollout
         if isinstance(self.env.agent, SandboxCommand):
             # The environment never stepped: its turns are the command's completions.
             base = dataclasses.replace(base, turns=session.calls)
-        for i, b in enumerate(branches):
-            seq = b.seq
-            drift = None
-            if cfg.drift_check and len(seq) > seq.prompt_len:
-                drift = b.masker.check_drift(seq, warn=cfg.warn_on_drift)
-            out.append(
-                dataclasses.replace(
-                    base,
-                    token_ids=list(seq.token_ids),
-                    loss_mask=list(seq.loss_mask),
-                    behavior_logprobs=list(seq.behavior_logprobs),
-                    token_versions=list(seq.token_versions),
-                    prompt_len=seq.prompt_len,
-                    policy_version=min(b.versions),
-                    policy_version_max=max(b.versions),
-                    drift=drift,
-                    messages=list(seq.messages) + (self._last_observation(seq.messages) if i == 0 else []),
-                    branch=i,
-                    branches=len(branches),
-                    drifted_calls=session.drifted_calls,
-                    timings=dataclasses.replace(base.timings, generate_s=session.generate_s),
-                )
-            )
+        out = branch_trajectories(
+            base,
+            branches,
+            rollout=self.rollout,
+            drifted_calls=session.drifted_calls,
+            timings=dataclasses.replace(base.timings, generate_s=session.generate_s),
+        )
+        # What the environment answered last, when the agent never sent it back, ends branch 0's messages.
+        out[0].messages += self._last_observation(out[0].messages)
         return out
 
     def _last_observation(self, messages: list[Message]) -> list[Message]:

@@ -171,10 +171,10 @@ def parse_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        raise _validation_error(exc) from None
+        raise validation_error(exc) from None
     except RecursionError:
         raise GatewayError(400, "The JSON body of your request is nested too deeply to check.") from None
-    _refuse_unsupported(req)
+    refuse_unsupported(req)
     return req, data
 
 
@@ -217,7 +217,8 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return ".".join(kept)
 
 
-def _validation_error(exc: ValidationError) -> GatewayError:
+def validation_error(exc: ValidationError) -> GatewayError:
+    """A request that does not validate, as OpenAI answers it: 400, naming the first bad parameter."""
     err = exc.errors(include_url=False)[0]
     loc = _param(err["loc"])
     if err["type"] == "extra_forbidden":
@@ -227,7 +228,7 @@ def _validation_error(exc: ValidationError) -> GatewayError:
     return GatewayError(400, f"Invalid value for '{loc}': {err['msg']}.", param=loc)
 
 
-def _refuse_unsupported(req: ChatCompletionRequest) -> None:
+def refuse_unsupported(req: ChatCompletionRequest) -> None:
     """OpenAI arguments this gateway does not honour, refused by name (a sample from another distribution
     than the policy's would be trained on as if it were the policy's)."""
     changes_distribution = {

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.gateway.server import Gateway
+from agentrl.rollout.assemble import branch_trajectories, build_trajectory
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
 
@@ -80,33 +81,19 @@ def serve(
 
 def session_trajectories(session: Any, *, task_id: str) -> list[Trajectory]:
     """A session's branches as trajectories marked not scored (no environment, no verifier, no reward)."""
-    branches = session.branches()
-    out = []
-    for i, b in enumerate(branches):
-        seq = b.seq
-        out.append(
-            Trajectory(
-                task_id=task_id,
-                group_id=task_id,
-                token_ids=list(seq.token_ids),
-                loss_mask=list(seq.loss_mask),
-                behavior_logprobs=list(seq.behavior_logprobs),
-                token_versions=list(seq.token_versions),
-                prompt_len=seq.prompt_len,
-                reward=0.0,
-                passed=False,
-                scored=False,
-                verdict_details="not scored: no verifier ran on this session (agentrl gateway)",
-                finish_reason=session.finish_reason or "submitted",
-                policy_version=min(b.versions),
-                policy_version_max=max(b.versions),
-                messages=list(seq.messages),
-                branch=i,
-                branches=len(branches),
-                drifted_calls=session.drifted_calls,
-            )
-        )
-    return out
+    # Without tokens, then once per branch with that branch's tokens and versions.
+    unscored = build_trajectory(
+        None,
+        [0],
+        task_id=task_id,
+        group_id=task_id,
+        reward=0.0,
+        passed=False,
+        scored=False,
+        verdict_details="not scored: no verifier ran on this session (agentrl gateway)",
+        finish_reason=session.finish_reason or "submitted",
+    )
+    return branch_trajectories(unscored, session.branches(), drifted_calls=session.drifted_calls)
 
 
 def _stop_on_signals() -> threading.Event:

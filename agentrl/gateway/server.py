@@ -57,7 +57,7 @@ from starlette.exceptions import HTTPException
 
 from agentrl.gateway import dialects
 from agentrl.gateway.protocol import GatewayError, parse_request, session_not_found
-from agentrl.gateway.session import Completion, Session, ToolsPrompt, _count, text_pieces
+from agentrl.gateway.session import Completion, Session, ToolsPrompt, count_metrics, text_pieces
 from agentrl.parsers import get_parser
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker
@@ -274,10 +274,11 @@ class Gateway:
         )
         with self._sessions_lock:
             self._sessions[token] = s
-        _count(sessions=1)
+        count_metrics(sessions=1)
         return s
 
-    def _forget(self, token: str) -> None:
+    def forget(self, token: str) -> None:
+        """Stop serving the session `token` (it is closed): its URL answers 404 from now on."""
         with self._sessions_lock:
             self._sessions.pop(token, None)
 

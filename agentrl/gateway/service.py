@@ -102,7 +102,7 @@ class _Offer:
             "messages": t.messages,
             "tools": t.tools,
             "model": t.model,
-            "base_url": t._episode.session.url if t._episode.session is not None else "",
+            "base_url": t.url,
             "step_url": f"{base}/v1/episodes/{self.token}/step",
             "end_url": f"{base}/v1/episodes/{self.token}/end",
         }

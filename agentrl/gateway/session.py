@@ -81,7 +81,8 @@ _SEED_RANGE = 2**63
 _KEPT_RESPONSES = 64
 
 
-def _count(**deltas: int) -> None:
+def count_metrics(**deltas: int) -> None:
+    """Add to the process-wide gateway metrics (`GATEWAY_METRICS["gateway/<name>"]`)."""
     with _metrics_lock:
         for key, value in deltas.items():
             GATEWAY_METRICS[f"gateway/{key}"] += value
@@ -276,7 +277,7 @@ class Session:
         for loop, sampling in inflight:
             with contextlib.suppress(RuntimeError):  # the server's loop is already closed
                 loop.call_soon_threadsafe(sampling.cancel)
-        self.gateway._forget(self.token)
+        self.gateway.forget(self.token)
         if self._on_close is not None:
             self._on_close(self)
         return True
@@ -387,7 +388,7 @@ class Session:
             if drifted:
                 with self._lock:
                     self.drifted_calls += 1
-                _count(drifted_calls=1, branches=1)
+                count_metrics(drifted_calls=1, branches=1)
         budget = cfg.max_total_tokens - len(seq)
         if budget <= 0:
             reason = (
@@ -403,7 +404,7 @@ class Session:
         max_tokens = min(cfg.max_tokens_per_turn, budget, *([asked] if asked else []))
         samplings = [self._sampling(req, call, i, max_tokens, masker, structure) for i in range(req.n)]
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        _count(calls=1)
+        count_metrics(calls=1)
         return _Plan(
             call,
             parent,
@@ -470,7 +471,7 @@ class Session:
                 a is not None and a != v for a, v in zip(asked, (temperature, top_p, seed), strict=True)
             ):
                 self.sampling_overridden += 1
-                _count(sampling_overridden=1)
+                count_metrics(sampling_overridden=1)
         else:
             temperature = cfg.temperature if req.temperature is None else req.temperature
             top_p = cfg.top_p if req.top_p is None else req.top_p
@@ -669,6 +670,11 @@ class Session:
             versions = [v for s in chain for v in (s.policy_version, s.policy_version_end)]
             out.append(Branch(seq, versions, leaf.drifted, chain, leaf.masker))
         return out
+
+    def declared_tools(self) -> list[list[dict[str, Any]] | None]:
+        """The tools each sampled call's request declared, in call order (None: a request without tools)."""
+        with self._lock:
+            return [s.tools for s in self.samples]
 
     def sample_for(self, message: dict[str, Any]) -> Sample | None:
         """The most recent sample whose reply is `message` (an assistant message in normal form)."""

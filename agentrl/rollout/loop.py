@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster import episode_group
-from agentrl.gateway.harness import HarnessEpisode, is_harness_env
 from agentrl.protocols import AgentEnv
+from agentrl.rollout.assemble import build_trajectory
 from agentrl.rollout.config import RolloutConfig, turn_seed
+from agentrl.rollout.driver import EpisodeContext, EpisodeDriver, EpisodePolicyFactory, is_driven
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
 from agentrl.rollout.trajectory import UNTRAINABLE_FINISH_REASONS, Timings, Trajectory
@@ -48,9 +49,6 @@ log = logging.getLogger(__name__)
 
 
 EnvFactory = Callable[[], AgentEnv]
-EpisodePolicyFactory = Callable[[AgentEnv, MaskedSequence | None], Policy]
-"""(environment after `reset`, the episode's masked sequence) -> the policy that plays this episode. A
-harness episode has no sequence of the loop's (None): the policy answers its gateway session's calls."""
 
 
 @dataclass
@@ -203,7 +201,9 @@ class _Episode:
         self.versions: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.env_busy = False  # an environment call is running on a thread right now
-        self.harness: HarnessEpisode | None = None
+        self.driver: EpisodeDriver | None = (
+            None  # an episode an outside agent plays (`agentrl.rollout.driver`)
+        )
         self.restarts = 0
         self.sampled_versions: set[int] = set()  # the weights versions of the ids sampled so far
 
@@ -213,7 +213,7 @@ class _Episode:
     def restart(self) -> None:
         """Forget what this attempt sampled: the next `run` resets the environment and plays again."""
         self.restarts += 1
-        self.seq, self.harness, self.versions, self.sampled_versions = None, None, [], set()
+        self.seq, self.driver, self.versions, self.sampled_versions = None, None, [], set()
         self.finish_reason, self.error, self.verdict = None, None, None
 
     async def env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -244,8 +244,8 @@ class _Episode:
     async def run(self) -> None:
         masker, cfg = self.masker, self.cfg
         options = {"task": self.spec.task} if isinstance(self.spec.task, Task) else {"index": self.spec.task}
-        if is_harness_env(self.env):
-            await self.run_harness(options)
+        if is_driven(self.env):
+            await self.run_driven(options)
             return
         obs, _info = await self.env_call(self.env.reset, seed=self.spec.env_seed, options=options)
         self.task_id, self.split = self.env.task.id, self.env.task.split
@@ -296,13 +296,12 @@ class _Episode:
                 return
             masker.add_observation(seq, new_messages, ids)
 
-    async def run_harness(self, options: dict[str, Any]) -> None:
-        """A harness environment's episode: its agent plays through a gateway session (`agentrl.gateway`)."""
-        from agentrl.gateway.server import shared_gateway
-
-        self.harness = HarnessEpisode(
-            self.env,
-            shared_gateway(self.policy, self.masker),
+    async def run_driven(self, options: dict[str, Any]) -> None:
+        """An episode an agent outside the loop plays (a harness's, through a gateway session): its
+        environment's driver plays it (`agentrl.rollout.driver`)."""
+        context = EpisodeContext(
+            policy=self.policy,
+            masker=self.masker,
             rollout=self.cfg,
             seed=self.spec.seed,
             index=self.spec.index,
@@ -310,47 +309,38 @@ class _Episode:
             env_call=self.env_call,
             episode_policy=self.episode_policy,
         )
-        await self.harness.play(seed=self.spec.env_seed, options=options)
-        if self.may_restart():
-            session = self.harness.session
-            versions = {v for s in (session.samples if session is not None else []) for v in s.token_versions}
-            if len(versions) > 1:  # its calls are over: the check comes after the fact
-                raise _Restart
+        self.driver = self.env.episode_driver(context)  # type: ignore[attr-defined]
+        await self.driver.play(seed=self.spec.env_seed, options=options)
+        if self.may_restart() and len(self.driver.sampled_versions()) > 1:
+            raise _Restart  # its calls are over: the check comes after the fact
         episode = self.env.episode
         self.task_id, self.split = self.env.task.id, self.env.task.split
         self.finish_reason, self.error, self.verdict = episode.finish_reason, episode.error, episode.verdict
 
     def trajectories(self, total_s: float) -> list[Trajectory]:
-        """The episode's trajectory; a harness episode's, one per branch of its calls."""
+        """The episode's trajectory; a driven episode's, one per branch of its calls."""
         traj = self.trajectory(total_s)
-        if self.harness is None:
+        if self.driver is None:
             return [traj]
         if self.env is not None and self.env.task is not None:
             traj.task_id, traj.split = self.env.task.id, self.env.task.split
-        return self.harness.trajectories(traj)
+        return self.driver.trajectories(traj)
 
     def trajectory(self, total_s: float) -> Trajectory:
         seq = self.seq
-        drift = None
-        if seq is not None and self.cfg.drift_check and len(seq) > seq.prompt_len:
-            drift = self.masker.check_drift(seq, warn=self.cfg.warn_on_drift)
         episode = self.env.episode if self.env is not None else None
         verdict = self.verdict
         verify_s = verdict.duration_s if verdict is not None else 0.0
-        versions = self.versions or [self.policy.version]
-        return Trajectory(
+        return build_trajectory(
+            seq,
+            self.versions or [self.policy.version],
+            masker=self.masker,
+            rollout=self.cfg,
             task_id=self.task_id,
             group_id=self.spec.group_id,
-            token_ids=list(seq.token_ids) if seq else [],
-            loss_mask=list(seq.loss_mask) if seq else [],
-            behavior_logprobs=list(seq.behavior_logprobs) if seq else [],
-            token_versions=list(seq.token_versions) if seq else [],
-            prompt_len=seq.prompt_len if seq else 0,
             reward=float(verdict.reward) if verdict is not None else 0.0,
             passed=bool(verdict.passed) if verdict is not None else False,
             finish_reason=self.finish_reason or "env_error",
-            policy_version=min(versions),
-            policy_version_max=max(versions),
             env_id=self.env.env_id if self.env is not None else "",
             split=self.split,
             verdict_details=verdict.details if verdict is not None else "",
@@ -367,7 +357,6 @@ class _Episode:
                 verify_s=verify_s,
                 total_s=total_s,
             ),
-            drift=drift,
             messages=list(episode.messages if episode is not None else seq.messages if seq else []),
             error=self.error,
             restarts=self.restarts,
@@ -452,8 +441,8 @@ async def collect(
     """Roll out `group_size` episodes for each task (`group_sizes[i]` for task i, when given); return the
     trajectories in task-then-sample order.
 
-    An episode gives one trajectory; a harness environment's (`agentrl.gateway.harness`) gives one per
-    branch of its calls, adjacent, branch 0 first.
+    An episode gives one trajectory; a driven environment's (`agentrl.rollout.driver`: a harness, whose
+    agent plays through a gateway session) gives one per branch of its calls, adjacent, branch 0 first.
 
     `envs` is an environment id (built with `agentrl.make(id, **env_kwargs)`) or a zero-argument
     factory; `tasks` are `Task`s or task indices of the environment's generator. `seed` is the call's
