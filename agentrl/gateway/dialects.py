@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from agentrl.gateway.protocol import (
@@ -384,74 +384,89 @@ async def responses_sse(
     yield event("response.in_progress", response=response_json(req, c, rid, model, [], "in_progress"))
     for index, item in enumerate(output):
         if item["type"] == "message":
-            part = item["content"][0]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield event(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=empty,
-            )
-            offset = 0
-            pieces = (
-                text_pieces(ch, decode)
-                if not ch.message.get("tool_calls")
-                else [(part["text"], ch.content_ids)]
-            )
-            for text, ids in pieces:
-                lps = _logprobs(ch, decode, ids, offset)
-                offset += len(ids)
-                yield event(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    delta=text,
-                    logprobs=lps,
-                )
-            yield event(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=part["text"],
-                logprobs=part["logprobs"],
-            )
-            yield event(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=part,
-            )
+            for chunk in _message_item_events(event, index, item, ch, decode):
+                yield chunk
         else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
-            )
-            yield event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=item["arguments"],
-            )
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
-            )
+            for chunk in _function_call_events(event, index, item):
+                yield chunk
         yield event("response.output_item.done", output_index=index, item=item)
     kind = "response.completed" if final == "completed" else "response.incomplete"
     yield event(kind, response=response_json(req, c, rid, model, output, final))
+
+
+def _message_item_events(
+    event: Callable[..., bytes],
+    index: int,
+    item: dict[str, Any],
+    ch: Choice,
+    decode: Callable[[list[int]], str],
+) -> Iterator[bytes]:
+    """A message output item's events, up to its content part's end: its text in deltas, each with its
+    tokens' log-probs (one delta when the reply also calls tools)."""
+    part = item["content"][0]
+    yield event(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, "status": "in_progress", "content": []},
+    )
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield event(
+        "response.content_part.added",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        part=empty,
+    )
+    offset = 0
+    pieces = text_pieces(ch, decode) if not ch.message.get("tool_calls") else [(part["text"], ch.content_ids)]
+    for text, ids in pieces:
+        lps = _logprobs(ch, decode, ids, offset)
+        offset += len(ids)
+        yield event(
+            "response.output_text.delta",
+            item_id=item["id"],
+            output_index=index,
+            content_index=0,
+            delta=text,
+            logprobs=lps,
+        )
+    yield event(
+        "response.output_text.done",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        text=part["text"],
+        logprobs=part["logprobs"],
+    )
+    yield event(
+        "response.content_part.done",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        part=part,
+    )
+
+
+def _function_call_events(event: Callable[..., bytes], index: int, item: dict[str, Any]) -> Iterator[bytes]:
+    """A function call output item's events, up to its arguments' end: the arguments in one delta."""
+    yield event(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, "arguments": "", "status": "in_progress"},
+    )
+    yield event(
+        "response.function_call_arguments.delta",
+        item_id=item["id"],
+        output_index=index,
+        delta=item["arguments"],
+    )
+    yield event(
+        "response.function_call_arguments.done",
+        item_id=item["id"],
+        output_index=index,
+        name=item["name"],
+        arguments=item["arguments"],
+    )
 
 
 # --- Anthropic Messages --------------------------------------------------------------------------------

@@ -69,68 +69,46 @@ def exit_status(code):
     return 128 - code if code < 0 else code & 0xFF
 
 
-def main():
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    safe = non_dumpable()
-    out_lock = threading.Lock()
+class Link:
+    """The host's end of things, over this process's stdio: frames out (one writer at a time), the gateway's
+    replies in, and the command's connections to the session, by number."""
 
-    def send(kind, conn, payload=b""):
-        with out_lock:
-            out.write(HEADER.pack(kind, conn, len(payload)) + payload)
-            out.flush()
+    def __init__(self, inp, out):
+        self.inp, self.out = inp, out
+        self.out_lock = threading.Lock()
+        self.conns = {}
+        self.lock = threading.Lock()
+        self.child = None
 
-    head = read_exact(inp, 4)
-    if head is None:
-        return
-    cfg = json.loads(read_exact(inp, struct.unpack(">I", head)[0]))
-    if not safe:
-        send(OUT, 0, b"agentrl relay: cannot make itself non-dumpable (prctl); refusing to run the command\n")
-        send(EXIT, 0, b"126")
-        out.flush()
-        os._exit(126)
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    url = f"http://127.0.0.1:{server.getsockname()[1]}{cfg['path']}"
-    env = dict(os.environ)  # the sandbox's own (PATH, its settings), then the harness's
-    env.update(cfg["env"])
-    for name in cfg["url_vars"]:
-        env[name] = url
-    try:
-        child = subprocess.Popen(
-            cfg["argv"],
-            env=env,
-            cwd=cfg["cwd"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        send(OUT, 0, f"could not start {cfg['argv']!r}: {exc}\n".encode())
-        send(EXIT, 0, b"127")
-        out.flush()
-        os._exit(127)
-    conns = {}
-    lock = threading.Lock()
+    def send(self, kind, conn, payload=b""):
+        with self.out_lock:
+            self.out.write(HEADER.pack(kind, conn, len(payload)) + payload)
+            self.out.flush()
 
-    def kill_group():
+    def give_up(self, message, status):
+        """Say why on the command's output, report `status` as its exit, and exit with it."""
+        self.send(OUT, 0, message.encode())
+        self.send(EXIT, 0, str(status).encode())
+        self.out.flush()
+        os._exit(status)
+
+    def kill_group(self):
         with contextlib.suppress(OSError):
-            os.killpg(child.pid, signal.SIGKILL)
+            os.killpg(self.child.pid, signal.SIGKILL)
 
-    def upstream(conn_id, sock):
+    def upstream(self, conn_id, sock):
         # What the command sends on one connection, to the host.
         try:
             while True:
                 data = sock.recv(CHUNK)
                 if not data:
                     break
-                send(DATA, conn_id, data)
+                self.send(DATA, conn_id, data)
         except OSError:
             pass
-        send(CLOSE, conn_id)
+        self.send(CLOSE, conn_id)
 
-    def accept():
+    def accept(self, server):
         next_id = 0
         while True:
             try:
@@ -138,24 +116,24 @@ def main():
             except OSError:
                 return
             next_id += 1
-            with lock:
-                conns[next_id] = sock
-            send(OPEN, next_id)
-            threading.Thread(target=upstream, args=(next_id, sock), daemon=True).start()
+            with self.lock:
+                self.conns[next_id] = sock
+            self.send(OPEN, next_id)
+            threading.Thread(target=self.upstream, args=(next_id, sock), daemon=True).start()
 
-    def downstream():
+    def downstream(self):
         # The gateway's replies, from the host; EOF: the host ended the episode.
         while True:
-            head = read_exact(inp, HEADER.size)
+            head = read_exact(self.inp, HEADER.size)
             if head is None:
-                kill_group()
+                self.kill_group()
                 os._exit(0)
             kind, conn_id, size = HEADER.unpack(head)
-            payload = read_exact(inp, size) if size else b""
-            with lock:
-                sock = conns.get(conn_id)
+            payload = read_exact(self.inp, size) if size else b""
+            with self.lock:
+                sock = self.conns.get(conn_id)
                 if kind == CLOSE:
-                    conns.pop(conn_id, None)
+                    self.conns.pop(conn_id, None)
             if sock is None:
                 continue
             try:
@@ -167,21 +145,66 @@ def main():
             except OSError:
                 pass
 
-    def output():
+    def output(self):
         while True:
-            data = child.stdout.read1(CHUNK)
+            data = self.child.stdout.read1(CHUNK)
             if not data:
                 return
-            send(OUT, 0, data)
+            self.send(OUT, 0, data)
 
-    threading.Thread(target=accept, daemon=True).start()
-    threading.Thread(target=downstream, daemon=True).start()
-    pump = threading.Thread(target=output, daemon=True)
+
+def read_settings(inp):
+    """The host's settings (argv, env, cwd, path, url_vars): a length, then JSON; None at EOF."""
+    head = read_exact(inp, 4)
+    if head is None:
+        return None
+    return json.loads(read_exact(inp, struct.unpack(">I", head)[0]))
+
+
+def start_command(link, cfg, url):
+    """The harness command, in a session of its own, with the session's URL in its environment."""
+    env = dict(os.environ)  # the sandbox's own (PATH, its settings), then the harness's
+    env.update(cfg["env"])
+    for name in cfg["url_vars"]:
+        env[name] = url
+    try:
+        return subprocess.Popen(
+            cfg["argv"],
+            env=env,
+            cwd=cfg["cwd"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        link.give_up(f"could not start {cfg['argv']!r}: {exc}\n", 127)
+
+
+def main():
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    safe = non_dumpable()
+    link = Link(inp, out)
+    cfg = read_settings(inp)
+    if cfg is None:
+        return
+    if not safe:
+        link.give_up(
+            "agentrl relay: cannot make itself non-dumpable (prctl); refusing to run the command\n", 126
+        )
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    url = f"http://127.0.0.1:{server.getsockname()[1]}{cfg['path']}"
+    link.child = child = start_command(link, cfg, url)
+    threading.Thread(target=link.accept, args=(server,), daemon=True).start()
+    threading.Thread(target=link.downstream, daemon=True).start()
+    pump = threading.Thread(target=link.output, daemon=True)
     pump.start()
     code = child.wait()
-    kill_group()  # what it left running in the background ends with it
+    link.kill_group()  # what it left running in the background ends with it
     pump.join(timeout=2)
-    send(EXIT, 0, str(code).encode())
+    link.send(EXIT, 0, str(code).encode())
     out.flush()
     # The host takes the command's status from this process's own exit, not from the frame alone.
     os._exit(exit_status(code))

@@ -320,7 +320,19 @@ def _error(exc: GatewayError) -> Any:
 
 
 def _build_app(gateway: Gateway) -> Any:
+    """The gateway's HTTP app: OpenAI's errors for everything that goes wrong, and under each session's
+    `/s/<token>/` its models, the Chat Completions and Responses APIs, and Anthropic's Messages API."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app)
+    _add_model_routes(app, gateway)
+    _add_openai_routes(app, gateway)
+    _add_anthropic_routes(app, gateway)
+    return app
+
+
+def _add_error_handlers(app: Any) -> None:
+    """Every failure answered in OpenAI's error shape: a route that does not exist, a body that does not
+    parse, and a bug of ours (logged here, named by its type only there)."""
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> Any:
@@ -348,6 +360,10 @@ def _build_app(gateway: Gateway) -> Any:
         ).body()
         return JSONResponse(body, status_code=500)
 
+
+def _add_model_routes(app: Any, gateway: Gateway) -> None:
+    """`GET /models` and `/models/<name>`: the one model a session serves (and its aliases)."""
+
     def model_card() -> dict[str, Any]:
         return {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "agentrl"}
 
@@ -368,6 +384,10 @@ def _build_app(gateway: Gateway) -> Any:
         except GatewayError as exc:
             return _error(exc)
         return model_card()
+
+
+def _add_openai_routes(app: Any, gateway: Gateway) -> None:
+    """OpenAI's Chat Completions and Responses APIs, plain or streamed."""
 
     @app.post("/s/{token}/v1/chat/completions")
     async def chat_completions(token: str, request: Request) -> Any:
@@ -422,6 +442,10 @@ def _build_app(gateway: Gateway) -> Any:
         status = "incomplete" if ch.finish_reason == "length" else "completed"
         return dialects.response_json(req, completion, rid, gateway.model_name, output, status)
 
+
+def _add_anthropic_routes(app: Any, gateway: Gateway) -> None:
+    """Anthropic's Messages API, plain or streamed, its errors in Anthropic's shape."""
+
     @app.post("/s/{token}/v1/messages")
     async def messages(token: str, request: Request) -> Any:
         try:
@@ -439,8 +463,6 @@ def _build_app(gateway: Gateway) -> Any:
                 dialects.messages_sse(req, completion, gateway.model_name), media_type="text/event-stream"
             )
         return dialects.message_json(req, completion, gateway.model_name)
-
-    return app
 
 
 def _no_model(name: str, served: str) -> GatewayError:

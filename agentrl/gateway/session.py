@@ -331,17 +331,9 @@ class Session:
         return self._record(plan, gens)
 
     def _plan(self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None) -> _Plan:
-        cfg = self.rollout
-        asked = req.max_completion_tokens or req.max_tokens
-        if asked and asked > cfg.max_tokens_per_turn:
-            name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-            raise GatewayError(
-                400,
-                f"'{name}' is {asked}, above this session's limit of {cfg.max_tokens_per_turn} tokens per "
-                f"completion (the rollout's max_tokens_per_turn); ask for at most {cfg.max_tokens_per_turn}, or "
-                "leave it unset.",
-                param=name,
-            )
+        """The request ready for the engine: its call number, the context it extends (or a new root), the
+        ids to feed, and each choice's sampling. `GatewayError` for what cannot be served."""
+        asked = self._asked_tokens(req)
         messages = [normal_message(m) for m in req.messages]
         in_system = self.tools_prompt == "system" and bool(raw_tools)
         parse_tools = bool(req.tools) and req.tool_choice != "none"
@@ -351,57 +343,19 @@ class Session:
         except Exception as exc:  # tools the chat template cannot render
             raise _unrenderable(exc, "tools") from None
         tools_key = json.dumps(raw_tools, sort_keys=True) if raw_tools else ""
-        with self._lock:
-            if self.finish_reason is not None:
-                raise session_not_found()
-            if self.max_calls is not None and self.calls >= self.max_calls:
-                call_limit = True
-            else:
-                call_limit = False
-                call = self.calls
-                self.calls += 1
-            parent, prefix, hashes = self._find_parent(messages, tools_key)
-        if call_limit:
-            self.close("max_turns", f"the harness asked for more than {self.max_calls} completions")
-            raise session_not_found()
+        call, parent, prefix, hashes = self._take_call(messages, tools_key)
         if parent is not None:
-            seq = self._sequence(parent)
-            new = [dict(m) for m in messages[prefix:]]
-            notes_before = len(seq.notes)
-            try:
-                ids = masker.observation_ids(seq, new)
-            except Exception as exc:  # new messages the chat template cannot render
-                raise _unrenderable(exc, "messages") from None
-            notes = seq.notes[notes_before:]
-            masker.add_observation(seq, new, ids)
-            forced_ids, forced_messages, drifted = ids, new, parent.drifted
+            seq, forced_ids, forced_messages, notes = self._extend(parent, messages[prefix:], masker)
+            drifted = parent.drifted
         else:
-            template = [dict(m) for m in messages]
-            if in_system:
-                template = tools_in_system(template, self.parser.system_block(raw_tools))
-            try:
-                seq = masker.start(template)
-            except Exception as exc:  # a conversation the chat template cannot render
-                raise _unrenderable(exc, "messages") from None
-            forced_ids, forced_messages, notes = list(seq.token_ids), template, []
+            seq, forced_messages = self._root(messages, masker, raw_tools if in_system else None)
+            forced_ids, notes = list(seq.token_ids), []
             drifted = call > 0
             if drifted:
                 with self._lock:
                     self.drifted_calls += 1
                 count_metrics(drifted_calls=1, branches=1)
-        budget = cfg.max_total_tokens - len(seq)
-        if budget <= 0:
-            reason = (
-                f"the conversation is {len(seq)} tokens; the context budget is {cfg.max_total_tokens} tokens"
-            )
-            self.close("max_tokens", reason)
-            raise GatewayError(
-                400,
-                f"This model's maximum context length is exceeded: {reason}.",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        max_tokens = min(cfg.max_tokens_per_turn, budget, *([asked] if asked else []))
+        max_tokens = min(self.rollout.max_tokens_per_turn, self._budget(seq), *([asked] if asked else []))
         samplings = [self._sampling(req, call, i, max_tokens, masker, structure) for i in range(req.n)]
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         count_metrics(calls=1)
@@ -421,6 +375,88 @@ class Session:
             drifted,
             raw_tools,
         )
+
+    def _asked_tokens(self, req: ChatCompletionRequest) -> int | None:
+        """The request's own completion budget (`max_completion_tokens`, else `max_tokens`), refused above
+        the rollout's `max_tokens_per_turn`."""
+        limit = self.rollout.max_tokens_per_turn
+        asked = req.max_completion_tokens or req.max_tokens
+        if asked and asked > limit:
+            name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            raise GatewayError(
+                400,
+                f"'{name}' is {asked}, above this session's limit of {limit} tokens per "
+                f"completion (the rollout's max_tokens_per_turn); ask for at most {limit}, or "
+                "leave it unset.",
+                param=name,
+            )
+        return asked
+
+    def _take_call(
+        self, messages: list[Message], tools_key: str
+    ) -> tuple[int, Sample | None, int, list[str]]:
+        """Number the call and find the sample it extends: (call, parent or None, how many of the messages
+        the parent's context holds, the chained hashes). A session that is over, or a call past the
+        session's `max_calls` (which ends it `max_turns`), answers 404."""
+        with self._lock:
+            if self.finish_reason is not None:
+                raise session_not_found()
+            call_limit = self.max_calls is not None and self.calls >= self.max_calls
+            call = self.calls
+            if not call_limit:
+                self.calls += 1
+            parent, prefix, hashes = self._find_parent(messages, tools_key)
+        if call_limit:
+            self.close("max_turns", f"the harness asked for more than {self.max_calls} completions")
+            raise session_not_found()
+        return call, parent, prefix, hashes
+
+    def _extend(
+        self, parent: Sample, new_messages: list[Message], masker: ChatMasker
+    ) -> tuple[MaskedSequence, list[int], list[Message], list[str]]:
+        """The parent's context with the new messages appended as a template delta (mask 0): (the sequence,
+        the ids forced, the messages they render, the template's notes on them)."""
+        seq = self._sequence(parent)
+        new = [dict(m) for m in new_messages]
+        notes_before = len(seq.notes)
+        try:
+            ids = masker.observation_ids(seq, new)
+        except Exception as exc:  # new messages the chat template cannot render
+            raise _unrenderable(exc, "messages") from None
+        notes = seq.notes[notes_before:]
+        masker.add_observation(seq, new, ids)
+        return seq, ids, new, notes
+
+    def _root(
+        self, messages: list[Message], masker: ChatMasker, system_tools: list[dict[str, Any]] | None
+    ) -> tuple[MaskedSequence, list[Message]]:
+        """A new root: the whole conversation rendered by the chat template, with `system_tools` (when the
+        session shows the tools there) written into its system message by the session's tool-call format;
+        (the sequence, the messages rendered)."""
+        template = [dict(m) for m in messages]
+        if system_tools:
+            template = tools_in_system(template, self.parser.system_block(system_tools))
+        try:
+            return masker.start(template), template
+        except Exception as exc:  # a conversation the chat template cannot render
+            raise _unrenderable(exc, "messages") from None
+
+    def _budget(self, seq: MaskedSequence) -> int:
+        """The tokens left in the context budget after `seq`; none left ends the session `max_tokens`."""
+        cfg = self.rollout
+        budget = cfg.max_total_tokens - len(seq)
+        if budget <= 0:
+            reason = (
+                f"the conversation is {len(seq)} tokens; the context budget is {cfg.max_total_tokens} tokens"
+            )
+            self.close("max_tokens", reason)
+            raise GatewayError(
+                400,
+                f"This model's maximum context length is exceeded: {reason}.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return budget
 
     def _structure(self, req: ChatCompletionRequest, raw_tools: list[dict[str, Any]] | None) -> str | None:
         """The constraint that honours the request's `tool_choice` and `parallel_tool_calls` at sampling time

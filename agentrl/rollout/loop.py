@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentrl.cluster import episode_group
@@ -463,66 +463,107 @@ async def collect(
     from agentrl.sandbox.reaper import install_signal_handlers
 
     install_signal_handlers()
-    if masker is None:
-        tok = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
-        if tok is None:
-            raise ValueError(
-                "collect needs a masker or a tokenizer (the policy has no `tokenizer` attribute)"
-            )
-        masker = ChatMasker(tok)
+    masker = _masker_for(masker, tokenizer, policy)
     pool = _EnvPool(_factory(envs, dict(env_kwargs or {})))
-    run_id = uuid.uuid4().hex[:8]
+    specs = _episode_specs(tasks, cfg, seed, group_sizes)
+    episodes = _Episodes(pool, masker, policy, cfg, episode_policy, on_trajectory, slots)
+    try:
+        # A verifier that scores a group's answers together (`judge(group=True)`): each group is judged
+        # once its episodes are done, before anyone is handed its trajectories.
+        return await episodes.run(specs, await _group_judge(pool))
+    finally:
+        pool.close()
+
+
+def _masker_for(masker: ChatMasker | None, tokenizer: Any, policy: Policy) -> ChatMasker:
+    """`masker`, else one of `tokenizer` (else the policy's) and its own chat template."""
+    if masker is not None:
+        return masker
+    tok = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
+    if tok is None:
+        raise ValueError("collect needs a masker or a tokenizer (the policy has no `tokenizer` attribute)")
+    return ChatMasker(tok)
+
+
+def _episode_specs(
+    tasks: Sequence[Task | int], cfg: RolloutConfig, seed: int | None, group_sizes: Sequence[int] | None
+) -> list[_EpisodeSpec]:
+    """One spec per episode, in task-then-sample order: a group per task (of `group_sizes[g]` episodes, or
+    the rollout's `group_size`), named after its task and this call, its environment seeded seed + g."""
     if group_sizes is not None and (len(group_sizes) != len(tasks) or min(group_sizes, default=1) < 1):
         raise ValueError(
             f"group_sizes must give a positive size for each of the {len(tasks)} tasks: {group_sizes}"
         )
+    run_id = uuid.uuid4().hex[:8]
     specs = []
     for g, task in enumerate(tasks):
         key = task.id if isinstance(task, Task) else f"index-{task}"
         env_seed = None if seed is None else seed + g
         for _k in range(cfg.group_size if group_sizes is None else group_sizes[g]):
             specs.append(_EpisodeSpec(len(specs), task, f"{key}@{run_id}/{g}", seed, env_seed))
-    semaphore = asyncio.Semaphore(cfg.concurrency)
-    # A verifier that scores a group's answers together (`judge(group=True)`): each group is judged once
-    # its episodes are done, before anyone is handed its trajectories.
-    group_judge = await _group_judge(pool)
-    tasks_seen: dict[str, Task] = {}
+    return specs
 
-    async def one(spec: _EpisodeSpec, notify: bool = True) -> list[Trajectory]:
-        async with semaphore:
+
+@dataclass
+class _Episodes:
+    """One `collect` call's episodes in flight: at most `concurrency` at once (and a permit of `slots` each),
+    each group rescored by the group judge when there is one, every trajectory handed to `on_trajectory`."""
+
+    pool: _EnvPool
+    masker: ChatMasker
+    policy: Policy
+    cfg: RolloutConfig
+    episode_policy: EpisodePolicyFactory | None
+    on_trajectory: Callable[[Trajectory], None] | None
+    slots: threading.Semaphore | None
+    group_judge: Any = None
+    tasks_seen: dict[str, Task] = field(default_factory=dict)
+    """Each group's task, as its environment saw it: what a group judge scores the group against."""
+
+    def __post_init__(self) -> None:
+        self.semaphore = asyncio.Semaphore(self.cfg.concurrency)
+
+    async def run(self, specs: list[_EpisodeSpec], group_judge: Any) -> list[Trajectory]:
+        """Every episode of `specs`, their trajectories in the specs' order; `group_judge` (None: none)
+        rescores each group once its episodes are done."""
+        self.group_judge = group_judge
+        if group_judge is None:
+            return [t for trajs in await asyncio.gather(*(self.one(s) for s in specs)) for t in trajs]
+        groups: dict[str, list[_EpisodeSpec]] = {}
+        for s in specs:
+            groups.setdefault(s.group_id, []).append(s)
+        return [t for trajs in await asyncio.gather(*(self.group(m) for m in groups.values())) for t in trajs]
+
+    async def one(self, spec: _EpisodeSpec, notify: bool = True) -> list[Trajectory]:
+        slots = self.slots
+        async with self.semaphore:
             # A shared permit is polled, not waited for on a thread: waiting threads would take the
             # default executor that the environments' calls run on.
             while slots is not None and not slots.acquire(blocking=False):
                 await asyncio.sleep(0.005)
             try:
-                trajs = await _run_one(spec, pool, masker, policy, cfg, episode_policy, tasks_seen)
+                trajs = await _run_one(
+                    spec, self.pool, self.masker, self.policy, self.cfg, self.episode_policy, self.tasks_seen
+                )
             finally:
                 if slots is not None:
                     slots.release()
-        if notify and on_trajectory is not None:
-            for traj in trajs:
-                on_trajectory(traj)
+        if notify:
+            self.notify(trajs)
         return trajs
 
-    async def group(members: list[_EpisodeSpec]) -> list[Trajectory]:
-        trajs = [t for ts in await asyncio.gather(*(one(s, notify=False) for s in members)) for t in ts]
-        task = tasks_seen.get(members[0].group_id)
+    async def group(self, members: list[_EpisodeSpec]) -> list[Trajectory]:
+        trajs = [t for ts in await asyncio.gather(*(self.one(s, notify=False) for s in members)) for t in ts]
+        task = self.tasks_seen.get(members[0].group_id)
         if task is not None:
-            trajs = await asyncio.to_thread(_rescore_group, group_judge, task, trajs)
-        if on_trajectory is not None:
-            for traj in trajs:
-                on_trajectory(traj)
+            trajs = await asyncio.to_thread(_rescore_group, self.group_judge, task, trajs)
+        self.notify(trajs)
         return trajs
 
-    try:
-        if group_judge is None:
-            return [t for trajs in await asyncio.gather(*(one(s) for s in specs)) for t in trajs]
-        groups: dict[str, list[_EpisodeSpec]] = {}
-        for s in specs:
-            groups.setdefault(s.group_id, []).append(s)
-        return [t for trajs in await asyncio.gather(*(group(m) for m in groups.values())) for t in trajs]
-    finally:
-        pool.close()
+    def notify(self, trajs: list[Trajectory]) -> None:
+        if self.on_trajectory is not None:
+            for traj in trajs:
+                self.on_trajectory(traj)
 
 
 async def _group_judge(pool: _EnvPool) -> Any:
