@@ -233,8 +233,8 @@ def _copy_sources(tmp_path: Path) -> dict[str, Path]:
 
 def test_the_checks_fail_on_a_planted_backward_import_and_circle(tmp_path):
     """The checks above are not vacuous: on a copy of the sources, a lazy import of the trainer from
-    the core, a TYPE_CHECKING import of the facade from the sandbox and a relative import that
-    closes a circle are each caught (compared with the same copy before the planting, so the test
+    the core, a TYPE_CHECKING import of the facade from the sandbox, a lazy import of the gateway from
+    the rollout loop and a relative import that closes a circle are each caught (compared with the same copy before the planting, so the test
     says whether the checker works, whatever the tree holds)."""
     copies = _copy_sources(tmp_path)
     backward_before = set(backward_imports(import_graph(copies)))
@@ -245,10 +245,15 @@ def test_the_checks_fail_on_a_planted_backward_import_and_circle(tmp_path):
     spec.write_text(spec.read_text() + "\nif typing.TYPE_CHECKING:\n    from agentrl import make\n")
     types = copies["agentrl"] / "types.py"
     types.write_text(types.read_text() + "\n\ndef _planted():\n    from .episode import Episode\n")
+    loop = copies["agentrl"] / "rollout" / "loop.py"
+    loop.write_text(
+        loop.read_text() + "\n\ndef _planted():\n    from agentrl.gateway.server import Gateway\n"
+    )
     graph = import_graph(copies)
     assert set(backward_imports(graph)) - backward_before == {
         "agentrl.sandbox.spec (sandbox) -> agentrl (facade)",
         "agentrl.task (core) -> agentrl.train.trainer (train)",
+        "agentrl.rollout.loop (rollout) -> agentrl.gateway.server (gateway)",
     }
     circles = import_circles(graph)
     planted_circle = ["agentrl.episode", "agentrl.types"]

@@ -662,7 +662,7 @@ class HarnessEpisode:
         never called the model."""
         session = self.session
         branches = session.branches() if session is not None else []
-        if not branches:
+        if session is None or not branches:
             return [base]
         if isinstance(self.env.agent, SandboxCommand):
             # The environment never stepped: its turns are the command's completions.

@@ -29,13 +29,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentrl.cluster import episode_group
 from agentrl.protocols import AgentEnv
 from agentrl.rollout.assemble import build_trajectory
 from agentrl.rollout.config import RolloutConfig, turn_seed
-from agentrl.rollout.driver import EpisodeContext, EpisodeDriver, EpisodePolicyFactory, is_driven
+from agentrl.rollout.driver import DrivenEnv, EpisodeContext, EpisodeDriver, EpisodePolicyFactory, is_driven
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
 from agentrl.rollout.trajectory import UNTRAINABLE_FINISH_REASONS, Timings, Trajectory
@@ -309,7 +309,7 @@ class _Episode:
             env_call=self.env_call,
             episode_policy=self.episode_policy,
         )
-        self.driver = self.env.episode_driver(context)  # type: ignore[attr-defined]
+        self.driver = cast(DrivenEnv, self.env).episode_driver(context)
         await self.driver.play(seed=self.spec.env_seed, options=options)
         if self.may_restart() and len(self.driver.sampled_versions()) > 1:
             raise _Restart  # its calls are over: the check comes after the fact
@@ -495,7 +495,7 @@ def _episode_specs(
             f"group_sizes must give a positive size for each of the {len(tasks)} tasks: {group_sizes}"
         )
     run_id = uuid.uuid4().hex[:8]
-    specs = []
+    specs: list[_EpisodeSpec] = []
     for g, task in enumerate(tasks):
         key = task.id if isinstance(task, Task) else f"index-{task}"
         env_seed = None if seed is None else seed + g
