@@ -309,34 +309,45 @@ def vllm_round_trip(
     vLLM runs in its own process because it sets process-wide state (thread counts, signal handlers,
     a forked engine) that should not leak into the caller, e.g. a pytest session.
     """
-    import subprocess
-    import sys
-    import time
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
     if not prompts or any(not p for p in prompts):
         raise ValueError(
             "vllm_round_trip needs at least one prompt, and every prompt needs at least one token id"
         )
+    request = {
+        "model_dir": str(model_dir),
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+    }
+    env = {**os.environ, **vllm_cpu_env(threads=threads, in_process=in_process)}
+    payload = _run_vllm_worker(request, env, timeout_s)
+    agree, total, max_diff, max_prompt_diff = _compare_with_transformers(
+        model_dir, prompts, payload["results"], dtype
+    )
+    return RoundTrip(
+        vllm_tokens=[r["tokens"] for r in payload["results"]],
+        vllm_texts=[r["text"] for r in payload["results"]],
+        greedy_agreement=agree / total if total else 1.0,
+        max_abs_logprob_diff=max_diff,
+        max_abs_prompt_logprob_diff=max_prompt_diff,
+        startup_s=payload["startup_s"],
+        generate_s=payload["generate_s"],
+    )
+
+
+def _run_vllm_worker(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    """Run `_vllm_worker` on `request` in a fresh interpreter (`python -m agentrl.kit.tiny_model`); its result."""
+    import subprocess
+    import sys
+    import time
+
     with tempfile.TemporaryDirectory(prefix="agentrl-vllm-") as tmp:
-        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "model_dir": str(model_dir),
-                    "prompts": prompts,
-                    "max_tokens": max_tokens,
-                    "dtype": dtype,
-                    "max_model_len": max_model_len,
-                }
-            )
-        )
-        env = {**os.environ, **vllm_cpu_env(threads=threads, in_process=in_process)}
+        request_file, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_file.write_text(json.dumps(request))
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "agentrl.kit.tiny_model", str(request), str(result)],
+            [sys.executable, "-m", "agentrl.kit.tiny_model", str(request_file), str(result)],
             env=env,
             capture_output=True,
             text=True,
@@ -347,13 +358,23 @@ def vllm_round_trip(
                 f"the vLLM worker failed (exit {proc.returncode} after {time.perf_counter() - t0:.0f}s); "
                 f"its output ends with:\n{(proc.stdout + proc.stderr)[-4000:]}"
             )
-        payload = json.loads(result.read_text())
+        payload: dict[str, Any] = json.loads(result.read_text())
+    return payload
+
+
+def _compare_with_transformers(
+    model_dir: str | os.PathLike[str], prompts: list[list[int]], results: list[dict[str, Any]], dtype: str
+) -> tuple[int, int, float, float]:
+    """Score vLLM's generations with transformers: (greedy tokens that agree, generated tokens, the largest
+    logprob difference on generated tokens, the same on prompt tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()
     agree = total = 0
     max_diff = max_prompt_diff = 0.0
-    for ids, res in zip(prompts, payload["results"], strict=True):
+    for ids, res in zip(prompts, results, strict=True):
         full = torch.tensor([ids + res["tokens"]])  # [1, P + G]
         with torch.no_grad():
             logits = model(full).logits.float()  # [1, P + G, V]
@@ -371,15 +392,7 @@ def vllm_round_trip(
         if n_prompt > 1:
             diff = (chosen[: n_prompt - 1] - torch.tensor(res["prompt_logprobs"])).abs().max().item()
             max_prompt_diff = max(max_prompt_diff, diff)
-    return RoundTrip(
-        vllm_tokens=[r["tokens"] for r in payload["results"]],
-        vllm_texts=[r["text"] for r in payload["results"]],
-        greedy_agreement=agree / total if total else 1.0,
-        max_abs_logprob_diff=max_diff,
-        max_abs_prompt_logprob_diff=max_prompt_diff,
-        startup_s=payload["startup_s"],
-        generate_s=payload["generate_s"],
-    )
+    return agree, total, max_diff, max_prompt_diff
 
 
 if __name__ == "__main__":
