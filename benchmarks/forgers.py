@@ -100,7 +100,7 @@ def save(name: str, result: dict[str, Any]) -> None:
 
 def play(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.checks.attack_base import Play
-    from agentrl.checks.attacks import _append
+    from agentrl.checks.attack_common import _append
     from agentrl.checks.attacks_forgers import forger_payload
     from agentrl.checks.verifier_check import check_verifier
     from agentrl.envs.python_repair.env import PythonRepairEnv

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, needs, register, tool_names
-from agentrl.checks.attacks import _Watchdog
+from agentrl.checks.attack_common import _Watchdog
 from agentrl.plugins import PluginError, UnknownPluginError
 from agentrl.protocols import has_oracle
 from agentrl.sandbox.base import backend_capabilities

@@ -39,7 +39,7 @@ import secrets
 from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, register
-from agentrl.checks.attacks import _append, _HiddenTests
+from agentrl.checks.attack_common import _append, _HiddenTests
 from agentrl.task import Task
 
 # The in-process forger. MODE, PROMPT and SEED are filled in per attack.

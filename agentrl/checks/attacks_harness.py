@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.checks.attack_base import register
-from agentrl.checks.attacks import _Payload
+from agentrl.checks.attack_common import _Payload
 
 # Finds pytest's plugin manager from the import that runs the payload: the frames of the
 # collection that is importing the test module hold the session or the config.
