@@ -47,50 +47,53 @@ more (it cannot write the agent's workspace, whose tmpfs root is 0755 and owned 
 `as_verifier=True` runs as uid 2000, which owns nothing: it reads what is world-readable (the
 workspace as the agent left it, the hidden tests), writes only /tmp, and cannot read the
 image's root-only files, whatever symlink the agent planted.
+
+Its parts: the exec stream read off docker's socket (`agentrl.sandbox.docker_stream`), the container's
+users and the killers of a timed-out command's processes (`agentrl.sandbox.docker_procs`), and the
+files, written and read inside the container (`agentrl.sandbox.docker_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
-import io
 import logging
-import posixpath
-import select
 import socket
-import struct
-import tarfile
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, NoReturn, Unpack
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Literal, NoReturn, Unpack
 
 from agentrl.sandbox import reaper
 from agentrl.sandbox.base import (
     AGENT_UID,
     KILLED,
     PROTECTED_DIR,
-    VERIFIER_UID,
     Capabilities,
-    CappedOutput,
     EngineUnavailable,
     ExecRequest,
     ExecResult,
     Identity,
-    NotRegularFileError,
     SandboxBase,
     SandboxDead,
     SandboxError,
-    SandboxPathError,
     SandboxSpec,
     SpecFields,
     signal_exit,
 )
+from agentrl.sandbox.docker_files import ContainerFiles
+from agentrl.sandbox.docker_procs import (
+    AGENT_USER,
+    KEEPALIVE_ENTRY,
+    KEEPALIVE_MARKER,
+    KILL_ALL_OF_UID,
+    KILLER,
+    ROOT_USER,
+    VERIFIER_USER,
+    exec_tree,
+)
+from agentrl.sandbox.docker_stream import Demux, Raw, buffered_prefix, close_stream, pump, stdin_chunks
 from agentrl.sandbox.engine import Engine, is_engine_failure
 from agentrl.sandbox.engine import engine as engine_for
 from agentrl.sandbox.executor import (
@@ -107,139 +110,14 @@ from agentrl.sandbox.recycle import MountState, drop_sysv_ipc, reset_mounts
 
 log = logging.getLogger(__name__)
 
-AGENT_USER = f"{AGENT_UID}:{AGENT_UID}"
-ROOT_USER = "0:0"
-# Neither root nor the agent: it reads the agent's (world-readable) workspace, cannot read the
-# image's root-only files, and cannot write the workspace (0755, uid 1000) or /verifier (root's).
-VERIFIER_USER = f"{VERIFIER_UID}:{VERIFIER_UID}"
 _USERS: dict[Identity, str] = {"agent": AGENT_USER, "privileged": ROOT_USER, "verifier": VERIFIER_USER}
-# Every exec's processes inherit `EXEC_MARKER` (value: a fresh uuid per exec); on timeout the
-# killer finds the command's whole tree by it, including children that left its session.
-# Set on the keep-alive process only, so that no killer ever picks it.
-KEEPALIVE_MARKER = "AGENTRL_KEEPALIVE"
-KEEPALIVE_ENTRY = f"{KEEPALIVE_MARKER}=1".encode()
 LABEL_CREATED_AT = reaper.LABEL_CREATED_AT
 
-_READ_CHUNK = 256 * 1024
-_STDIN_CHUNK = 64 * 1024
 # After a timeout kill, how long to wait for the output stream to close before giving up on it.
 _DRAIN_AFTER_KILL_S = 3.0
-# Bound on file transfers (ours, not the agent's commands).
-_INTERNAL_TIMEOUT_S = 60.0
 _OCI_EXEC_FAILED = "OCI runtime exec failed"
 
-# The in-container fallback of `_kill_tree` (the host cannot reach the container's cgroup).
-# Runs inside the container, as the user of the timed-out exec (only that user may signal its
-# processes: root here has no CAP_KILL). It stops, then kills, every process that carries the
-# exec's marker, every descendant of one, and every orphan (re-parented to PID 1) that started
-# during the exec: the last catches daemons that also scrubbed their environment (`env -i`).
-# It repeats until a scan finds nothing, so processes forked during a round die in the next.
-# A process whose leader thread exited reads as a zombie, but forks on in its other threads:
-# it counts as alive, and its environment is read through one of them.
-_KILLER = r"""
-import os, signal, sys, time
-marker = ("AGENTRL_EXEC=" + sys.argv[1]).encode()
-keep = b"AGENTRL_KEEPALIVE=1"
-hz = os.sysconf("SC_CLK_TCK")
-with open("/proc/uptime") as f:
-    since = (float(f.read().split()[0]) - float(sys.argv[2]) - 1.0) * hz
-me, uid = os.getpid(), os.getuid()
 
-def scan():
-    procs = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in (1, me):
-            continue
-        try:
-            if os.stat("/proc/" + d).st_uid != uid:
-                continue
-            with open("/proc/" + d + "/stat", "rb") as f:
-                st = f.read()
-            rest = st[st.rindex(b")") + 2:].split()
-            tasks = os.listdir("/proc/" + d + "/task")
-            if rest[0] == b"Z" and len(tasks) < 2:
-                continue
-            env = []
-            for where in ["/proc/" + d] + ["/proc/" + d + "/task/" + t for t in tasks]:
-                try:
-                    with open(where + "/environ", "rb") as f:
-                        data = f.read()
-                except OSError:
-                    continue
-                if data:
-                    env = data.split(b"\0")
-                    break
-            if keep in env:
-                continue
-            procs[int(d)] = (int(rest[1]), int(rest[19]), marker in env)
-        except (OSError, ValueError, IndexError):
-            pass
-    hit = {p for p, (pp, t, m) in procs.items() if m or (pp == 1 and t >= since)}
-    grew = True
-    while grew:
-        grew = False
-        for p, (pp, t, m) in procs.items():
-            if p not in hit and pp in hit:
-                hit.add(p)
-                grew = True
-    return hit
-
-for _ in range(200):
-    hit = scan()
-    if not hit:
-        sys.exit(0)
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for p in hit:
-            try:
-                os.kill(p, sig)
-            except OSError:
-                pass
-    time.sleep(0.005)
-sys.exit(1)
-"""
-
-# Only shell built-ins (no fork once it runs): `kill -9 -1` as uid $1 reaches exactly that
-# user's processes (PID 1 and the keep-alive are root's; the kernel spares the caller). Its exit
-# status cannot say whether any are left (root's processes count as found), so /proc is scanned
-# for live processes of uid $1. Exit 1: some were still alive after every round. Never run as
-# root: `kill -1` there would take the keep-alive, and the container, with it.
-_KILL_ALL_OF_UID = """
-n=0
-while [ $n -lt 50 ]; do
-  n=$((n+1))
-  kill -9 -1 2>/dev/null
-  left=0
-  for d in /proc/[0-9]*; do
-    [ "${d#/proc/}" = "$$" ] && continue
-    state=
-    while read -r key value rest; do
-      case "$key" in
-        State:) state=$value ;;
-        Uid:) [ "$value" = "$1" ] && [ "$state" != Z ] && left=1; break ;;
-      esac
-    done < "$d/status" 2>/dev/null
-  done
-  [ $left = 0 ] && exit 0
-done
-exit 1
-"""
-# Reads a file for `read_file`, inside the container as the reading user: only a regular file
-# (`[ -f ]` follows symlinks, so a link is judged by its target), at most $2 bytes of it, so
-# /dev/zero, /dev/urandom, a FIFO or a socket can neither flood nor hang the host. For root,
-# only a target that resolves inside PROTECTED_DIR. The file could be swapped for a FIFO
-# between the test and `head`: then `head` blocks until the read's timeout, and still nothing
-# unbounded reaches the host. Only sh built-ins and `head` (coreutils or busybox): any image.
-_READ_SCRIPT = f"""
-p=$1
-if [ ! -e "$p" ]; then echo "agentrl-read: missing" >&2; exit 2; fi
-if [ -d "$p" ]; then echo "agentrl-read: directory" >&2; exit 3; fi
-if [ ! -f "$p" ]; then echo "agentrl-read: special" >&2; exit 4; fi
-if [ "$3" = {ROOT_USER} ]; then
-  case $(readlink -f -- "$p") in {PROTECTED_DIR}/*) ;; *) echo "agentrl-read: outside" >&2; exit 5 ;; esac
-fi
-exec head -c "$2" -- "$p"
-"""
-_READ_TIMEOUT_S = 30.0
 # How long an exec killed by SIGKILL waits to learn whether its whole container was stopped.
 _STOP_CHECK_S = 0.5
 # The same when the resident executor's channel closed: was it the container's end, or tampering?
@@ -260,96 +138,6 @@ _HOST_KILL_S = 5.0
 def docker_client() -> Any:
     """The process-wide docker SDK client of the default engine (`DOCKER_HOST`); see `agentrl.sandbox.engine`."""
     return engine_for().client
-
-
-# --- docker's multiplexed exec stream ------------------------------------------------------
-
-
-class _Demux:
-    """Splits docker's multiplexed stream (8-byte frame headers) into stdout and stderr,
-    keeping at most `cap` bytes of each and counting the rest, so memory stays bounded."""
-
-    def __init__(self, cap: int) -> None:
-        self.out = {1: CappedOutput(cap), 2: CappedOutput(cap)}
-        self._header = bytearray()
-        self._left = 0  # bytes still to come in the current frame
-        self._kind = 1
-
-    def feed(self, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        i, n = 0, len(view)
-        while i < n:
-            if self._left == 0:
-                take = min(8 - len(self._header), n - i)
-                self._header += view[i : i + take]
-                i += take
-                if len(self._header) < 8:
-                    return
-                kind, self._left = struct.unpack(">BxxxL", self._header)
-                self._header.clear()
-                self._kind = 2 if kind == 2 else 1
-                continue
-            take = min(self._left, n - i)
-            self.out[self._kind].feed(view[i : i + take])
-            i += take
-            self._left -= take
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """An exec's outcome in bytes, before `ExecResult` decodes it. `exit_code` as docker says it."""
-
-    exit_code: int
-    stdout: CappedOutput
-    stderr: CappedOutput
-    timed_out: bool
-    duration_s: float
-
-    def err(self) -> str:
-        return self.stderr.data.decode(errors="replace").strip()
-
-
-def _chunks(stdin: bytes | IO[bytes] | None) -> Iterator[bytes] | None:
-    if stdin is None:
-        return None
-    if isinstance(stdin, bytes | bytearray):
-        view = memoryview(stdin)
-        return (bytes(view[i : i + _STDIN_CHUNK]) for i in range(0, len(view), _STDIN_CHUNK))
-    return iter(lambda: stdin.read(_STDIN_CHUNK), b"")
-
-
-def _buffered_prefix(sio: Any) -> bytes:
-    """Bytes http.client already pulled off the socket while reading the 101 response headers.
-
-    The SDK hands back the raw socket, which skips its buffered reader; a fast command's first
-    output can sit in that buffer. The socket must already be non-blocking here.
-    """
-    try:
-        fp = sio._response.raw._fp.fp
-        peeked = fp.peek()
-        return fp.read1(len(peeked)) if peeked else b""
-    except (AttributeError, BlockingIOError, ValueError, OSError, TypeError):
-        return b""
-
-
-def _exec_tree(procs: list[Proc], needle: bytes, uid: int, since: float, init_pid: int) -> set[int]:
-    """`_KILLER`'s choice, made on the host: of `uid`'s processes (the keep-alive never), those
-    carrying the exec's marker `needle`, orphans of PID 1 started since `since` (clock ticks),
-    and every descendant of either."""
-    mine = {p.pid: p for p in procs if p.uid == uid and KEEPALIVE_ENTRY not in p.environ()}
-    hit = {
-        pid
-        for pid, p in mine.items()
-        if needle in p.environ() or (p.ppid == init_pid and p.start_ticks >= since)
-    }
-    grew = True
-    while grew:
-        grew = False
-        for pid, p in mine.items():
-            if pid not in hit and p.ppid in hit:
-                hit.add(pid)
-                grew = True
-    return hit
 
 
 # --- the sandbox ---------------------------------------------------------------------------
@@ -378,7 +166,7 @@ class DockerSandbox(SandboxBase):
         """docker_host: the engine to start it on (default DOCKER_HOST, else the local socket);
         `agentrl.sandbox.hosts.HostPool` picks one of `sandbox.docker_hosts` per sandbox."""
         super().__init__(spec, **fields)
-        self.files = _ContainerFiles(self)
+        self.files = ContainerFiles(self)
         # Found at the first kill (`_host_cgroup`): None when this host cannot reach it.
         self._host_view: CgroupView | None = None
         self._host_resolved = False
@@ -511,7 +299,7 @@ class DockerSandbox(SandboxBase):
             sio = self._api.exec_start(exec_id, socket=True)
         sio._sock.setblocking(False)
         executor = ResidentExecutor(
-            DockerStream(sio, _buffered_prefix(sio)), name=self.name, workdir=self.workdir
+            DockerStream(sio, buffered_prefix(sio)), name=self.name, workdir=self.workdir
         )
         try:
             executor.start(reap=False)
@@ -529,7 +317,7 @@ class DockerSandbox(SandboxBase):
             )["Id"]
             sio = self._api.exec_start(exec_id, socket=True)
         sio._sock.setblocking(False)
-        return DockerStream(sio, _buffered_prefix(sio), exit_status=lambda: self._exit_code(exec_id))
+        return DockerStream(sio, buffered_prefix(sio), exit_status=lambda: self._exit_code(exec_id))
 
     def _agent_executor(self) -> ResidentExecutor | None:
         """The executor for an agent command or file (None: this sandbox runs without one)."""
@@ -616,7 +404,7 @@ class DockerSandbox(SandboxBase):
         timeout: float,
         cap: int,
         kill_on_timeout: bool = True,
-    ) -> _Raw:
+    ) -> Raw:
         """One docker exec: create, start (hijacked socket), inspect, the same three API calls
         as `Container.exec_run`. The deadline is kept by `poll` on that socket, so the fast
         path has no watcher thread and no extra round trip; only a timeout costs more."""
@@ -638,85 +426,27 @@ class DockerSandbox(SandboxBase):
                 environment=environment,
             )["Id"]
             sio = self._api.exec_start(exec_id, socket=True)
-        demux = _Demux(cap)
+        demux = Demux(cap)
         timed_out = False
         try:
             sock: socket.socket = sio._sock
             sock.setblocking(False)
-            demux.feed(_buffered_prefix(sio))
-            eof = self._pump(sock, demux, _chunks(stdin), start + timeout)
+            demux.feed(buffered_prefix(sio))
+            eof = pump(sock, demux, stdin_chunks(stdin), start + timeout)
             if not eof:
                 timed_out = True
                 if kill_on_timeout:
                     self._kill_tree(marker, user, time.monotonic() - start)
-                    self._pump(sock, demux, None, time.monotonic() + _DRAIN_AFTER_KILL_S)
+                    pump(sock, demux, None, time.monotonic() + _DRAIN_AFTER_KILL_S)
         finally:
-            self._close_stream(sio)
-        return _Raw(
+            close_stream(sio)
+        return Raw(
             exit_code=KILLED if timed_out else self._exit_code(exec_id),
             stdout=demux.out[1],
             stderr=demux.out[2],
             timed_out=timed_out,
             duration_s=time.monotonic() - start,
         )
-
-    @staticmethod
-    def _close_stream(sio: Any) -> None:
-        # The response wraps the same socket through a buffered reader: close it first (it
-        # may fail on the hijacked stream), then our handle, then the socket itself, or the
-        # file descriptor leaks.
-        response = getattr(sio, "_response", None)
-        if response is not None:
-            with contextlib.suppress(Exception):
-                response.close()
-        with contextlib.suppress(Exception):
-            sio.close()
-        with contextlib.suppress(Exception):
-            sio._sock.close()
-
-    @staticmethod
-    def _pump(sock: socket.socket, demux: _Demux, stdin: Iterator[bytes] | None, deadline: float) -> bool:
-        """Feed stdin and read output until the stream ends (True) or the deadline passes (False).
-
-        Writing and reading are interleaved: a command that prints while it reads a large
-        stdin would otherwise deadlock against us.
-        """
-        poller = select.poll()
-        pending = memoryview(b"")
-        writing = stdin is not None
-        while True:
-            if writing and not pending:
-                pending = memoryview(next(stdin, b""))  # type: ignore[arg-type]
-                if not pending:
-                    writing = False
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_WR)  # the command sees EOF on stdin
-            poller.register(sock, select.POLLIN | (select.POLLOUT if writing else 0))
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            events = poller.poll(left * 1000)
-            if not events:
-                continue
-            mask = events[0][1]
-            if writing and mask & select.POLLOUT:
-                try:
-                    pending = pending[sock.send(pending) :]
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    # The command exited or closed stdin without reading it all: not our error.
-                    writing, pending = False, memoryview(b"")
-            if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                try:
-                    data = sock.recv(_READ_CHUNK)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return True  # connection reset: the exec (or the container) is gone
-                if not data:
-                    return True
-                demux.feed(data)
 
     def _exit_code(self, exec_id: str) -> int:
         with self._docker_errors():
@@ -743,7 +473,7 @@ class DockerSandbox(SandboxBase):
             return False  # still running when the wait ran out: the command alone was killed
         return True
 
-    def _internal(self, argv: list[str], user: str, *, timeout: float) -> _Raw:
+    def _internal(self, argv: list[str], user: str, *, timeout: float) -> Raw:
         """One of our own short commands (the killers): bounded, never killed on timeout itself."""
         return self._run(
             argv,
@@ -780,13 +510,13 @@ class DockerSandbox(SandboxBase):
             since = uptime_ticks() - (elapsed_s + 1.0) * CLK_TCK
             needle = f"{EXEC_MARKER}={marker}".encode()
             if host.kill(
-                lambda procs: _exec_tree(procs, needle, uid, since, host.init_pid), timeout_s=_HOST_KILL_S
+                lambda procs: exec_tree(procs, needle, uid, since, host.init_pid), timeout_s=_HOST_KILL_S
             ):
                 return
             log.warning("sandbox %s: the host-side kill did not finish; killing from inside", self.id)
         deadline = time.monotonic() + _IN_CONTAINER_KILL_S
         raw = self._internal(
-            ["python3", "-c", _KILLER, marker, f"{elapsed_s:.3f}"], user, timeout=_IN_CONTAINER_KILL_S
+            ["python3", "-c", KILLER, marker, f"{elapsed_s:.3f}"], user, timeout=_IN_CONTAINER_KILL_S
         )
         if raw.exit_code == 0 and not raw.timed_out:
             return
@@ -829,7 +559,7 @@ class DockerSandbox(SandboxBase):
             self._executor.retire()  # it is one of them: its end is ours, not the agent's doing
         uid = user.split(":")[0]
         while (left := deadline - time.monotonic()) > 0:
-            raw = self._internal(["/bin/sh", "-c", _KILL_ALL_OF_UID, "agentrl-kill", uid], user, timeout=left)
+            raw = self._internal(["/bin/sh", "-c", KILL_ALL_OF_UID, "agentrl-kill", uid], user, timeout=left)
             if raw.exit_code == 0 and not raw.timed_out:
                 return True
             time.sleep(0.05)
@@ -979,7 +709,9 @@ class _DockerErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> Literal[False]:
         if exc is None:
             return False
         import docker.errors
@@ -1000,179 +732,3 @@ class _DockerErrors:
         if isinstance(exc, docker.errors.DockerException):
             raise SandboxError(f"docker sandbox {self.sandbox.id}: {exc}") from exc
         return False
-
-
-class _ContainerFiles:
-    """The sandbox's `FileAccess`: every file operation runs inside the container, as the user it
-    is for (the agent, or root for `privileged`), so the kernel's permission checks apply."""
-
-    def __init__(self, sandbox: DockerSandbox) -> None:
-        self.sandbox = sandbox
-
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.sandbox.workdir, str(path)))
-
-    def lost(self) -> str | None:
-        return None  # a container that went away says so at the next engine call
-
-    def _executor(self, privileged: bool) -> ResidentExecutor | None:
-        return None if privileged else self.sandbox._agent_executor()
-
-    def write(self, path: str, data: bytes, *, mode: int, privileged: bool) -> None:
-        target = self._path(path)
-        if (executor := self._executor(privileged)) is not None:
-            timeout = max(self.sandbox.limits.exec_timeout_s, _INTERNAL_TIMEOUT_S)
-            try:
-                reply = executor.write(target, data, mode, timeout)
-            except ExecutorLost as exc:
-                self.sandbox._executor_lost(exc)
-            if "ok" not in reply:
-                message = str(reply.get("message") or reply.get("error"))
-                self._raise_write_error(f"{message}: {target}", target, privileged)
-            return
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            info = tarfile.TarInfo(target.lstrip("/"))
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            info.uid = info.gid = 0 if privileged else AGENT_UID
-            tar.addfile(info, io.BytesIO(data))
-        self._untar(buf.getvalue(), target, privileged)
-
-    def copy_in(self, host_path: Path, path: str, *, privileged: bool) -> None:
-        target = self._path(path)
-        uid = 0 if privileged else AGENT_UID
-
-        def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.uid = info.gid = uid
-            info.uname = info.gname = ""
-            return info
-
-        # Spooled: small trees stay in memory, a large dataset goes through a temporary file.
-        with tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024) as spool:
-            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(host_path, arcname=target.lstrip("/"), recursive=True, filter=owned)
-            spool.seek(0)
-            self._untar(spool, target, privileged)  # type: ignore[arg-type]
-
-    def _untar(self, archive: bytes | IO[bytes], target: str, privileged: bool) -> None:
-        """Extract a tar streamed into `tar -x` inside the container.
-
-        `put_archive` (docker cp) writes to the container's root layer and cannot reach tmpfs
-        mounts such as the workspace, so the archive goes through an exec's stdin instead.
-        """
-        limits = self.sandbox.limits
-        raw = self.sandbox._run(
-            # -p keeps the modes we set; -m skips mtimes (utime fails on dirs we do not own);
-            # --no-overwrite-dir leaves existing directories such as the workspace as they are.
-            ["tar", "-x", "-p", "-m", "--no-same-owner", "--no-overwrite-dir", "-C", "/", "-f", "-"],
-            user=ROOT_USER if privileged else AGENT_USER,
-            env=None,
-            stdin=archive,
-            timeout=max(limits.exec_timeout_s, _INTERNAL_TIMEOUT_S),
-            cap=limits.output_limit_bytes,
-        )
-        if raw.timed_out:
-            raise SandboxError(f"copying into {target} in sandbox {self.sandbox.id} timed out")
-        if raw.exit_code != 0:
-            lines = raw.err().splitlines()
-            message = "; ".join(ln for ln in lines if "Exiting with failure status" not in ln)
-            self._raise_write_error(message or f"tar exited {raw.exit_code}", target, privileged)
-
-    def _raise_write_error(self, message: str, target: str, privileged: bool) -> NoReturn:
-        if "No space left" in message or "Disk quota" in message:
-            raise OSError(
-                errno.ENOSPC,
-                f"no space left writing {target} (the workspace and /tmp are capped at "
-                f"{self.sandbox.limits.disk_mb} MiB each: raise Limits.disk_mb): {message}",
-            )
-        if any(
-            s in message for s in ("Permission denied", "Read-only file system", "Operation not permitted")
-        ):
-            who = "root (privileged)" if privileged else "the agent"
-            raise PermissionError(
-                errno.EACCES,
-                f"{who} cannot write {target}: {message}. The agent writes {self.sandbox.workdir} and /tmp; "
-                f"privileged=True writes {PROTECTED_DIR}; the rest of the file system is read-only",
-            )
-        if "File exists" in message:
-            # tar replaces an existing file by unlinking it first (never writing through a
-            # symlink); that fails on the read-only root and where a directory is in the way.
-            raise FileExistsError(
-                errno.EEXIST,
-                f"cannot replace what is already at {target} (a directory, or a file on the "
-                f"read-only root): {message}",
-            )
-        raise SandboxError(f"could not write {target} in sandbox {self.sandbox.id}: {message}")
-
-    def read(self, path: str, *, limit: int) -> bytes:
-        target = self._path(path)
-        where = f"sandbox {self.sandbox.id}"
-        timeout = min(self.sandbox.limits.exec_timeout_s, _READ_TIMEOUT_S)
-        message = ""
-        # As the agent: it owns the workspace. Root is tried only for paths under
-        # PROTECTED_DIR, where the agent cannot plant anything: reading an agent-chosen path
-        # (say a symlink to a root-only file) as root would make us a confused deputy.
-        users = [AGENT_USER]
-        if target.startswith(PROTECTED_DIR + "/"):
-            users.append(ROOT_USER)
-        if (executor := self._executor(False)) is not None:
-            try:
-                reply, data = executor.read(target, limit + 1, timeout)
-            except ExecutorLost as exc:
-                self.sandbox._executor_lost(exc)
-            if "ok" in reply:
-                return data
-            kind = reply.get("error")
-            if ROOT_USER not in users or kind not in ("missing", "permission"):
-                self._raise_read_error(str(kind), str(reply.get("message")), target, where)
-            users = [ROOT_USER]  # the verifier's own path, which the agent may not even see into
-        raw = None
-        for user in users:
-            raw = self.sandbox._run(
-                ["/bin/sh", "-c", _READ_SCRIPT, "agentrl-read", target, str(limit + 1), user],
-                user=user,
-                env=None,
-                stdin=None,
-                timeout=timeout,
-                # One byte over the limit tells "exactly at the limit" from "larger": never more.
-                cap=limit + 1,
-            )
-            if raw.exit_code == 0 and not raw.timed_out:
-                return bytes(raw.stdout.data)
-            message = raw.err()
-            # The agent may not even see into PROTECTED_DIR (then the file looks missing to it).
-            if "Permission denied" not in message and "agentrl-read: missing" not in message:
-                break
-        assert raw is not None
-        if raw.timed_out:
-            message += f" (timed out after {timeout:g}s: was it swapped for a FIFO while being read?)"
-        for kind in ("special", "outside", "missing", "directory"):
-            if f"agentrl-read: {kind}" in message:
-                self._raise_read_error(kind, message, target, where)
-        if "No such file" in message or "Not a directory" in message:
-            self._raise_read_error("missing", message, target, where)
-        if "Is a directory" in message:
-            self._raise_read_error("directory", message, target, where)
-        if "Permission denied" in message:
-            self._raise_read_error("permission", message, target, where)
-        self._raise_read_error("other", message, target, where)
-
-    @staticmethod
-    def _raise_read_error(kind: str, message: str, target: str, where: str) -> NoReturn:
-        """The error a read that failed for reason `kind` raises (the executor's kinds, and the
-        read script's)."""
-        if kind == "special":
-            raise NotRegularFileError(
-                f"{target} in {where} is not a regular file (a device, FIFO or socket); refused"
-            )
-        if kind == "outside":
-            raise SandboxPathError(
-                f"{target} in {where} resolves outside {PROTECTED_DIR}; refused (it is read as the agent)"
-            )
-        if kind == "missing":
-            raise FileNotFoundError(errno.ENOENT, f"no such file in {where}", target)
-        if kind == "directory":
-            raise IsADirectoryError(errno.EISDIR, f"is a directory in {where}", target)
-        if kind == "permission":
-            raise PermissionError(errno.EACCES, f"unreadable in {where}", target)
-        raise SandboxError(f"could not read {target} in {where}: {message}")
