@@ -515,26 +515,8 @@ def _plant_in_file(
             # snapshot file) or a parametrization that can be consumed once: a copy would differ.
             plan.uncovered.append(cand.prefix)
             continue
-        context = "".join(src.lines[fn.lineno - 1 : fn.end_lineno])
         strict = literal_only is not None and _selected(cand.prefix, literal_only)
-        found = None
-        reached = _always_reached(fn.body)
-        # A literal not echoed elsewhere in the test first; an echoed one rather than no twin.
-        for echo_context in (context, ""):
-            for stmt in rng.sample(reached, len(reached)):
-                if (
-                    found := _contradiction(
-                        stmt,
-                        src,
-                        rng,
-                        literal_only=strict,
-                        context=echo_context,
-                        prefer_negation=prefer_negation,
-                    )
-                ) is not None:
-                    break
-            if found is not None:
-                break
+        found = _find_contradiction(fn, src, rng, strict, prefer_negation)
         if found is None:
             plan.uncovered.append(cand.prefix)
             continue
@@ -562,21 +544,50 @@ def _plant_in_file(
         owner = cand.prefix.rsplit("::", 1)[0]
         plan.twins.append(Twin(cand.prefix, f"{owner}::{real_name}", f"{owner}::{canary_name}", how))
         planted.setdefault(owner[len(f.rel) + 2 :], []).append((fn.name, real_name, canary_name, how))
-    if inserts:
-        lines = list(src.lines)
-        if lines and not lines[-1].endswith(("\n", "\r")):
-            lines[-1] += "\n"
-        for first, last, block in sorted(inserts, reverse=True):
-            lines[first - 1 : last] = [block]
-        text = "".join(lines)
-        try:
-            ast.parse(text)
-        except SyntaxError:  # an edit this module got wrong: no twins here rather than a broken file
-            plan.twins = [t for t in plan.twins if not t.original.startswith(f.rel + "::")]
-            plan.uncovered.extend(c.prefix for c in candidates if c.prefix not in plan.uncovered)
-            return {}
-        f.path.write_bytes(text.encode(f.encoding))
+    if inserts and not _write_pairs(f, inserts):
+        # An edit this module got wrong: no twins here rather than a broken file.
+        plan.twins = [t for t in plan.twins if not t.original.startswith(f.rel + "::")]
+        plan.uncovered.extend(c.prefix for c in candidates if c.prefix not in plan.uncovered)
+        return {}
     return planted
+
+
+def _find_contradiction(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef,
+    src: _Source,
+    rng: random.Random,
+    strict: bool,
+    prefer_negation: bool,
+) -> tuple[_Edit, str] | None:
+    """The edit of one of the test's always-reached statements that contradicts it, and how."""
+    context = "".join(src.lines[fn.lineno - 1 : fn.end_lineno])
+    reached = _always_reached(fn.body)
+    # A literal not echoed elsewhere in the test first; an echoed one rather than no twin.
+    for echo_context in (context, ""):
+        for stmt in rng.sample(reached, len(reached)):
+            found = _contradiction(
+                stmt, src, rng, literal_only=strict, context=echo_context, prefer_negation=prefer_negation
+            )
+            if found is not None:
+                return found
+    return None
+
+
+def _write_pairs(f: _File, inserts: list[tuple[int, int, str]]) -> bool:
+    """Rewrite the file with each test's lines replaced by its pair; False (nothing written) when
+    the result does not parse."""
+    lines = list(f.src.lines)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines[-1] += "\n"
+    for first, last, block in sorted(inserts, reverse=True):
+        lines[first - 1 : last] = [block]
+    text = "".join(lines)
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        return False
+    f.path.write_bytes(text.encode(f.encoding))
+    return True
 
 
 def _always_reached(body: list[ast.stmt]) -> list[ast.stmt]:

@@ -153,13 +153,9 @@ Known limits (honest ones):
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import hmac
 import json
 import logging
 import random
-import re
 import secrets
 import shutil
 import tempfile
@@ -175,10 +171,46 @@ from agentrl.sandbox.base import PROTECTED_DIR, ExecResult, Sandbox
 from agentrl.task import Task
 from agentrl.verifiers.base import Verdict, capability_refusal
 from agentrl.verifiers.canaries import CanaryPlan, plant_canaries
+from agentrl.verifiers.result_stream import (
+    RECORD_KINDS,
+    CaseResult,
+    Outcome,
+    Report,
+    Stream,
+    _as_list,
+    _first_line,
+    covered,
+    read_stream,
+    score,
+    sign,
+)
 from agentrl.verifiers.twin_sets import DEFAULT_ODDS, DecisionPlan, plan_twin_sets
 
-Outcome = Literal["passed", "failed", "error", "skipped"]
-_SEVERITY: dict[str, int] = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+# Reading the result stream and scoring a report live in `result_stream`; their public names are
+# importable from here as well.
+__all__ = [
+    "BOOTSTRAP",
+    "RECORD_KINDS",
+    "CaseResult",
+    "HiddenTestsRun",
+    "HiddenTestsVerifier",
+    "InstalledTests",
+    "Outcome",
+    "Report",
+    "Stream",
+    "check_run",
+    "covered",
+    "install_tests",
+    "judge",
+    "node_ids_to_run",
+    "read_stream",
+    "remove_tests",
+    "run_tests",
+    "runner_input",
+    "score",
+    "sign",
+    "stage_tests",
+]
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -193,267 +225,6 @@ BOOTSTRAP = "import sys;exec(compile(sys.stdin.buffer.read({n}),'<agentrl-hidden
 
 # Our ini file: its presence (given with -c) means no ini file of the workspace is ever read.
 INI = "[pytest]\n"
-
-
-# --- the report ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """One test's outcome, or a module that failed to collect."""
-
-    nodeid: str
-    outcome: Outcome
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class Report:
-    """Per-test outcomes, from the runner's result stream."""
-
-    tests: dict[str, CaseResult] = field(default_factory=dict)
-    collection_errors: list[CaseResult] = field(default_factory=list)
-
-    def count(self, outcome: Outcome) -> int:
-        return sum(t.outcome == outcome for t in self.tests.values())
-
-
-# --- the result stream ---------------------------------------------------------------------
-
-RECORD_KINDS: dict[str, tuple[type, ...]] = {
-    "start": (int,),
-    "runner_error": (str,),
-    "collect_error": (str, str),
-    "collected": (list,),
-    "report": (str, str, str, str),
-    "tamper": (str,),
-    "internal_error": (str,),
-    "end": (int,),
-}
-_PHASES = ("setup", "call", "teardown")
-_REPORT_OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
-_TRUNCATED = re.compile(r"\n\[agentrl: output truncated, \d+ bytes dropped\]\Z")
-
-
-def sign(key: bytes, body: str) -> str:
-    """The MAC of one record's body (what the runner writes before it), 32 hex digits."""
-    return hmac.new(key, body.encode("utf-8", "backslashreplace"), hashlib.sha256).hexdigest()[:32]
-
-
-@dataclass
-class Stream:
-    """What the runner's result stream says, after every check on it (see `read_stream`)."""
-
-    started: bool = False
-    tampered: list[str] = field(default_factory=list)
-    """Why the stream cannot be trusted; non-empty means reward 0."""
-    collected: list[str] | None = None
-    outcomes: dict[str, CaseResult] = field(default_factory=dict)
-    """Per test, the worst outcome of its phases (setup/teardown failures are errors)."""
-    collect_errors: list[CaseResult] = field(default_factory=list)
-    internal_errors: list[str] = field(default_factory=list)
-    runner_errors: list[str] = field(default_factory=list)
-    end: int | None = None
-    cut: bool = False
-    """The stream hit its size cap (`max_report_mb`)."""
-
-    def report(self) -> Report:
-        return Report(dict(self.outcomes), list(self.collect_errors))
-
-
-def covered(nodeid: str, listed: set[str]) -> bool:
-    """Whether a collected node id is one of the listed tests (a listed function id covers its
-    parametrized variants)."""
-    return nodeid in listed or nodeid.split("[", 1)[0] in listed
-
-
-def read_stream(text: str, key: bytes, *, expected: list[str] | None = None) -> Stream:
-    """Parse and check the runner's result stream (the rules are the module docstring's step 7).
-
-    `expected`: when the run was given exactly these node ids, every collected test must be
-    one of them. Pure: no sandbox, so the rules are unit-tested on hand-made streams.
-    """
-    out = Stream()
-    if _TRUNCATED.search(text):
-        out.cut = True
-        text = _TRUNCATED.sub("", text)
-        text = text[: text.rfind("\n") + 1]  # the line the cap cut in two is not a record
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    elif lines and not out.cut:
-        out.tampered.append("the last record is cut short (no newline): the process wrote part of a line")
-        lines.pop()
-    seen: set[tuple[str, str]] = set()
-    phases: dict[str, dict[str, tuple[str, str]]] = {}
-    listed = set(expected) if expected is not None else None
-
-    def bad(why: str) -> Stream:
-        out.tampered.append(why)
-        return out
-
-    for i, line in enumerate(lines):
-        mac, _, body = line.partition("\t")
-        if not hmac.compare_digest(mac.encode("ascii", "replace"), sign(key, body).encode()):
-            return bad(f"record {i} was not written by the runner (bad signature): {line[:120]!r}")
-        parts = body.split("\t")
-        if parts[0] != str(i):
-            return bad(f"record {i} is out of sequence (numbered {parts[0][:20]!r})")
-        kind = parts[1] if len(parts) > 1 else ""
-        types = RECORD_KINDS.get(kind)
-        try:
-            fields = [ast.literal_eval(p) for p in parts[2:]]
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return bad(f"record {i} ({kind}) has a field that is not a literal")
-        if (
-            types is None
-            or len(fields) != len(types)
-            or not all(isinstance(f, t) for f, t in zip(fields, types, strict=True))
-        ):
-            return bad(f"record {i} is malformed ({kind!r} with {len(fields)} field(s))")
-        if i == 0 and kind != "start":
-            return bad(f"the stream does not open with `start` but with {kind!r}")
-        if out.end is not None:
-            return bad(f"a {kind!r} record came after `end`: something wrote results after pytest finished")
-        if kind == "start":
-            if out.started:
-                return bad("a second `start` record")
-            out.started = True
-        elif kind == "tamper":
-            out.tampered.append(fields[0])
-        elif kind == "runner_error":
-            out.runner_errors.append(fields[0])
-        elif kind == "internal_error":
-            out.internal_errors.append(fields[0])
-        elif kind == "collect_error":
-            if out.collected is not None:
-                return bad("a collection error was reported after collection had finished")
-            out.collect_errors.append(CaseResult(fields[0], "error", fields[1]))
-        elif kind == "collected":
-            if out.collected is not None:
-                return bad("a second list of collected tests")
-            ids = fields[0]
-            if not all(isinstance(x, str) for x in ids) or len(set(ids)) != len(ids):
-                return bad("the collected tests are not a list of distinct node ids")
-            if listed is not None:
-                foreign = [x for x in ids if not covered(x, listed)]
-                if foreign:
-                    return bad(f"tests the task does not list were collected (made up?): {foreign[:3]}")
-            out.collected = ids
-        elif kind == "report":
-            nodeid, when, outcome, message = fields
-            if out.collected is None:
-                return bad(f"a result for {nodeid} came before the tests were collected")
-            if nodeid not in set(out.collected):
-                return bad(f"a result for a test that was never collected (made up): {nodeid}")
-            if when not in _PHASES or outcome not in _REPORT_OUTCOMES:
-                return bad(f"a result with an unknown phase or outcome: {when!r} {outcome!r}")
-            if (nodeid, when) in seen:
-                return bad(f"a second result for {nodeid} ({when}): the first one stands, so this is forged")
-            seen.add((nodeid, when))
-            phases.setdefault(nodeid, {})[when] = (outcome, message)
-        elif kind == "end":
-            out.end = fields[0]
-    for nodeid, by_phase in phases.items():
-        out.outcomes[nodeid] = _merge(nodeid, by_phase)
-    return out
-
-
-def _merge(nodeid: str, by_phase: dict[str, tuple[str, str]]) -> CaseResult:
-    """One test's outcome from its phases, as pytest's JUnit report counts it: a failed setup
-    or teardown is an error, a failed call a failure, xfailed is skipped, xpassed is passed."""
-    outcome: Outcome = "passed"
-    message = ""
-    for when in _PHASES:
-        if when not in by_phase:
-            continue
-        raw, msg = by_phase[when]
-        kind: Outcome = {
-            "passed": "passed",
-            "xpassed": "passed",
-            "skipped": "skipped",
-            "xfailed": "skipped",
-            "failed": "failed" if when == "call" else "error",
-        }[raw]  # type: ignore[assignment]
-        if _SEVERITY[kind] > _SEVERITY[outcome]:
-            outcome, message = kind, msg
-    if "call" not in by_phase and outcome == "passed":
-        outcome, message = "error", "the test never ran its call phase"
-    return CaseResult(nodeid, outcome, message)
-
-
-# --- the score -----------------------------------------------------------------------------
-
-
-def _as_list(value: Any, source: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(
-                f"{source} is a string but not a JSON list of test ids: {value[:200]!r}"
-            ) from None
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{source} must be a list of pytest node ids (strings), got {value!r}")
-    return list(value)
-
-
-def _matches(entry: str, nodeid: str) -> bool:
-    if "::" in entry:
-        return nodeid == entry
-    last = nodeid.rsplit("::", 1)[-1]
-    return last == entry or last.split("[", 1)[0] == entry
-
-
-def score(
-    report: Report,
-    *,
-    mode: Literal["all", "fraction"] = "all",
-    fail_to_pass: list[str] | None = None,
-    pass_to_pass: list[str] | None = None,
-) -> tuple[float, bool, str]:
-    """Reward, passed, and a one-line summary for a report (see the module docstring)."""
-    listed = [*(fail_to_pass or []), *(pass_to_pass or [])]
-    if listed:
-        failures: list[str] = []
-        n_ok = 0
-        for entry in dict.fromkeys(listed):  # a test in both lists counts once
-            hits = [t for t in report.tests.values() if _matches(entry, t.nodeid)]
-            if not hits:
-                failures.append(f"{entry}: missing from the report (counts as failed)")
-                continue
-            bad = [t for t in hits if t.outcome != "passed"]
-            if bad:
-                failures.extend(f"{t.nodeid}: {t.outcome} {_first_line(t.message)}".rstrip() for t in bad)
-            else:
-                n_ok += 1
-        total = len(dict.fromkeys(listed))
-        what = f"{n_ok}/{total} of the FAIL_TO_PASS + PASS_TO_PASS tests passed"
-    else:
-        failures = [
-            f"{t.nodeid}: {t.outcome} {_first_line(t.message)}".rstrip()
-            for t in report.tests.values()
-            if t.outcome != "passed"
-        ]
-        total = len(report.tests)
-        n_ok = total - len(failures)
-        if total == 0:
-            return 0.0, False, "no hidden test ran"
-        what = f"{n_ok}/{total} hidden tests passed"
-    all_ok = n_ok == total
-    reward = float(all_ok) if mode == "all" else n_ok / total
-    summary = f"{what} (mode {mode})"
-    if failures:
-        shown = "; ".join(failures[:8])
-        more = f"; ... {len(failures) - 8} more" if len(failures) > 8 else ""
-        summary += f"; not passed: {shown}{more}"
-    return reward, all_ok, summary
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0][:200] if text.strip() else ""
 
 
 def _tail(text: str, n: int = 800) -> str:
@@ -929,8 +700,41 @@ class HiddenTestsVerifier:
         """FAIL_TO_PASS tests first, alone, each among its twin set; then the rest of the listed
         tests with their canary twins (`agentrl.verifiers.twin_sets` says why two processes)."""
         deadline = time.monotonic() + self.timeout_s
+        decision = self._plan_decision(task, hidden, fail_to_pass, pass_to_pass)
+        installed: list[InstalledTests] = []
         try:
-            decision = plan_twin_sets(
+            tests: dict[str, CaseResult] = {}
+            if decision.sets:
+                first = self._decision_run(sandbox, hidden, decision, deadline, installed)
+                if isinstance(first, Verdict):
+                    return first
+                tests = first
+            # The rest, once the first run's outcomes are on this side: the PASS_TO_PASS tests and
+            # the FAIL_TO_PASS tests no twin set covers, with canary twins as before.
+            rest = [t for t in dict.fromkeys([*pass_to_pass, *decision.uncovered]) if t not in tests]
+            plan: CanaryPlan | None = None
+            if rest:
+                second = self._rest_run(sandbox, hidden, fail_to_pass, pass_to_pass, decision, rest, deadline)
+                installed.extend(second[2])
+                if isinstance(second[0], Verdict):
+                    return second[0]
+                tests.update(second[0])
+                plan = second[1]
+            reward, passed, summary = score(
+                Report(tests), mode=self.mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass
+            )
+            summary += f" [{decision.summary()}" + (f"; {plan.summary()}" if plan is not None else "") + "]"
+            return Verdict(reward, passed, _clip(summary))
+        finally:
+            remove_tests(sandbox, installed)
+
+    def _plan_decision(
+        self, task: Task, hidden: Path, fail_to_pass: list[str], pass_to_pass: list[str]
+    ) -> DecisionPlan:
+        """The twin sets of the FAIL_TO_PASS run, drawn afresh; none (every test uncovered) when the
+        planner fails."""
+        try:
+            return plan_twin_sets(
                 hidden,
                 fail_to_pass,
                 listed=[*fail_to_pass, *pass_to_pass],
@@ -946,71 +750,80 @@ class HiddenTestsVerifier:
             log.warning(
                 "no twin sets for task %s: planning failed (%s: %s)", task.id, type(exc).__name__, exc
             )
-            decision = DecisionPlan(
+            return DecisionPlan(
                 uncovered=dict.fromkeys(fail_to_pass, f"planning failed ({type(exc).__name__})")
             )
-        installed: list[InstalledTests] = []
-        try:
-            tests: dict[str, CaseResult] = {}
-            if decision.sets:
 
-                def replace(staged: Path) -> None:
-                    shutil.rmtree(staged)
-                    staged.mkdir()
-                    decision.write(staged)
+    def _decision_run(
+        self,
+        sandbox: Sandbox,
+        hidden: Path,
+        decision: DecisionPlan,
+        deadline: float,
+        installed: list[InstalledTests],
+    ) -> dict[str, CaseResult] | Verdict:
+        """The first run: the decision folder alone. Each decided FAIL_TO_PASS id -> its real
+        member's result, or the zero verdict (a broken stream, two members of a set passing)."""
 
-                first = install_tests(sandbox, hidden, rewrite=replace)
-                installed.append(first)
-                run = run_tests(
-                    sandbox,
-                    first,
-                    ids=decision.ids,
-                    timeout_s=max(1.0, deadline - time.monotonic()),
-                    pytest_args=self.pytest_args,
-                    python=self.python,
-                    max_report_mb=self.max_report_mb,
-                )
-                checked = check_run(run, timeout_s=self.timeout_s, max_report_mb=self.max_report_mb)
-                if isinstance(checked, Verdict):
-                    return checked
-                outcomes = {nodeid: t.outcome for nodeid, t in checked.tests.items()}
-                if problems := decision.tampering(outcomes, collected=run.stream.collected):
-                    return _tampered(problems)
-                for nodeid, original in decision.real_ids().items():
-                    if (case := checked.tests.get(nodeid)) is not None:
-                        tests[original] = CaseResult(original, case.outcome, case.message)
-            # The rest, once the first run's outcomes are on this side: the PASS_TO_PASS tests and
-            # the FAIL_TO_PASS tests no twin set covers, with canary twins as before.
-            rest = [t for t in dict.fromkeys([*pass_to_pass, *decision.uncovered]) if t not in tests]
-            plan: CanaryPlan | None = None
-            if rest:
-                uncovered = [t for t in fail_to_pass if t in decision.uncovered]
-                run, plan, more = self._run_with_canaries(
-                    sandbox,
-                    hidden,
-                    uncovered,
-                    [t for t in pass_to_pass if t not in fail_to_pass],
-                    rest,
-                    max(1.0, deadline - time.monotonic()),
-                    prefer_negation=True,
-                )
-                installed.extend(more)
-                checked = check_run(run, timeout_s=self.timeout_s, max_report_mb=self.max_report_mb)
-                if isinstance(checked, Verdict):
-                    return checked
-                if plan is not None:
-                    outcomes = {nodeid: t.outcome for nodeid, t in checked.tests.items()}
-                    if problems := plan.tampering(outcomes, collected=run.stream.collected):
-                        return _tampered(problems)
-                    checked = _as_original(checked, plan)
-                tests.update(checked.tests)
-            reward, passed, summary = score(
-                Report(tests), mode=self.mode, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass
-            )
-            summary += f" [{decision.summary()}" + (f"; {plan.summary()}" if plan is not None else "") + "]"
-            return Verdict(reward, passed, _clip(summary))
-        finally:
-            remove_tests(sandbox, installed)
+        def replace(staged: Path) -> None:
+            shutil.rmtree(staged)
+            staged.mkdir()
+            decision.write(staged)
+
+        first = install_tests(sandbox, hidden, rewrite=replace)
+        installed.append(first)
+        run = run_tests(
+            sandbox,
+            first,
+            ids=decision.ids,
+            timeout_s=max(1.0, deadline - time.monotonic()),
+            pytest_args=self.pytest_args,
+            python=self.python,
+            max_report_mb=self.max_report_mb,
+        )
+        checked = check_run(run, timeout_s=self.timeout_s, max_report_mb=self.max_report_mb)
+        if isinstance(checked, Verdict):
+            return checked
+        outcomes = {nodeid: t.outcome for nodeid, t in checked.tests.items()}
+        if problems := decision.tampering(outcomes, collected=run.stream.collected):
+            return _tampered(problems)
+        tests: dict[str, CaseResult] = {}
+        for nodeid, original in decision.real_ids().items():
+            if (case := checked.tests.get(nodeid)) is not None:
+                tests[original] = CaseResult(original, case.outcome, case.message)
+        return tests
+
+    def _rest_run(
+        self,
+        sandbox: Sandbox,
+        hidden: Path,
+        fail_to_pass: list[str],
+        pass_to_pass: list[str],
+        decision: DecisionPlan,
+        rest: list[str],
+        deadline: float,
+    ) -> tuple[dict[str, CaseResult] | Verdict, CanaryPlan | None, list[InstalledTests]]:
+        """The second run: `rest` (PASS_TO_PASS and the uncovered FAIL_TO_PASS tests) with canary
+        twins. Its results by the task's ids (or the zero verdict), its canaries, what it installed."""
+        uncovered = [t for t in fail_to_pass if t in decision.uncovered]
+        run, plan, installed = self._run_with_canaries(
+            sandbox,
+            hidden,
+            uncovered,
+            [t for t in pass_to_pass if t not in fail_to_pass],
+            rest,
+            max(1.0, deadline - time.monotonic()),
+            prefer_negation=True,
+        )
+        checked = check_run(run, timeout_s=self.timeout_s, max_report_mb=self.max_report_mb)
+        if isinstance(checked, Verdict):
+            return checked, plan, installed
+        if plan is not None:
+            outcomes = {nodeid: t.outcome for nodeid, t in checked.tests.items()}
+            if problems := plan.tampering(outcomes, collected=run.stream.collected):
+                return _tampered(problems), plan, installed
+            checked = _as_original(checked, plan)
+        return checked.tests, plan, installed
 
 
 def _failing_lines(task: Task) -> dict[str, int] | None:

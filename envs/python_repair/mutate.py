@@ -407,67 +407,12 @@ def apply_site(source: str, site: Site) -> Mutant:
     nodes = list(ast.walk(func))
     if site.node_index >= len(nodes):
         raise MutationError(f"site {site.key} does not exist in this source")
-    target = nodes[site.node_index]
-    parents = _parents(func)
-    data = source.encode()
-    blines = data.splitlines(keepends=True)
-
+    # The function as the mutant must parse to: a copy of its tree, changed the same way.
     expected = copy.deepcopy(func)
-    expected_nodes = list(ast.walk(expected))
-    exp_target = expected_nodes[site.node_index]
-    exp_parents = _parents(expected)
-
     if site.kind == "drop_statement":
-        parent = parents[id(target)]
-        block = next(
-            getattr(parent, f)
-            for f in ("body", "orelse", "finalbody")
-            if isinstance(getattr(parent, f, None), list) and any(s is target for s in getattr(parent, f))
-        )
-        exp_parent = exp_parents[id(exp_target)]
-        exp_block = next(
-            getattr(exp_parent, f)
-            for f in ("body", "orelse", "finalbody")
-            if isinstance(getattr(exp_parent, f, None), list)
-            and any(s is exp_target for s in getattr(exp_parent, f))
-        )
-        start = _offset(blines, target.lineno, 0)
-        end = _offset(blines, target.end_lineno, len(blines[target.end_lineno - 1]))  # type: ignore[arg-type]
-        first = blines[target.lineno - 1]
-        last = blines[target.end_lineno - 1]  # type: ignore[index]
-        if first[: target.col_offset].strip() or last[target.end_col_offset :].split(b"#")[0].strip():  # type: ignore[index]
-            raise MutationError("statement shares its line with another statement")
-        if len(block) == 1:
-            replacement = first[: target.col_offset] + b"pass\n"
-            exp_block[exp_block.index(exp_target)] = ast.Pass()
-        else:
-            replacement = b""
-            exp_block.remove(exp_target)
-        description = f"`{type(target).__name__}` statement removed"
-        mutated = data[:start] + replacement + data[end:]
+        mutated, description = _drop_statement(source, func, expected, site)
     else:
-        old_node, new_node, description = _transform(func, target, parents, site)
-        exp_old, exp_new, _ = _transform(expected, exp_target, exp_parents, site)
-        if exp_old is expected:
-            raise MutationError("cannot replace a whole function")
-        _replace_in_tree(expected, exp_old, exp_new)
-        start = _offset(blines, old_node.lineno, old_node.col_offset)  # type: ignore[attr-defined]
-        end = _offset(blines, old_node.end_lineno, old_node.end_col_offset)  # type: ignore[attr-defined]
-        text = ast.unparse(new_node).encode()
-        mutated = b""
-        # Parenthesised only when needed: the replacement may bind looser than its context.
-        for candidate in (text, b"(" + text + b")"):
-            attempt = data[:start] + candidate + data[end:]
-            try:
-                got = _find_function(ast.parse(attempt), site.function)
-            except SyntaxError:
-                continue
-            if _same(got, expected):
-                mutated = attempt
-                break
-        if not mutated:
-            raise MutationError(f"splicing `{text.decode()}` does not give the intended AST")
-
+        mutated, description = _splice(source, func, expected, site)
     mutated_text = mutated.decode()
     try:
         new_func = _find_function(ast.parse(mutated_text), site.function)
@@ -487,6 +432,71 @@ def apply_site(source: str, site: Site) -> Mutant:
         original_function="".join(olines[start : len(olines) - tail]),
         mutated_function="".join(mlines[start : len(mlines) - tail]),
     )
+
+
+def _block_of(parent: ast.AST, stmt: ast.AST) -> list[ast.stmt]:
+    """The statement list of `parent` (body, orelse, finalbody) that holds `stmt`."""
+    return next(
+        getattr(parent, f)
+        for f in ("body", "orelse", "finalbody")
+        if isinstance(getattr(parent, f, None), list) and any(s is stmt for s in getattr(parent, f))
+    )
+
+
+def _drop_statement(
+    source: str, func: ast.FunctionDef | ast.AsyncFunctionDef, expected: ast.AST, site: Site
+) -> tuple[bytes, str]:
+    """The source with the site's statement removed (`pass` when it was its block's only one), and
+    `expected` changed to match; the mutant's bytes and a description."""
+    target = list(ast.walk(func))[site.node_index]
+    exp_target = list(ast.walk(expected))[site.node_index]
+    block = _block_of(_parents(func)[id(target)], target)
+    exp_block = _block_of(_parents(expected)[id(exp_target)], exp_target)
+    data = source.encode()
+    blines = data.splitlines(keepends=True)
+    start = _offset(blines, target.lineno, 0)  # type: ignore[attr-defined]
+    end = _offset(blines, target.end_lineno, len(blines[target.end_lineno - 1]))  # type: ignore[attr-defined]
+    first = blines[target.lineno - 1]  # type: ignore[attr-defined]
+    last = blines[target.end_lineno - 1]  # type: ignore[attr-defined]
+    if first[: target.col_offset].strip() or last[target.end_col_offset :].split(b"#")[0].strip():  # type: ignore[attr-defined]
+        raise MutationError("statement shares its line with another statement")
+    if len(block) == 1:
+        replacement = first[: target.col_offset] + b"pass\n"  # type: ignore[attr-defined]
+        exp_block[exp_block.index(exp_target)] = ast.Pass()  # type: ignore[arg-type]
+    else:
+        replacement = b""
+        exp_block.remove(exp_target)  # type: ignore[arg-type]
+    return data[:start] + replacement + data[end:], f"`{type(target).__name__}` statement removed"
+
+
+def _splice(
+    source: str, func: ast.FunctionDef | ast.AsyncFunctionDef, expected: ast.AST, site: Site
+) -> tuple[bytes, str]:
+    """The source with the site's node replaced by its transform, unparsed and spliced in (in
+    parentheses only when needed), and `expected` changed to match; the mutant's bytes and a
+    description."""
+    target = list(ast.walk(func))[site.node_index]
+    exp_target = list(ast.walk(expected))[site.node_index]
+    old_node, new_node, description = _transform(func, target, _parents(func), site)
+    exp_old, exp_new, _ = _transform(expected, exp_target, _parents(expected), site)
+    if exp_old is expected:
+        raise MutationError("cannot replace a whole function")
+    _replace_in_tree(expected, exp_old, exp_new)
+    data = source.encode()
+    blines = data.splitlines(keepends=True)
+    start = _offset(blines, old_node.lineno, old_node.col_offset)  # type: ignore[attr-defined]
+    end = _offset(blines, old_node.end_lineno, old_node.end_col_offset)  # type: ignore[attr-defined]
+    text = ast.unparse(new_node).encode()
+    # Parenthesised only when needed: the replacement may bind looser than its context.
+    for candidate in (text, b"(" + text + b")"):
+        attempt = data[:start] + candidate + data[end:]
+        try:
+            got = _find_function(ast.parse(attempt), site.function)
+        except SyntaxError:
+            continue
+        if _same(got, expected):
+            return attempt, description
+    raise MutationError(f"splicing `{text.decode()}` does not give the intended AST")
 
 
 def is_equivalent(original: str, mutated: str) -> bool:

@@ -459,6 +459,44 @@ def _package_text(spec: PackageSpec) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py")))
 
 
+def _twin_cover(
+    spec: PackageSpec,
+    base: Baseline,
+    f2p: list[str],
+    p2p: list[str],
+    prompt: str,
+    lines: dict[str, int],
+    errors: dict[str, str],
+    values: dict[str, list[str]],
+    runner: SuiteRunner | None,
+) -> tuple[set[str], dict[str, str], int]:
+    """Whether every failing test can be decided among twins (see agentrl.verifiers.twin_sets): a
+    task where one cannot is kept out of the task set (a forger could pass it by forging it). The
+    sites safe to use, the failing tests no set covers (-> why), and the odds the sets reach."""
+    # Only sites whose probe fails on the pristine package count: equality there is not blind.
+    safe: set[str] = set()
+    if runner is not None:
+        # Not a value the prompt or the package's own source (its docstrings) quotes: the real one
+        # would be the member that text mentions.
+        readable = prompt + "\n" + _package_text(spec)
+        files, probe_ids = probe_sites(
+            tests_dir(spec), f2p, listed=[*f2p, *p2p], failing_lines=lines, avoid=readable
+        )
+        safe = runner.probe(files, probe_ids, timeout_s=max(30.0, 6 * base.seconds))
+    uncovered, odds = coverage(
+        tests_dir(spec),
+        f2p,
+        listed=[*f2p, *p2p],
+        avoid=prompt,
+        odds=TWIN_ODDS,
+        failing_lines=lines,
+        failing_errors=errors,
+        failing_values=values,
+        safe_sites=safe,
+    )
+    return safe, uncovered, odds
+
+
 def _task(
     spec: PackageSpec,
     cand: Candidate,
@@ -481,29 +519,7 @@ def _task(
     values = {t: got for t, message in failures if (got := failing_values(message))}
     cases = Counter(t.split("[", 1)[0] for t in base.passing)
     prompt = bug_report(spec, failures, len(base.passing), cases=dict(cases))
-    # Whether every failing test can be decided among twins (see agentrl.verifiers.twin_sets): a
-    # task where one cannot is kept out of the task set (a forger could pass it by forging it).
-    # Only sites whose probe fails on the pristine package count: equality there is not blind.
-    safe: set[str] = set()
-    if runner is not None:
-        # Not a value the prompt or the package's own source (its docstrings) quotes: the real one
-        # would be the member that text mentions.
-        readable = prompt + "\n" + _package_text(spec)
-        files, probe_ids = probe_sites(
-            tests_dir(spec), f2p, listed=[*f2p, *p2p], failing_lines=lines, avoid=readable
-        )
-        safe = runner.probe(files, probe_ids, timeout_s=max(30.0, 6 * base.seconds))
-    uncovered, odds = coverage(
-        tests_dir(spec),
-        f2p,
-        listed=[*f2p, *p2p],
-        avoid=prompt,
-        odds=TWIN_ODDS,
-        failing_lines=lines,
-        failing_errors=errors,
-        failing_values=values,
-        safe_sites=safe,
-    )
+    safe, uncovered, odds = _twin_cover(spec, base, f2p, p2p, prompt, lines, errors, values, runner)
     key = f"{spec.name}:{spec.version}:{cand.module}:{cand.site.key}"
     return Task(
         id=f"python-repair/{spec.name}/{hashlib.sha256(key.encode()).hexdigest()[:12]}",

@@ -329,3 +329,21 @@ def test_members_never_differ_inside_a_word_the_prompt_quotes(tmp_path, seed):
     [tset] = plan.sets
     assert len(set(tset.values)) == len(tset.values) > 1
     assert all("<FixedTzOffset " in v for v in tset.values), tset.values
+
+
+def test_the_folder_keeps_the_support_data_when_a_case_is_split_off(tmp_path):
+    """A data file beside the tests goes into the folder with the members, whether the failing test is
+    a whole function or one case of a parametrized one (with a mark of its own, which a case's member
+    keeps)."""
+    hidden = lay_out(tmp_path)
+    (hidden / "data.txt").write_text("spam\n")
+    text = (hidden / "test_x.py").read_text()
+    (hidden / "test_x.py").write_text(
+        text.replace("@pytest.mark.parametrize", "@pytest.mark.slow\n@pytest.mark.parametrize", 1)
+    )
+    for f2p in (["test_x.py::test_add"], ["test_x.py::test_add_cases[10-20-30]"]):
+        plan = plan_twin_sets(hidden, f2p, listed=LISTED, rng=random.Random(0))
+        assert plan.sets and not plan.uncovered, plan.uncovered
+        assert plan.files["data.txt"] == b"spam\n"
+        if "[" in f2p[0]:
+            assert "@pytest.mark.slow" in plan.files["test_x.py"].decode()
