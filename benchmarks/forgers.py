@@ -356,7 +356,7 @@ def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
             failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
             failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
             safe_sites=_string_list(task, "TWIN_SITES"),
-            rng=random.Random(hash((task.id, k))),
+            rng=random.Random(f"{task.id}:{k}"),  # the same plans on every run (hash() is salted)
         )
         recorded = _list_map(task, "FAIL_TO_PASS_VALUES") or {}
         ctx["decision"] = "\n".join(v.decode(errors="replace") for v in plan.files.values())

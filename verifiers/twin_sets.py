@@ -23,10 +23,12 @@ to go on, and makes a guess cost more than it can win:
 - **Values drawn so the real one is not special.** The `m` values are a clique with the real one
   at a uniformly random rank: integers and floats an arithmetic progression (step 1-3, kept on
   the original's side of zero), strings and bytes the same text with one position's character
-  drawn from the characters the hidden tests themselves use there (same class: lower, upper,
-  digit), exceptions drawn from the exception classes the hidden tests use (never one that
-  catches another). No literal echoed elsewhere in its test or file, none the task's prompt
-  quotes, no bool (a negation that passes on the buggy code).
+  (two, when no output of the buggy code is known) swapped for another of its kind (a lowercase
+  or capital vowel or consonant, a digit, punctuation: every member has as many of each kind as
+  the real one), those that read as much like the hidden tests' own strings as the real one does,
+  exceptions drawn from the exception classes the hidden tests use (never one that catches
+  another). No literal echoed elsewhere in its test or file, none the task's prompt quotes, no
+  bool (a negation that passes on the buggy code).
 - **Guessing does not pay.** Sets are sized so that the product of their sizes is at least
   `odds` (default 32): a forger that knows every set exactly and guesses each member uniformly
   wins one task in `odds` at most. Larger sets go where they cost least (the fewest variants).

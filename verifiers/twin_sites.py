@@ -25,7 +25,7 @@ from agentrl.verifiers.canaries import (
 from agentrl.verifiers.twin_ids import _Parametrize, _Row
 from agentrl.verifiers.twin_plan import DecisionPlan
 
-_DIGITS, _LOWER, _UPPER = "0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_DIGITS = "0123456789"
 
 
 _MAX_MEMBERS = 64
@@ -234,14 +234,17 @@ def _string_body(text: str) -> tuple[str, str, str] | None:
 _PUNCT = "-_.:/+~@#%&*=|!?,;"
 
 
+# The kinds a string member's characters are swapped within: every member of a set then has as many
+# vowels, consonants, capitals, digits and punctuation as the real value, so a rule that counts a
+# kind (the fewest vowels, the most capitals) picks among ties. Swapped by case alone, a real vowel
+# became a consonant about as often as the tests' own letters are consonants, and the member with
+# the fewest vowels was the real one more often than chance.
+_KINDS = ("aeiou", "bcdfghjklmnpqrstvwxyz", "AEIOU", "BCDFGHJKLMNPQRSTVWXYZ", _DIGITS, _PUNCT)
+
+
 def _char_class(c: str) -> str:
-    if c in _LOWER:
-        return _LOWER
-    if c in _UPPER:
-        return _UPPER
-    if c in _DIGITS:
-        return _DIGITS
-    return _PUNCT if c in _PUNCT else ""
+    """The characters of c's kind (c among them), or "" when c is not to be swapped."""
+    return next((kind for kind in _KINDS if c in kind), "") if c else ""
 
 
 # A builtin constructor over a literal (`list('BD')`, `set([1, 2])`): as good as a literal.

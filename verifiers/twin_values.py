@@ -91,9 +91,10 @@ def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> lis
         picked = _window(text, _neighbours(near, text), lambda x: _fit(freq, x, _edited(near, x)), m, rng)
     elif site.grid:
         spots = [i for i, c in enumerate(text) if _char_class(c) and i not in site.quoted]
-        if len(spots) < 2:
+        pair = _grid_spots(text, spots, m, rng)
+        if pair is None:
             return None
-        i, j = sorted(rng.sample(spots, 2))
+        i, j = pair
         made = [
             text[:i] + x + text[i + 1 : j] + y + text[j + 1 :]
             for x in _char_class(text[i])
@@ -120,6 +121,20 @@ def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> lis
         made = [text[:i] + c + text[i + 1 :] for c in (site.pool or _char_class(real)) if c not in taken]
         picked = _window(text, made, lambda x: _fit(freq, x, i), m, rng)
     return None if picked is None else [f"{head}{x}{quote}" for x in picked]
+
+
+def _grid_spots(text: str, spots: list[int], m: int, rng: random.Random) -> tuple[int, int] | None:
+    """Two positions, uniformly among those whose kinds hold m members between them (two vowels
+    hold 25 at most): drawn at random first, every pair counted only when that keeps missing."""
+    size = {i: len(_char_class(text[i])) for i in spots}
+    if len(spots) < 2:
+        return None
+    for _ in range(64):
+        i, j = sorted(rng.sample(spots, 2))
+        if size[i] * size[j] >= m:
+            return i, j
+    pairs = [(i, j) for i in spots for j in spots if i < j and size[i] * size[j] >= m]
+    return rng.choice(pairs) if pairs else None
 
 
 def _values(
@@ -225,7 +240,14 @@ def _near_misses(
             if isinstance(v, str) and not others and (body := _string_body(site.text)) is not None:
                 # No output of the buggy code to be near to (the package raised before the check, or
                 # the task does not say): room for more members, at two positions.
-                classes = sorted((len(_char_class(c)) for c in body[1] if _char_class(c)), reverse=True)
+                classes = sorted(
+                    (
+                        len(_char_class(c))
+                        for k, c in enumerate(body[1])
+                        if _char_class(c) and k not in site.quoted
+                    ),
+                    reverse=True,
+                )
                 if len(classes) >= 2:
                     site.grid = True
                     site.capacity = min(_MAX_MEMBERS, classes[0] * classes[1])
