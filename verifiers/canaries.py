@@ -598,7 +598,9 @@ def _always_reached(body: list[ast.stmt]) -> list[ast.stmt]:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
             continue
         out.append(stmt)
-        if any(isinstance(n, ast.Return) for n in _walk_no_defs(stmt)):
+        # A nested def or class is only defined here: a `return` inside it leaves that function.
+        nested = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if not nested and any(isinstance(n, ast.Return) for n in _walk_no_defs(stmt)):
             out.pop()  # the statement that may return is itself not always completed
             break
     return out

@@ -192,9 +192,13 @@ def _member_set(
     texts = _member_texts(p, f, values, names)
     order = list(range(len(values)))
     rng.shuffle(order)
-    owner = p.test.prefix.rsplit("::", 1)[0]
+    # Each original's member runs under the original's own class (an inherited test's, a subclass).
+    owners = [_split(o)[0].rsplit("::", 1)[0] for o in p.originals]
     members = tuple(
-        tuple(f"{owner}::{names[i]}" + ("" if p.row is not None else _split(o)[1]) for o in p.originals)
+        tuple(
+            f"{owner}::{names[i]}" + ("" if p.row is not None else _split(o)[1])
+            for owner, o in zip(owners, p.originals, strict=True)
+        )
         for i in order
     )
     drawn = tuple(values[i] for i in order)

@@ -155,12 +155,40 @@ def _find(
             if isinstance(n, defs) and n.name == parts[0]:
                 return f.tree, n
     elif len(parts) == 2:
-        for n in f.tree.body:
-            if isinstance(n, ast.ClassDef) and n.name == parts[0]:
-                for item in n.body:
-                    if isinstance(item, defs) and item.name == parts[1]:
-                        return n, item
+        classes = {n.name: n for n in f.tree.body if isinstance(n, ast.ClassDef)}
+        return _method(classes, parts[0], parts[1], set())
     return None
+
+
+def _method(
+    classes: dict[str, ast.ClassDef], cls: str, name: str, seen: set[str]
+) -> tuple[ast.ClassDef, ast.FunctionDef | ast.AsyncFunctionDef] | None:
+    """The class of this module that defines `cls.name`: `cls` itself, else its bases in order
+    (a test a base class defines runs under each subclass's node id too). None when it is not
+    found before a base defined elsewhere (an imported class), or the class is redefined."""
+    node = classes.get(cls)
+    if node is None or cls in seen:
+        return None
+    seen.add(cls)
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+            return node, item
+        if any(isinstance(t, ast.Name) and t.id == name for t in _targets(item)):
+            return None  # assigned in the class body (`test_x = other`): not a copy of a def
+    for base in node.bases:
+        if not isinstance(base, ast.Name) or base.id not in classes:
+            return None
+        if (found := _method(classes, base.id, name, seen)) is not None:
+            return found
+    return None
+
+
+def _targets(stmt: ast.stmt) -> list[ast.expr]:
+    if isinstance(stmt, ast.Assign):
+        return stmt.targets
+    if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        return [stmt.target]
+    return []
 
 
 def plan_twin_sets(
@@ -332,6 +360,7 @@ def _failing_tests(
     could stand for go to `plan.uncovered`."""
     by_rel = {f.rel: f for f in files}
     tests: dict[str, _Test] = {}
+    by_fn: dict[int, _Test] = {}
     for entry in dict.fromkeys(fail_to_pass):
         prefix, suffix = _split(entry)
         rel, *parts = prefix.split("::")
@@ -346,7 +375,13 @@ def _failing_tests(
                 "its name is used elsewhere in the hidden tests (a copy would behave differently)"
             )
             continue
-        tests.setdefault(prefix, _Test(f, owner, fn, prefix, [])).suffixes.append(suffix)
+        # One function that fails under several classes (a base's test, inherited) is one test:
+        # its members are defined once, where it is, and each runs under every one of those classes.
+        t = by_fn.get(id(fn)) or tests.setdefault(prefix, _Test(f, owner, fn, prefix, []))
+        by_fn[id(fn)] = t
+        if prefix == t.prefix:
+            t.suffixes.append(suffix)
+        t.ids.append(entry)
     return tests
 
 
@@ -364,17 +399,15 @@ def _pending_sets(
     # Where an echo of a value would show: the member's own code (its compiled constants, and
     # what a reader of it sees next to the value).
     context = _constants([fn])
-    body = _body_sites(
-        fn, f.src, context, avoid, _where(fn, [t.prefix + x for x in t.suffixes], failing_lines)
-    )
+    body = _body_sites(fn, f.src, context, avoid, _where(fn, t.ids, failing_lines))
     _size_raises(body, exceptions)
     split = params = None
-    if t.suffixes != [""]:
+    if t.suffixes != [""] and len(t.ids) == len(t.suffixes):  # cases are split under one class only
         params = _parametrize(fn, _module_constants(f.tree))
         if params is not None and _signature_ok(fn, params.argnames) and _body_line(fn) is not None:
             split = match_rows(params, listed)
     if split is None or params is None:
-        return [_Pending(t, [t.prefix + s for s in t.suffixes], list(body), context=context)]
+        return [_Pending(t, list(t.ids), list(body), context=context)]
     out = []
     for suffix in t.suffixes:
         row = params.rows[split[suffix]]
@@ -439,14 +472,23 @@ def _run_constants(
         if p.row is not None:
             nodes += p.row.elements
     with_tests = {t.file.rel for t in tests.values()}
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
     for f in files:
         if f.rel in with_tests:
             nodes += [
                 n
                 for n in f.tree.body
-                if not (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test"))
+                if not (isinstance(n, defs) and n.name.startswith("test"))
                 and not isinstance(n, ast.ClassDef)
                 and not (isinstance(n, ast.Assign) and _is_literal(n.value))
+            ]
+            # A class keeps all but its tests in the run (a test class's attributes, a helper class).
+            nodes += [
+                item
+                for n in f.tree.body
+                if isinstance(n, ast.ClassDef)
+                for item in n.body
+                if not (isinstance(item, defs) and item.name.startswith("test"))
             ]
         elif not _is_test_module(f.rel):
             nodes.append(f.tree)  # conftest, helpers: in the run as they are

@@ -79,6 +79,10 @@ class _Site:
     quoted: frozenset[int] = frozenset()
     """Positions in a string's body inside a word the prompt quotes (`FixedTzOffset` in a frame the
     bug report shows): a member edited there would quote the prompt less than the real one does."""
+    path: tuple = ()
+    """For an element of an expected container: the keys and indices that lead to it."""
+    whole: object = None
+    """With `path`: the whole expected container's value (None when it has no literal value)."""
 
 
 def _exception_names(trees: Iterable[ast.Module]) -> Counter:
@@ -266,8 +270,74 @@ def _literal_side(side: ast.expr) -> ast.expr | None:
     return None
 
 
+def _is_class(func: ast.expr) -> bool:
+    """A callee named like a class (`D`, `OrderedDict`, `self.D`) or a builtin constructor."""
+    name = getattr(func, "id", getattr(func, "attr", ""))
+    return isinstance(func, (ast.Name, ast.Attribute)) and (name[:1].isupper() or name in _CONSTRUCTORS)
+
+
+def _structure(node: ast.expr) -> bool:
+    """A literal, or a container display whose elements are: literals, displays, or a class
+    called on one alone (`D({"a": D({"b": 2})})`, a mapping type the test builds its values with)."""
+    if _is_literal(node):
+        return True
+    if isinstance(node, ast.Call):
+        return _is_class(node.func) and len(node.args) == 1 and not node.keywords and _structure(node.args[0])
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return all(_structure(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _is_literal(k) for k in node.keys) and all(
+            _structure(v) for v in node.values
+        )
+    return False
+
+
+def _structure_value(node: ast.expr) -> object:
+    """The plain value of a structure (a class called on a container is taken as that container:
+    how a dict-like prints), or None when there is none."""
+    if isinstance(node, ast.Call) and len(node.args) == 1:
+        return _structure_value(node.args[0])
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_structure_value(e) for e in node.elts]
+        return (
+            None if any(x is None for x in items) else (list if isinstance(node, ast.List) else tuple)(items)
+        )
+    if isinstance(node, ast.Dict):
+        values = [_structure_value(v) for v in node.values]
+        if any(x is None for x in values):
+            return None
+        try:
+            return {ast.literal_eval(k): v for k, v in zip(node.keys, values, strict=True)}  # type: ignore[arg-type]
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _leaf_paths(node: ast.expr, path: tuple = ()) -> list[tuple[ast.AST, tuple]]:
+    """The perturbable constants of a structure, each with the keys and indices that lead to it
+    (dict keys are left alone, as `_leaves` does: a changed key can make two entries one)."""
+    if isinstance(node, ast.Call) and len(node.args) == 1:
+        return _leaf_paths(node.args[0], path)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [x for i, e in enumerate(node.elts) for x in _leaf_paths(e, (*path, i))]
+    if isinstance(node, ast.Dict):
+        out = []
+        for k, v in zip(node.keys, node.values, strict=True):
+            try:
+                key = ast.literal_eval(k)  # type: ignore[arg-type]
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            out += _leaf_paths(v, (*path, key))
+        return out
+    return [(leaf, path) for leaf in _leaves(node)]
+
+
 def _eq_literal_sides(stmt: ast.stmt) -> list[ast.expr]:
-    """The literal sides of an always-reached equality check (assert ==, assertEqual)."""
+    """The literal sides of an always-reached equality check (assert ==, assertEqual); failing
+    those, the one side that is a structure a class is called on (`== D({1: 2})`)."""
     sides: list[ast.expr] = []
     if isinstance(stmt, ast.Assert):
         test = stmt.test
@@ -279,7 +349,12 @@ def _eq_literal_sides(stmt: ast.stmt) -> list[ast.expr]:
         call = stmt.value
         if getattr(call.func, "attr", None) in _UNITTEST_EQUAL and len(call.args) >= 2:
             sides = list(call.args[:2])
-    return [lit for side in sides if (lit := _literal_side(side)) is not None]
+    literal = [lit for side in sides if (lit := _literal_side(side)) is not None]
+    if literal:
+        return literal
+    # Only when the other side is not one too: `f([1]) == g([2])` compares two computations.
+    made = [side for side in sides if isinstance(side, ast.Call) and _structure(side)]
+    return made if len(made) == 1 else []
 
 
 def _eq_name_sides(stmt: ast.stmt) -> list[str]:
@@ -314,14 +389,20 @@ def _body_sites(
         if only is False or (isinstance(only, ast.stmt) and stmt is not only):
             continue
         for side in _eq_literal_sides(stmt):
-            for leaf in _leaves(side):
+            whole = _structure_value(side)
+            for leaf, path in _leaf_paths(side):
                 if (site := _leaf_site("literal", leaf, src, context, avoid)) is not None:
+                    site.path, site.whole = path, whole if path else None
                     sites.append(site)
         items = []
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
             items = [i.context_expr for i in stmt.items]
         elif isinstance(stmt, ast.Expr):
             items = [stmt.value]
+        elif isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Call) and len(stmt.test.args) >= 2:
+            # `assert raises(KeyError, f)`: a helper that says whether f raised it (anything else
+            # propagates); with no callable, `raises(E)` is a context manager, always true.
+            items = [stmt.test]
         for item in items:
             if (name := _raises_name(item)) is not None:
                 start, end = _span(name)
@@ -358,6 +439,9 @@ class _Test:
     fn: ast.FunctionDef | ast.AsyncFunctionDef
     prefix: str
     suffixes: list[str]
+    ids: list[str] = field(default_factory=list)
+    """Every FAIL_TO_PASS id it stands for: its listed cases, under each class that has it (one a
+    base class defines and subclasses inherit has a node id under each)."""
 
 
 @dataclass

@@ -230,13 +230,17 @@ def _near_misses(
         if site.kind == "raises":
             continue
         v = site.value
-        others = [b for b in nears if type(b) is type(v) and b != v]
-        if nears and not any(b == v and type(b) is type(v) for b in nears):
+        at = _nears_at(site, nears) if site.path else nears
+        if at is None:
+            site.capacity = 0  # the buggy output agrees there (the real member would be nearest), or unknown
+            continue
+        others = [b for b in at if type(b) is type(v) and b != v]
+        if at and not any(b == v and type(b) is type(v) for b in at):
             # The buggy output is known, but as a whole this value is part of (a container): no
             # way to draw members all as near to it, so none at all.
             site.capacity = 0
             continue
-        if len(others) != 1 or not any(b == v and type(b) is type(v) for b in nears):
+        if len(others) != 1 or not any(b == v and type(b) is type(v) for b in at):
             if isinstance(v, str) and not others and (body := _string_body(site.text)) is not None:
                 # No output of the buggy code to be near to (the package raised before the check, or
                 # the task does not say): room for more members, at two positions.
@@ -281,6 +285,35 @@ def _near_misses(
                 site.capacity = len(best) + 1 if best else 0
         else:
             site.capacity = 0  # a float, bytes: no member drawn near enough, so none at all
+
+
+def _nears_at(site: _Site, nears: list) -> list | None:
+    """For an element of an expected container: the values compared at its place, as `nears` holds
+    them for a whole value (the element and the buggy output's element there: near-miss rules
+    apply), [] when the buggy output has nothing there to be near to (no key, another shape: every
+    member is as far from it), None when the element may not differ (the buggy output agrees there,
+    so the real member would be the nearest; or what was compared is not this container)."""
+    if not nears:
+        return []
+    same = [b for b in nears if type(b) is type(site.whole) and b == site.whole]
+    others: list = []
+    for b in nears:  # the buggy output, once (each original of the set compared it)
+        if not (type(b) is type(site.whole) and b == site.whole) and b not in others:
+            others.append(b)
+    if not same or len(others) != 1:
+        return None
+    b = others[0]
+    for step in site.path:
+        if not isinstance(b, (list, tuple, dict)):
+            return []
+        try:
+            b = b[step]
+        except (KeyError, IndexError, TypeError):
+            return []
+    v = site.value
+    if type(b) is not type(v):
+        return []
+    return None if b == v else [v, b]
 
 
 def _levenshtein(a: str, b: str) -> int:
