@@ -14,12 +14,15 @@ to go on, and makes a guess cost more than it can win:
   first one's outcomes are already on the host.
 - **One set per failing case.** A FAIL_TO_PASS test `T` becomes a *twin set* of `m` members:
   copies of `T` under fresh names (none keeps `T`'s), in a random order, alike in everything but
-  one value: an expected literal of an assertion every passing run reaches, the expected element
-  of the case's own parameters (a parametrized case becomes one function whose parameters are
-  defaults, so each failing case is its own set), or the exception a `pytest.raises` expects.
-  One member has the original value; the others a value that contradicts it, so on honest code
-  at most one member of a set passes (two passing is tampering, reward 0). The real member's
-  outcome is the test's.
+  one value: an expected literal of an assertion every passing run reaches (a scalar, or an
+  element of an expected container, `== D({"a": 17})` included), the expected element of the
+  case's own parameters (a parametrized case becomes one function whose parameters are
+  defaults, so each failing case is its own set), or the exception a `pytest.raises` (or an
+  `assert raises(E, f)` helper) expects. A test a base class defines is one set however many of
+  its subclasses' node ids fail: its members are defined where it is, each run under every one
+  of those classes. One member has the original value; the others a value that contradicts it,
+  so on honest code at most one member of a set passes (two passing is tampering, reward 0).
+  The real member's outcome is the test's.
 - **Values drawn so the real one is not special.** The `m` values are a clique with the real one
   at a uniformly random rank: integers and floats an arithmetic progression (step 1-3, kept on
   the original's side of zero), strings and bytes the same text with one position's character
@@ -35,8 +38,9 @@ to go on, and makes a guess cost more than it can win:
 
 What this does not cover (the plan lists them in `uncovered`, with the reason; `tasks synth`
 marks such tasks and leaves them out of training): a failing test with no such value (only a
-truthiness check, only a bool), one whose name is used elsewhere in the hidden tests, one
-defined elsewhere than its id says (inherited), a rewritten file that does not parse. A forger
+truthiness check, only a bool, only values its own inputs repeat), one whose name is used
+elsewhere in the hidden tests, one defined elsewhere than its id says (a base class in another
+module, generated), a rewritten file that does not parse. A forger
 that can compute the right answer (from a correct inverse function in the package, say) can
 tell the members apart: it could fix the bug instead.
 

@@ -218,7 +218,9 @@ def _near_misses(
     is reflected about it (two members, linked); a string one edit from it (a mutant's usual miss)
     has twins made by that same edit with another character (`_neighbours`); a string further away
     differs from its twins at one position where every other character keeps them as far. A string
-    no such position fits, or a value that is only part of what was compared, is not used."""
+    no such position fits is not used. An element of an expected container is held against the
+    buggy output's element at its place (`_nears_at`): used where that differs (as above) or is
+    missing, never where it agrees."""
     nears = []
     for o in p.originals:
         for text in failing_values.get(o, []):
