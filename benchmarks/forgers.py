@@ -15,7 +15,8 @@ over the four packages.
   through `env.step` (reset, the forger appended to the package, submit), the bug left in place.
   Each episode's reward, whether it passed, and the plan's blind odds (from the verdict) are kept.
 - `classify`: many plans per task drawn on the host, each twin set's members described by the form
-  of the value they differ in (and its echoes in the tests, the package's source and the prompt);
+  of the value they differ in (its echoes in the tests, the package's source and the prompt, and how
+  natural it reads by the character pairs of the strings a forger can read);
   a conditional-logit classifier trained and tested across tasks (5 folds by task), and every single
   feature used as a rule, each scored by how often its pick is the real member against chance.
 - `timing`: on one sandbox per task, this tree's verifier and the one at `--baseline-ref` (today's:
@@ -298,8 +299,36 @@ def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any], near: Any = 
         math.log1p(ctx["bigrams"].get(s[-2:], 0)) if len(s) >= 2 else 0.0,
         # how near the buggy code's output where the members are checked (what a pre-run sees)
         -math.log1p(_distance(v, near)) if near is not None else 0.0,
+        _naturalness(values, i, ctx["pairs"]) if "pairs" in ctx else 0.0,
     ]
     return f
+
+
+def _string_pairs(texts: list[str]) -> Counter:
+    """The characters and pairs of characters the string constants of these sources are made of."""
+    out: Counter = Counter()
+    for text in texts:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                out.update(n.value)
+                out.update(n.value[k : k + 2] for k in range(len(n.value) - 1))
+    return out
+
+
+def _naturalness(values: tuple[str, ...], i: int, pairs: Counter) -> float:
+    """How natural member i reads where the members differ, by the character pairs of what a forger can
+    read (the package's source, the decision folder): the planner's own measure (`_fit`) on them."""
+    from agentrl.verifiers.twin_values import _fit
+
+    members = [_value(x) for x in values]
+    if not all(isinstance(x, str) for x in members) or len({len(x) for x in members}) != 1:
+        return 0.0
+    differ = [k for k in range(len(members[0])) if len({x[k] for x in members}) > 1]
+    return sum(math.log(_fit(pairs, members[i], k)) for k in differ)
 
 
 FEATURES = (
@@ -319,6 +348,7 @@ FEATURES = (
     "raised_by_package",
     "last_bigram_in_tests",
     "near_the_buggy_output",
+    "natural_to_a_reader",
 )
 
 
@@ -329,7 +359,14 @@ def _context(task: Any) -> dict[str, Any]:
     tests = "\n".join(p.read_text(errors="replace") for p in sorted(tests_dir(spec).rglob("*.py")))
     package = "\n".join(p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py")))
     bigrams = Counter(w[i : i + 2] for w in re.findall(r"[A-Za-z]+", tests) for i in range(len(w) - 1))
-    return {"tests": tests, "package": package, "prompt": task.prompt, "bigrams": bigrams}
+    sources = [p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py"))]
+    return {
+        "tests": tests,
+        "package": package,
+        "prompt": task.prompt,
+        "bigrams": bigrams,
+        "package_pairs": _string_pairs(sources),
+    }
 
 
 ODDS: dict[int, int] = {}
@@ -360,6 +397,9 @@ def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
         )
         recorded = _list_map(task, "FAIL_TO_PASS_VALUES") or {}
         ctx["decision"] = "\n".join(v.decode(errors="replace") for v in plan.files.values())
+        ctx["pairs"] = ctx["package_pairs"] + _string_pairs(
+            [v.decode(errors="replace") for k, v in plan.files.items() if k.endswith(".py")]
+        )
         out.append([])
         ODDS[id(out[-1])] = plan.odds
         for s in plan.sets:
