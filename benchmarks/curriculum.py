@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     os.environ.setdefault("OMP_NUM_THREADS", "2")
-    from agentrl.runlog import quiet_libraries
+    from agentrl.core.runlog import quiet_libraries
 
     quiet_libraries(out / "engine.log")
     model_dir, warm = prepare_model(args, out)

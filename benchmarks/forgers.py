@@ -54,9 +54,9 @@ def load_tasks(cache_dir: str | None, n: int, seed: int = 0) -> list[Any]:
     """Up to n tasks, round-robin over the packages: every synthesized task whose twin sets, planned by
     this tree's verifier from the task's own metadata, make a blind guess win 1 in 32 at most (the
     trial log's verdict may come from an earlier planner)."""
+    from agentrl.core.task import Task
     from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES, get_spec, tests_dir
     from agentrl.envs.python_repair.synth import read_log
-    from agentrl.task import Task
     from agentrl.verifiers.hidden_tests import _failing_lines, _list_map, _string_list, _string_map
     from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage
 

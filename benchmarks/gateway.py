@@ -79,10 +79,10 @@ def main() -> None:
 
     import torch
 
+    from agentrl.env.registry import make
     from agentrl.gateway.harness import HarnessEnv, messages_loop_agent, responses_loop_agent, tool_loop_agent
     from agentrl.gateway.server import shared_gateway
     from agentrl.kit.tiny_model import init_tiny
-    from agentrl.registry import make
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.loop import collect_sync
     from agentrl.rollout.masker import ChatMasker

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 
 import agentrl
-from agentrl.env import ToolEnv
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.tool_env import ToolEnv
 from agentrl.verifiers import Verdict
 
 

@@ -40,10 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.task import Task
 from agentrl.envs.python_repair.env import PythonRepairEnv
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES, get_spec, source_dir, tests_dir
 from agentrl.envs.python_repair.synth import cached_tasks
-from agentrl.task import Task
 from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
 
 # The verifier before the canary twins (its hidden_tests.py and pytest_runner.py are "before").

@@ -31,9 +31,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents import tool_call
-from agentrl.env import ToolEnv
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.agents import tool_call
+from agentrl.env.tool_env import ToolEnv
 
 TASK = Task(id="bench/1", prompt="Read things.", answer="0")
 
@@ -106,7 +106,7 @@ def bench_step_limits() -> dict[str, Any]:
 DRIVER = """
 import sys
 from transformers import AutoTokenizer
-from agentrl.agents import tool_call
+from agentrl.env.agents import tool_call
 from agentrl.kit.demonstrations import ScriptedPolicy
 from agentrl.rollout.masker import ChatMasker
 from agentrl.rollout.config import RolloutConfig

@@ -9,6 +9,6 @@
 | `agentrl/guess-number-v0` | find a secret number from higher/lower feedback | guess | exact match |
 | `agentrl/python-repair-v0` | fix a bug planted in a real PyPI package (toolz, inflection, parse, semver) | bash, python, read_file, write_file, str_replace, submit | hidden tests (FAIL_TO_PASS + PASS_TO_PASS, all or nothing) |
 
-`agentrl.registry.BUILTINS` registers them by entry-point string (`"agentrl.envs.calc:CalcEnv"`):
+`agentrl.env.registry.BUILTINS` registers them by entry-point string (`"agentrl.envs.calc:CalcEnv"`):
 importing agentrl imports none of their modules.
 """

@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrl.agents import ScriptedOracle, first_number, last_tool_output
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
-from agentrl.task import Task, split_rng_seed
-from agentrl.types import Message, Split
+from agentrl.core.task import Task, split_rng_seed
+from agentrl.core.types import Message, Split
+from agentrl.env.agents import ScriptedOracle, first_number, last_tool_output
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.tool_env import ToolEnv
 from agentrl.verifiers import Verifier, get
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Jun", "Kofi", "Lena"]

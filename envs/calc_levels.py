@@ -38,9 +38,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from agentrl.core.task import Split, Task, split_rng_seed
+from agentrl.env.tasksource import TaskSource
 from agentrl.envs.calc import CalcEnv, CalcSettings
-from agentrl.task import Split, Task, split_rng_seed
-from agentrl.tasksource import TaskSource
 
 # level -> (operations, range of the first number and of the + and - operands). Multiplication's
 # operand is 2..99 and products inside longer expressions are parenthesised, as calc-v0 writes them.

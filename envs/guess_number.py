@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrl.agents import ScriptedOracle, last_tool_output
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
-from agentrl.parsers import HERMES, ToolCallParser
-from agentrl.task import Task, split_rng_seed
-from agentrl.tools import ToolContext, ToolOutcome, tool
-from agentrl.types import Message, Split
+from agentrl.core.task import Task, split_rng_seed
+from agentrl.core.types import Message, Split
+from agentrl.env.agents import ScriptedOracle, last_tool_output
+from agentrl.env.parsers import HERMES, ToolCallParser
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.tool_env import ToolEnv
+from agentrl.env.tools import ToolContext, ToolOutcome, tool
 
 
 @dataclass

@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrl.agents import ScriptedOracle, last_tool_output
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
-from agentrl.task import Task, split_rng_seed
-from agentrl.types import Message, Split
+from agentrl.core.task import Task, split_rng_seed
+from agentrl.core.types import Message, Split
+from agentrl.env.agents import ScriptedOracle, last_tool_output
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.tool_env import ToolEnv
 
 CITIES = ["Paris", "Lagos", "Lima", "Oslo", "Pune", "Quito", "Seoul", "Tunis"]
 FIRST = ["Ada", "Bo", "Cyd", "Dee", "Eve", "Finn", "Gus", "Hal", "Ida", "Jo", "Kai", "Lu", "Mo", "Ned", "Ola"]

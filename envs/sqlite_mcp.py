@@ -4,7 +4,7 @@ The environment has no tool of its own but `submit`: `read_query`, `write_query`
 `describe_table` are what the server lists, with its schemas and its answers, the server started inside
 each episode's sandbox on the episode's database (`/workspace/shop.db`) and stopped with it. Tasks,
 verifier and database are sqlite-v0's; the sandbox image is the one with the MCP servers installed
-(`agentrl.mcp.images`, built by `agentrl sandbox build`).
+(`agentrl.env.mcp.images`, built by `agentrl sandbox build`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrl.agents import ScriptedOracle, last_tool_output
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
+from agentrl.core.task import Task
+from agentrl.core.types import Message
+from agentrl.env.agents import ScriptedOracle, last_tool_output
+from agentrl.env.mcp.server import MCPServer
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.tool_env import ToolEnv
 from agentrl.envs.sqlite import DB, SqliteTaskGenerator
-from agentrl.mcp.server import MCPServer
 from agentrl.sandbox.base import DEFAULT_WORKDIR
-from agentrl.task import Task
-from agentrl.types import Message
 
 SERVER = MCPServer(
     command=["mcp-server-sqlite", "--db-path", f"{DEFAULT_WORKDIR}/{DB}"],
@@ -76,7 +76,7 @@ class SqliteMCPSettings(ToolEnvSettings):
 def _mcp_image(_task_image: str) -> str:
     """The MCP servers image, built once when this Docker engine lacks it (bwrap exports it from there too;
     without Docker the tag is handed on as it is, for a root file system given by AGENTRL_BWRAP_ROOTFS)."""
-    from agentrl.mcp.images import IMAGE, ensure_image
+    from agentrl.env.mcp.images import IMAGE, ensure_image
 
     try:
         import docker

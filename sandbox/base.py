@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypedDict, Unpack, runtime_checkable
 
-from agentrl.plugins import Plugins
+from agentrl.core.plugins import Plugins
 from agentrl.sandbox.spec import (
     DEFAULT_IMAGE,
     DEFAULT_READ_LIMIT_BYTES,

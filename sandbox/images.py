@@ -64,7 +64,7 @@ IMAGE_BUILDERS: dict[str, str] = {
     "python-repair": "agentrl.envs.python_repair.images:build_images",
     # Reference MCP servers (pip-installed for the image's python at build time), for envs whose tools
     # come from a server started inside the sandbox.
-    "mcp-servers": "agentrl.mcp.images:build_images",
+    "mcp-servers": "agentrl.env.mcp.images:build_images",
 }
 
 
@@ -244,7 +244,7 @@ import tarfile  # noqa: E402
 import threading  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
 
-from agentrl.errors import UserError  # noqa: E402
+from agentrl.core.errors import UserError  # noqa: E402
 
 DEFAULT_FROM_MAP: dict[str, str] = {
     # Debian bookworm and what is built on it: the base image is Debian bookworm (minbase) with

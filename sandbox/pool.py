@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Unpack
 
-from agentrl.plugins import UnknownPluginError
+from agentrl.core.plugins import UnknownPluginError
 from agentrl.sandbox.base import BACKENDS, Sandbox, SandboxError, SandboxSpec, SpecFields, open_sandbox
 
 log = logging.getLogger(__name__)

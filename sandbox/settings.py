@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 
 ENV_OVERRIDES: dict[str, str] = {
     "docker_hosts": "AGENTRL_DOCKER_HOSTS",

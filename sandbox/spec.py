@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.task import DEFAULT_IMAGE
+from agentrl.core.task import DEFAULT_IMAGE
 
 DEFAULT_WORKDIR = "/workspace"
 # Root-owned and unwritable by the agent: verifiers copy hidden tests here after the episode.

@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass
 
 import agentrl
-from agentrl.env import ToolEnv
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.tool_env import ToolEnv
 from agentrl.verifiers import Verdict
 
 
@@ -85,7 +85,7 @@ class PickEnv(ToolEnv):
     unlike calc (no python tool, no arithmetic) for the warm start."""
 
     def __init__(self, **kw):
-        from agentrl.agents import AnswerOracle
+        from agentrl.env.agents import AnswerOracle
 
         kw.setdefault("max_turns", 1)
         super().__init__(

@@ -157,6 +157,10 @@ def _longest_files_first(items: list[pytest.Item]) -> None:
         seconds = json.loads(HEAVY_DURATIONS.read_text())
     except FileNotFoundError:
         return
+    except json.JSONDecodeError as exc:
+        raise pytest.UsageError(
+            f"{HEAVY_DURATIONS} is not JSON ({exc}): copy build/heavy-durations.json over it, or delete it"
+        ) from None
     first = {}
     for index, item in enumerate(items):
         first.setdefault(_file_of(item.nodeid), index)

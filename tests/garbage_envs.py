@@ -7,7 +7,7 @@ registers on import.
 from __future__ import annotations
 
 import agentrl
-from agentrl.env import ToolEnv
+from agentrl.env.tool_env import ToolEnv
 
 
 class NoneTasks:

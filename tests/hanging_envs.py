@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 
 import agentrl
-from agentrl.task import Task
-from agentrl.tools import ToolContext, tool
+from agentrl.core.task import Task
+from agentrl.env.tools import ToolContext, tool
 from agentrl.verifiers import Verdict
 
 TOOL_DEADLINE_S = 1.0

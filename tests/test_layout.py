@@ -49,56 +49,17 @@ def imported(path: Path) -> set[str]:
 # it (`from agentrl import make` in a module is an import that climbs back up).
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("facade", ("agentrl",)),
-    (
-        "command line",
-        (
-            "agentrl.cli",
-            "agentrl.cli_options",
-            "agentrl.cli_common",
-            "agentrl.cli_run",
-            "agentrl.cli_env",
-            "agentrl.cli_verifier",
-            "agentrl.cli_model",
-            "agentrl.cli_sandbox",
-        ),
-    ),
+    ("command line", ("agentrl.cli",)),
     ("kit", ("agentrl.kit",)),
     ("train", ("agentrl.train",)),
     ("eval", ("agentrl.eval",)),
     ("checks", ("agentrl.checks",)),
     ("gateway", ("agentrl.gateway",)),
-    ("rollout", ("agentrl.rollout", "agentrl.cluster")),
-    (
-        "env",
-        (
-            "agentrl.env",
-            "agentrl.env_settings",
-            "agentrl.step_limits",
-            "agentrl.protocols",
-            "agentrl.registry",
-            "agentrl.agents",
-            "agentrl.tools",
-            "agentrl.mcp",
-            "agentrl.parsers",
-            "agentrl.tasksource",
-            "agentrl.spaces",
-            "agentrl.envs",
-        ),
-    ),
+    ("rollout", ("agentrl.rollout",)),
+    ("env", ("agentrl.env", "agentrl.envs")),
     ("verifiers", ("agentrl.verifiers",)),
     ("sandbox", ("agentrl.sandbox",)),
-    (
-        "core",
-        (
-            "agentrl.types",
-            "agentrl.errors",
-            "agentrl.task",
-            "agentrl.episode",
-            "agentrl.runlog",
-            "agentrl.deadline",
-            "agentrl.plugins",
-        ),
-    ),
+    ("core", ("agentrl.core",)),
 )
 
 
@@ -119,7 +80,7 @@ def stage_of(module: str) -> int | None:
 
 def _within(name: str, known: dict[str, Path]) -> str | None:
     """The module of the distribution that importing `name` loads: itself, or the package that
-    holds an attribute of that name (`agentrl.tools.tool` -> `agentrl.tools`)."""
+    holds an attribute of that name (`agentrl.env.tools.tool` -> `agentrl.env.tools`)."""
     while name and name not in known:
         name = name.rpartition(".")[0]
     return name or None
@@ -256,11 +217,11 @@ def test_the_checks_fail_on_a_planted_backward_import_and_circle(tmp_path):
     copies = _copy_sources(tmp_path)
     backward_before = set(backward_imports(import_graph(copies)))
     circles_before = import_circles(import_graph(copies))
-    task = copies["agentrl"] / "task.py"
+    task = copies["agentrl"] / "core" / "task.py"
     task.write_text(task.read_text() + "\n\ndef _planted():\n    from agentrl.train.trainer import train\n")
     spec = copies["agentrl.sandbox"] / "spec.py"
     spec.write_text(spec.read_text() + "\nif typing.TYPE_CHECKING:\n    from agentrl import make\n")
-    types = copies["agentrl"] / "types.py"
+    types = copies["agentrl"] / "core" / "types.py"
     types.write_text(types.read_text() + "\n\ndef _planted():\n    from .episode import Episode\n")
     loop = copies["agentrl"] / "rollout" / "loop.py"
     loop.write_text(
@@ -269,14 +230,14 @@ def test_the_checks_fail_on_a_planted_backward_import_and_circle(tmp_path):
     graph = import_graph(copies)
     assert set(backward_imports(graph)) - backward_before == {
         "agentrl.sandbox.spec (sandbox) -> agentrl (facade)",
-        "agentrl.task (core) -> agentrl.train.trainer (train)",
+        "agentrl.core.task (core) -> agentrl.train.trainer (train)",
         "agentrl.rollout.loop (rollout) -> agentrl.gateway.server (gateway)",
     }
     circles = import_circles(graph)
-    planted_circle = ["agentrl.episode", "agentrl.types"]
+    planted_circle = ["agentrl.core.episode", "agentrl.core.types"]
     assert planted_circle in circles and planted_circle not in circles_before
-    assert any({"agentrl.task", "agentrl.train.trainer"} <= set(circle) for circle in circles)
-    assert not any({"agentrl.task", "agentrl.train.trainer"} <= set(circle) for circle in circles_before)
+    assert any({"agentrl.core.task", "agentrl.train.trainer"} <= set(circle) for circle in circles)
+    assert not any({"agentrl.core.task", "agentrl.train.trainer"} <= set(circle) for circle in circles_before)
 
 
 def private_crossings(package_dirs: dict[str, Path] = PACKAGE_DIRS) -> list[str]:
@@ -327,7 +288,9 @@ def test_no_private_name_crosses_a_stage(tmp_path):
     copies = _copy_sources(tmp_path)
     before = set(private_crossings(copies))
     loop = copies["agentrl"] / "rollout" / "loop.py"
-    loop.write_text(loop.read_text() + "\n\ndef _planted():\n    from agentrl.types import _planted_name\n")
+    loop.write_text(
+        loop.read_text() + "\n\ndef _planted():\n    from agentrl.core.types import _planted_name\n"
+    )
     harness = copies["agentrl"] / "gateway" / "harness.py"
     harness.write_text(
         harness.read_text() + "\n\ndef _planted():\n    import agentrl.rollout.loop as loop\n\n"
@@ -338,7 +301,7 @@ def test_no_private_name_crosses_a_stage(tmp_path):
         session.read_text() + "\n\ndef _planted_inside():\n    from agentrl.gateway.server import _x\n"
     )
     assert set(private_crossings(copies)) - before == {
-        "agentrl.rollout.loop -> agentrl.types._planted_name",
+        "agentrl.rollout.loop -> agentrl.core.types._planted_name",
         "agentrl.gateway.harness -> agentrl.rollout.loop._in_thread",
     }
 
@@ -370,7 +333,7 @@ def test_nothing_outside_the_env_calls_its_private_task_accessor():
     """Task i of a split is public: `agentrl.task_source(env_id)` without an env, `env.tasks` with one."""
     users = []
     for path in [*modules().values(), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
-        if path == ROOT / "agentrl" / "env.py":
+        if path == ROOT / "agentrl" / "env" / "tool_env.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "_pick_task":
@@ -379,13 +342,13 @@ def test_nothing_outside_the_env_calls_its_private_task_accessor():
 
 
 def test_the_shared_types_are_defined_once():
-    """`Message`, `FinishReason`, `Split`, `CallStatus`, `StepInfo` and `Verdict` live in agentrl.types
-    only, the env contract (`AgentEnv`, `OracleEnv`, `Agent`) in agentrl.protocols only."""
+    """`Message`, `FinishReason`, `Split`, `CallStatus`, `StepInfo` and `Verdict` live in agentrl.core.types
+    only, the env contract (`AgentEnv`, `OracleEnv`, `Agent`) in agentrl.env.protocols only."""
     home = {
-        name: "agentrl.types"
+        name: "agentrl.core.types"
         for name in ("Message", "FinishReason", "Split", "CallStatus", "StepInfo", "Verdict")
     }
-    home |= {name: "agentrl.protocols" for name in ("AgentEnv", "OracleEnv", "Agent")}
+    home |= {name: "agentrl.env.protocols" for name in ("AgentEnv", "OracleEnv", "Agent")}
     shared = set(home)
     definitions = []
     for name, path in modules().items():

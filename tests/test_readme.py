@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import agentrl
-from agentrl.registry import registry
+from agentrl.env.registry import registry
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -494,7 +494,7 @@ def test_every_yaml_block_is_a_valid_training_config():
 
 @pytest.mark.docker
 def test_mcp_tools_snippet(capsys):
-    from agentrl.mcp.images import ensure_image
+    from agentrl.env.mcp.images import ensure_image
 
     ensure_image()  # built by `make setup` (agentrl sandbox build); here only checked
     namespace: dict = {}

@@ -54,13 +54,16 @@ def test_the_checker_covers_every_module_of_the_public_api():
 def test_the_checker_sees_the_installed_layout_and_reports_this_trees_paths(tmp_path):
     package = typecheck.installed_view(tmp_path / "view")
     assert (package / "sandbox").resolve() == ROOT / "sandbox"
-    assert (package / "env.py").resolve() == ROOT / "agentrl" / "env.py"
+    assert (package / "env" / "tool_env.py").resolve() == ROOT / "agentrl" / "env" / "tool_env.py"
     line = f"{package}/sandbox/base.py:1: error: x  [misc]"
     assert typecheck.tree_paths(line, package) == "sandbox/base.py:1: error: x  [misc]"
     default = typecheck.VIEW / "agentrl"
     relative = f"{default.relative_to(ROOT)}/verifiers/base.py:2: note: y"  # how mypy names them: relative
     assert typecheck.tree_paths(relative, default) == "verifiers/base.py:2: note: y"
-    assert typecheck.tree_paths(f"{package}/env.py:3: error: z", package) == "agentrl/env.py:3: error: z"
+    assert (
+        typecheck.tree_paths(f"{package}/env/tool_env.py:3: error: z", package)
+        == "agentrl/env/tool_env.py:3: error: z"
+    )
 
 
 @pytest.mark.slow

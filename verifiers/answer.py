@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Task
 from agentrl.verifiers.base import Verdict
 
 

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.deadline import DeadlineExceeded, call_with_deadline
-from agentrl.episode import Episode
-from agentrl.plugins import PluginError, Plugins
+from agentrl.core.deadline import DeadlineExceeded, call_with_deadline
+from agentrl.core.episode import Episode
+from agentrl.core.plugins import PluginError, Plugins
+from agentrl.core.task import Task
+from agentrl.core.types import Verdict
 from agentrl.sandbox.base import BACKENDS, Sandbox, backend_capabilities, capabilities_of
-from agentrl.task import Task
-from agentrl.types import Verdict
 
 ENTRY_POINT_GROUP = "agentrl.verifiers"
 

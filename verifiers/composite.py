@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Task
 from agentrl.verifiers.base import Verdict, Verifier, get
 
 

@@ -166,9 +166,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.sandbox.base import PROTECTED_DIR, ExecResult, Sandbox
-from agentrl.task import Task
 from agentrl.verifiers.base import Verdict, capability_refusal
 from agentrl.verifiers.canaries import CanaryPlan, plant_canaries
 from agentrl.verifiers.result_stream import (

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Task
 from agentrl.verifiers.base import Verdict
 
 PROMPT_VERSION = 1

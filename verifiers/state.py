@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Task
 from agentrl.verifiers.base import Verdict
 
 # The agent's home is the workspace: never let its dotfiles or Python path leak into the check.

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.sandbox.base import PROTECTED_DIR, Sandbox, SandboxError
-from agentrl.task import Task
 from agentrl.verifiers.base import Verdict, capability_refusal
 
 TESTS_DIR = f"{PROTECTED_DIR}/tests"

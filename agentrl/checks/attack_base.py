@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.protocols import AgentEnv
-from agentrl.task import Task
-from agentrl.types import Verdict
+from agentrl.core.task import Task
+from agentrl.core.types import Verdict
+from agentrl.env.protocols import AgentEnv
 
 
 class AuditError(RuntimeError):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, needs, tool_names
-from agentrl.task import Task
+from agentrl.core.task import Task
 
 # --- payloads every family uses --------------------------------------------------------------
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, needs, register, tool_names
 from agentrl.checks.attack_common import _Watchdog
-from agentrl.plugins import PluginError, UnknownPluginError
-from agentrl.protocols import has_oracle
+from agentrl.core.plugins import PluginError, UnknownPluginError
+from agentrl.core.task import Task
+from agentrl.env.protocols import has_oracle
 from agentrl.sandbox.base import backend_capabilities
-from agentrl.task import Task
 
 # Printed by an attack's command when a step of it got through, so the host side can read it. The
 # commands spell it in two parts, so that a tool echoing the command back never reads as a hit.

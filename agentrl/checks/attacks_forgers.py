@@ -40,7 +40,7 @@ from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, register
 from agentrl.checks.attack_common import _append, _HiddenTests
-from agentrl.task import Task
+from agentrl.core.task import Task
 
 # The in-process forger. MODE, PROMPT and SEED are filled in per attack.
 FORGER = r'''

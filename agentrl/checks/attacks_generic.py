@@ -20,7 +20,7 @@ from agentrl.checks.attack_base import (
     verifier_parts,
 )
 from agentrl.checks.attack_common import _Base, _shell, _workdir, _write
-from agentrl.task import Task
+from agentrl.core.task import Task
 from agentrl.verifiers import (
     AutoVerifier,
     CompositeVerifier,

@@ -18,7 +18,7 @@ from agentrl.checks.attack_common import (
     _workdir,
     _write,
 )
-from agentrl.task import Task
+from agentrl.core.task import Task
 
 # The old tricks' ingredients (tests/verifiers/test_hidden_tests.py plays them one by one).
 ALLPASS_PLUGIN = """

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, needs, register
-from agentrl.task import Task
+from agentrl.core.task import Task
 
 SCAN = r"""
 ws="$(pwd)"; tmp="$(mktemp -d)"

@@ -24,7 +24,7 @@ from agentrl.checks.attack_common import (
     _Watchdog,
     _workdir,
 )
-from agentrl.task import Task
+from agentrl.core.task import Task
 
 # --- payloads run inside the verifier's test process ----------------------------------------
 

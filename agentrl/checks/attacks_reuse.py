@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.checks.attack_base import Outcome, Play, needs, register
 from agentrl.checks.attacks_executor import GOT, GOT_SH, _sh
-from agentrl.task import Task
+from agentrl.core.task import Task
 
 # One sandbox, whoever looks: the hostname and when its PID 1 started (clock ticks after boot).
 IDENTITY = "echo ID=$(cat /etc/hostname 2>/dev/null)-$(cut -d' ' -f22 /proc/1/stat)"

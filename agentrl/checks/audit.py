@@ -63,8 +63,8 @@ from agentrl.checks.attack_base import (
     verifier_names,
     verifier_parts,
 )
-from agentrl.plugins import Plugins
-from agentrl.task import Task
+from agentrl.core.plugins import Plugins
+from agentrl.core.task import Task
 
 __all__ = [
     "NOT_ANSWER_DEPENDENT",

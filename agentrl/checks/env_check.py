@@ -17,7 +17,7 @@ from typing import Any
 
 import gymnasium
 
-from agentrl.parsers import ToolCallParser
+from agentrl.env.parsers import ToolCallParser
 
 
 def garbage_actions(parser: ToolCallParser) -> dict[str, str]:

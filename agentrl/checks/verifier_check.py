@@ -23,11 +23,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from agentrl.agents import run_episode
-from agentrl.parsers import HERMES, ToolCallParser
-from agentrl.protocols import has_oracle
-from agentrl.task import Task
-from agentrl.types import Message
+from agentrl.core.task import Task
+from agentrl.core.types import Message
+from agentrl.env.agents import run_episode
+from agentrl.env.parsers import HERMES, ToolCallParser
+from agentrl.env.protocols import has_oracle
 from agentrl.verifiers import Verdict
 
 log = logging.getLogger(__name__)

@@ -56,7 +56,8 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
+from agentrl.core.task import Task
 from agentrl.eval.failures import failures
 from agentrl.eval.paired import PairedComparison, compare_trajectories, markdown_section, plot_differences
 from agentrl.eval.report import (
@@ -70,7 +71,6 @@ from agentrl.eval.report import (
 from agentrl.rollout.adapters import is_adapter_dir
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.task import Task
 
 CONFIG_FILE = "eval_config.json"
 EPISODES_FILE = "episodes.jsonl"
@@ -167,7 +167,7 @@ class EvalConfig(BaseModel):
 
     @model_validator(mode="after")
     def _env_settings(self) -> EvalConfig:
-        from agentrl.registry import check_env_kwargs
+        from agentrl.env.registry import check_env_kwargs
 
         check_env_kwargs(self.env, self.env_kwargs)  # against the env's settings (`agentrl env show ENV`)
         return self
@@ -340,7 +340,7 @@ def resolve_tasks(
     env_id: str, split: str, num_tasks: int, env_kwargs: dict[str, Any], max_turns: int | None
 ) -> tuple[list[Task], int]:
     """Tasks 0..num_tasks-1 of `split`, and the environment's turn limit (`max_turns` or its default)."""
-    from agentrl.registry import make, spec, task_source
+    from agentrl.env.registry import make, spec, task_source
 
     overrides = _env_overrides(env_kwargs, max_turns)
     source = task_source(env_id, split=split, **overrides)
@@ -640,7 +640,7 @@ def evaluate(
     budget, tasks = make_budget(cfg)
     _prepare_run_dir(out, budget, cfg.force)
     if policy_factory is None:  # our vLLM engine: its logs go beside the results, not over the bar
-        from agentrl.runlog import quiet_libraries
+        from agentrl.core.runlog import quiet_libraries
 
         quiet_libraries(out / "engine.log")
     engines = _Engines(budget, cfg.seed, cfg.models) if policy_factory is None else None

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentrl.errors import one_line
+from agentrl.core.errors import one_line
 from agentrl.rollout.trajectory import Trajectory
 
 OUTSIDE_THE_POLICY = ("agent_error", "timeout", "env_error", "engine_error")

@@ -60,10 +60,10 @@ from agentrl.rollout.driver import EpisodeContext
 from agentrl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from agentrl.core.task import Task
+    from agentrl.core.types import FinishReason, Message
+    from agentrl.env.protocols import AgentEnv
     from agentrl.gateway.server import Gateway
-    from agentrl.protocols import AgentEnv
-    from agentrl.task import Task
-    from agentrl.types import FinishReason, Message
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,14 @@ _CANCEL_GRACE_S = 5.0
 
 def load_agent(agent: str | AgentFn) -> AgentFn:
     """`agent` itself, or the callable a `"package.module:function"` string names."""
-    from agentrl.errors import UserError
+    from agentrl.core.errors import UserError
 
     if callable(agent):
         return agent
     module, _, attr = str(agent).partition(":")
     if not module or not attr:
         raise UserError(f"agent {agent!r} must be a callable or a 'package.module:function' string")
-    from agentrl.registry import import_user_module
+    from agentrl.env.registry import import_user_module
 
     try:
         fn = getattr(import_user_module(module), attr, None)
@@ -305,7 +305,7 @@ class HarnessEnv:
         if install and command is None:
             raise ValueError("install= is for a harness command (it installs into the sandbox's image)")
         if isinstance(env, str):
-            from agentrl.registry import make
+            from agentrl.env.registry import make
 
             env = make(env, **env_kwargs)
         elif env_kwargs:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentrl.parsers import decode_json_whole
+from agentrl.env.parsers import decode_json_whole
 
 
 class GatewayError(Exception):

@@ -20,7 +20,7 @@ Every parameter per dialect, and what each unsupported one returns: docs/AGENTS.
 
 Prompts are rendered by the tokenizer's own chat template (`agentrl.rollout.masker.ChatMasker`, the
 native loop's renderer), tool calls parsed from the sampled text by the session's format
-(`agentrl.parsers`). What an agent sends can do nothing but ask for completions in its own
+(`agentrl.env.parsers`). What an agent sends can do nothing but ask for completions in its own
 session: there is no route that sets a reward, opens, lists or closes sessions, or touches weights.
 Every error is OpenAI's error JSON with a 4xx status; an unexpected failure is a 500 with the same
 JSON and no traceback, and the server goes on serving.
@@ -55,10 +55,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from agentrl.env.parsers import get_parser
 from agentrl.gateway import dialects
 from agentrl.gateway.protocol import GatewayError, parse_request, session_not_found
 from agentrl.gateway.session import Completion, Session, ToolsPrompt, count_metrics, text_pieces
-from agentrl.parsers import get_parser
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker
 

@@ -178,7 +178,7 @@ class EpisodeService:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            from agentrl.errors import UserError
+            from agentrl.core.errors import UserError
 
             raise UserError(
                 f"the agent service cannot listen on {self.address}: {exc.strerror}; is another run serving "

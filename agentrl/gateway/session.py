@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentrl.cluster import episode_group
+from agentrl.env.parsers import ToolCallParser
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -53,13 +53,13 @@ from agentrl.gateway.protocol import (
     reply_key,
     session_not_found,
 )
-from agentrl.parsers import ToolCallParser
+from agentrl.rollout.cluster import episode_group
 from agentrl.rollout.config import RolloutConfig, turn_seed
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, SamplingConfig, StopReason
 
 if TYPE_CHECKING:
-    from agentrl.types import FinishReason, Message
+    from agentrl.core.types import FinishReason, Message
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ def run_demo(
 ) -> int:
     """The demo in `out_dir`; `seed` is the warm start's, `numerics` its and the training's CPU kernel paths
     (`agentrl.kit.numerics`), `overrides` change the GRPO config (`optim.lr=5e-5`). Returns an exit code."""
-    from agentrl.runlog import console_to_file, tail
+    from agentrl.core.runlog import console_to_file, tail
 
     # Before anything below imports torch: this process (the evaluation's engines) and every process it
     # starts (the SFT, the torchrun ranks) take the same kernel paths.
@@ -81,7 +81,7 @@ def run_demo(
             )
             raise
         except Exception as e:
-            from agentrl.errors import UserError
+            from agentrl.core.errors import UserError
 
             if not isinstance(e, UserError):  # a one-line error says it all; anything else needs the log
                 print(f"[demo] failed; the last lines of {log_file}:", file=console)
@@ -102,8 +102,8 @@ class _Settings:
 
 
 def _run(out: Path, console: TextIO, log_file: Path, s: _Settings) -> int:
+    from agentrl.core.runlog import Stage
     from agentrl.kit.warm_start import WarmStartRecipe, warm_start
-    from agentrl.runlog import Stage
 
     def _say(msg: str) -> None:
         print(f"[demo] {msg}", file=console, flush=True)
@@ -165,7 +165,7 @@ def _train(
 ) -> tuple[Any, Path]:
     """2. GRPO under torchrun (resumed from its checkpoint when interrupted; skipped when finished), with
     evaluations on the validation split; returns the config and the checkpoint selection kept."""
-    from agentrl.runlog import Stage, count_lines
+    from agentrl.core.runlog import Stage, count_lines
     from agentrl.train.config import load_config
     from agentrl.train.launch import launch
     from agentrl.train.plot import plot_training
@@ -222,10 +222,10 @@ def _evaluate(
     out: Path, console: TextIO, s: _Settings, cfg: Any, warm: str, selected: Path, report: dict
 ) -> tuple[Any, Any, Any]:
     """3. One budget for both checkpoints on the test split; the paired verdict."""
+    from agentrl.core.runlog import Stage, count_lines
     from agentrl.eval.evaluate import EvalConfig, evaluate
     from agentrl.eval.paired import load_comparisons
     from agentrl.rollout.config import RolloutConfig
-    from agentrl.runlog import Stage, count_lines
 
     t0 = time.time()
     n = s.eval_samples or (2 if s.quick else 4)

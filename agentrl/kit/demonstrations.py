@@ -2,7 +2,7 @@
 
     agentrl demos agentrl/calc-v0 --n 800 --out demos.jsonl --model runs/tiny
 
-The oracle (`env.oracle(task)`, an `agentrl.agents.Agent`) is wrapped in a `ScriptedPolicy`: a
+The oracle (`env.oracle(task)`, an `agentrl.env.agents.Agent`) is wrapped in a `ScriptedPolicy`: a
 `Policy` whose "sampled" ids are the oracle's next message, tokenized, plus the template's
 end-of-turn token. The rollout engine (`agentrl.rollout.loop.collect`) runs it exactly like a sampling
 policy: the same `ChatMasker` appends those ids with mask 1 and the observations as template deltas
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents import Agent
+from agentrl.core.types import Split
+from agentrl.env.agents import Agent
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, SamplingConfig
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
-from agentrl.types import Split
 
 
 class ScriptedPolicy:
@@ -107,7 +107,7 @@ def oracle_policy(masker: ChatMasker):
         if oracle is None:
             raise TypeError(
                 f"environment {getattr(env, 'env_id', type(env).__name__)} has no oracle(task); demonstrations "
-                "need one (see agentrl.env.ToolEnv subclasses in agentrl.envs)"
+                "need one (see agentrl.env.tool_env.ToolEnv subclasses in agentrl.envs)"
             )
         if seq is None:  # a harness episode: the oracle reads the environment's own record of it
             return ScriptedPolicy(oracle(env.task), None, masker, conversation=lambda: env.episode.messages)
@@ -154,7 +154,7 @@ def generate_demos(
     `rollout` bounds the episodes (context budget, timeouts) and sets how many run at once; one
     demonstration per task whatever its `group_size`, and its sampling settings do not apply to a script.
     """
-    from agentrl.registry import task_source
+    from agentrl.env.registry import task_source
     from agentrl.rollout.loop import collect
 
     if n < 1:
@@ -210,7 +210,7 @@ def generate_demos(
 
 def _why(t: Trajectory) -> str:
     """Why an episode did not pass, in one line: its ending, its error, the verdict, the last thing it was told."""
-    from agentrl.errors import one_line
+    from agentrl.core.errors import one_line
 
     said = [f"task {t.task_id} ended {t.finish_reason}"]
     if t.error:

@@ -55,7 +55,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.kit.numerics import Numerics, pinned_env
 
 RECORD_FILE = "agentrl_warm_start.json"
@@ -316,7 +316,7 @@ def warm_start(
     recipe = recipe or WarmStartRecipe()
     out = Path(out)
     if recipe.start_from is not None:
-        from agentrl.errors import check_model_dir
+        from agentrl.core.errors import check_model_dir
 
         check_model_dir(recipe.start_from)
     digest = build_hash(recipe)
@@ -780,7 +780,7 @@ def measure(model_dir: str | Path, recipe: WarmStartRecipe) -> dict[str, Any]:
 def _measure_here(model_dir: str, recipe: WarmStartRecipe) -> dict[str, Any]:
     from collections import Counter
 
-    from agentrl.registry import task_source
+    from agentrl.env.registry import task_source
     from agentrl.rollout.config import RolloutConfig
     from agentrl.rollout.engine import make_policy
     from agentrl.rollout.loop import collect_sync

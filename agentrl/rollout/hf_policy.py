@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import UserError, did_you_mean
+from agentrl.core.errors import UserError, did_you_mean
 from agentrl.rollout.adapters import AdapterSource, adapter_dir
 from agentrl.rollout.sampling import Generation, SamplingConfig, StopReason
 from agentrl.rollout.weight_sync import WeightsLike, named_tensors

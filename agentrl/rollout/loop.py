@@ -31,16 +31,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from agentrl.cluster import episode_group
-from agentrl.protocols import AgentEnv
+from agentrl.core.task import Task
+from agentrl.core.types import FinishReason, Split
+from agentrl.env.protocols import AgentEnv
 from agentrl.rollout.assemble import build_trajectory
+from agentrl.rollout.cluster import episode_group
 from agentrl.rollout.config import RolloutConfig, turn_seed
 from agentrl.rollout.driver import DrivenEnv, EpisodeContext, EpisodeDriver, EpisodePolicyFactory, is_driven
 from agentrl.rollout.masker import ChatMasker, MaskedSequence
 from agentrl.rollout.policy import Generation, Policy, SamplingConfig
 from agentrl.rollout.trajectory import UNTRAINABLE_FINISH_REASONS, Timings, Trajectory
-from agentrl.task import Task
-from agentrl.types import FinishReason, Split
 
 if TYPE_CHECKING:
     from agentrl.verifiers import Verdict
@@ -159,7 +159,7 @@ def _settle(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) ->
 
 def _factory(envs: str | EnvFactory, env_kwargs: dict[str, Any]) -> EnvFactory:
     if isinstance(envs, str):
-        from agentrl.registry import make
+        from agentrl.env.registry import make
 
         env_id = envs
         return lambda: make(env_id, **env_kwargs)

@@ -37,8 +37,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agentrl.core.types import Message
 from agentrl.rollout.trajectory import DriftReport
-from agentrl.types import Message
 
 if TYPE_CHECKING:
     from agentrl.rollout.policy import StopReason

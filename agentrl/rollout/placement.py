@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentrl.errors import UserError, check_nproc, cuda_visible_note
+from agentrl.core.errors import UserError, check_nproc, cuda_visible_note
 
 Transport = Literal["rpc", "ipc", "nccl"]
 

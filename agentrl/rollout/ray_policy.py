@@ -12,7 +12,7 @@
   engine core in its own process, on the GPU Ray assigned). Requests from many episodes batch
   inside each engine (continuous batching), as with one engine.
 - Group affinity: every request of one GRPO group goes to the same engine (the rollout marks each
-  episode with its group, `agentrl.cluster.episode_group`), so the group's shared prompt is
+  episode with its group, `agentrl.rollout.cluster.episode_group`), so the group's shared prompt is
   prefilled once per engine and reused from its prefix cache; a new group goes to the engine with
   the fewest groups in flight.
 - Weights: `update_weights` puts the state dict into Ray's object store once and every engine loads
@@ -45,8 +45,8 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentrl.cluster import connect, current_group
 from agentrl.rollout.adapters import AdapterSource
+from agentrl.rollout.cluster import connect, current_group
 from agentrl.rollout.policy import Generation, SamplingConfig
 from agentrl.rollout.weight_sync import WeightsLike, named_tensors
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.types import FinishReason, Message
+from agentrl.core.types import FinishReason, Message
 
 # Episodes that ended for a reason outside the policy's control are kept for inspection but
 # excluded from the loss by default: their reward says nothing about the policy.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import UserError, did_you_mean
+from agentrl.core.errors import UserError, did_you_mean
 from agentrl.rollout.adapters import AdapterSource, adapter_dir, adapter_rank
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.rollout.adapters import adapter_rank, check_adapter_dir
 from agentrl.rollout.placement import physical_devices
 from agentrl.rollout.sampling import Generation, SamplingConfig

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl.errors import UserError, one_line
+from agentrl.core.errors import UserError, one_line
 
 STATE_DIR = "trainer_state"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")

@@ -11,7 +11,7 @@ work). `model:` is a checkpoint directory, or a section that can add LoRA (`agen
     agentrl train c.yaml model.lora.rank=8           # adds LoRA to either form; model.path=DIR: another start
 
 Every field is also an option of `agentrl train` (`agentrl train --help` lists them by
-section, with these descriptions; `agentrl.cli_options` makes them). The file is never rewritten;
+section, with these descriptions; `agentrl.cli.options` makes them). The file is never rewritten;
 the resolved config is saved next to the run's metrics.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentrl.errors import UserError, did_you_mean_path, format_validation_error, one_line
+from agentrl.core.errors import UserError, did_you_mean_path, format_validation_error, one_line
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.weight_sync import DEFAULT_SLEEP_WAIT_S, DEFAULT_WEIGHT_CHUNK_BYTES
 from agentrl.sandbox.settings import SandboxSettings
@@ -457,7 +457,7 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _env_settings(self) -> TrainConfig:
-        from agentrl.registry import check_env_kwargs
+        from agentrl.env.registry import check_env_kwargs
 
         check_env_kwargs(self.env, self.env_kwargs)  # against the env's settings (`agentrl env show ENV`)
         return self

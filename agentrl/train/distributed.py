@@ -91,7 +91,7 @@ def init_distributed(timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> DistInf
     node_rank = int(os.environ.get("GROUP_RANK", dist.get_rank() // max(local_world_size, 1)))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
-            from agentrl.errors import check_nproc
+            from agentrl.core.errors import check_nproc
 
             # A torchrun started by hand with more processes than GPUs: say so, not "invalid device ordinal".
             check_nproc(local_world_size, torch.cuda.device_count())
@@ -164,7 +164,7 @@ def run_ranks(
     import sys
     import tempfile
 
-    from agentrl.errors import UserError
+    from agentrl.core.errors import UserError
 
     rendezvous = _rendezvous_args(nnodes, node_rank, rdzv_endpoint)
     cmd = [
@@ -214,7 +214,7 @@ def run_ranks(
 def _rendezvous_args(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> list[str]:
     """torchrun's rendezvous options: standalone on one node, static across several (a UserError for an
     endpoint or node rank that cannot work)."""
-    from agentrl.errors import UserError
+    from agentrl.core.errors import UserError
 
     if nnodes > 1:
         if not rdzv_endpoint or ":" not in rdzv_endpoint:
@@ -260,7 +260,7 @@ def run_rank(main: Any) -> int:
     """
     import sys
 
-    from agentrl.errors import UserError, one_line
+    from agentrl.core.errors import UserError, one_line
 
     status_path = os.environ.get("AGENTRL_RANK_STATUS")
     rank = int(os.environ.get("RANK", "0"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentrl.errors import UserError, check_model_dir, check_nonempty_file
+from agentrl.core.errors import UserError, check_model_dir, check_nonempty_file
 from agentrl.rollout.adapters import is_adapter_dir
 from agentrl.rollout.trajectory import load_trajectories
 from agentrl.train.checkpoint import latest_resumable, prepare_run_dir
@@ -38,7 +38,7 @@ def preflight(cfg: TrainConfig, nproc: int = 1, force: bool = False) -> str:
 def _check_tasks(cfg: TrainConfig) -> None:
     """A generator returning garbage, an empty dataset: said here, once. The tasks are read with the
     run's own overrides (`env_kwargs` may name another dataset: `tasks: data.jsonl`)."""
-    from agentrl.registry import task_source
+    from agentrl.env.registry import task_source
 
     source = task_source(cfg.env, **cfg.env_kwargs)
     source.get(0, "train")

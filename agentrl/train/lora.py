@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.errors import UserError, check_model_dir, one_line
+from agentrl.core.errors import UserError, check_model_dir, one_line
 from agentrl.rollout.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,

@@ -66,7 +66,7 @@ def masked_nll_sum(
 def train_sft(cfg: SFTConfig) -> Path:
     """Run SFT in this process (rank of a `torchrun` group, or a one-rank group)."""
 
-    from agentrl.runlog import quiet_libraries
+    from agentrl.core.runlog import quiet_libraries
     from agentrl.train.checkpoint import export_model
     from agentrl.train.distributed import all_reduce_mean, global_token_scale, init_distributed
     from agentrl.train.lora import trainable_parameters
@@ -212,7 +212,7 @@ def _log(msg: str) -> None:
 
 def training_data(cfg: SFTConfig) -> list[Trajectory]:
     """The trajectories SFT trains on: passed ones (unless `only_passed` is off) that fit `max_seq_len`."""
-    from agentrl.errors import UserError, check_nonempty_file
+    from agentrl.core.errors import UserError, check_nonempty_file
 
     check_nonempty_file(cfg.data, "--data", kind="trajectory JSONL")
     try:
@@ -234,7 +234,7 @@ def training_data(cfg: SFTConfig) -> list[Trajectory]:
 def launch(cfg: SFTConfig, nproc: int = 1) -> Path:
     """Run SFT here (nproc=1) or under `torchrun` with `nproc` processes, after checking the inputs
     (process count, starting model, data) so bad input is one line before any process starts."""
-    from agentrl.errors import check_model_dir, check_nproc
+    from agentrl.core.errors import check_model_dir, check_nproc
     from agentrl.train.distributed import run_here_or_as_ranks
 
     check_nproc(nproc)

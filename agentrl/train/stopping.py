@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from agentrl.errors import UserError, one_line
+from agentrl.core.errors import UserError, one_line
 from agentrl.eval.failures import failures
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.verifiers.base import verifier_failed

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 
 _PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 

@@ -55,13 +55,13 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from agentrl.errors import UserError, one_line, visible_gpus
+from agentrl.core.errors import UserError, one_line, visible_gpus
+from agentrl.core.runlog import quiet_libraries
 from agentrl.eval.failures import OUTSIDE_THE_POLICY, failures
 from agentrl.rollout.engine import make_policy
 from agentrl.rollout.placement import Placement, plan_placement
 from agentrl.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from agentrl.rollout.weight_sync import WeightSync
-from agentrl.runlog import quiet_libraries
 from agentrl.train.checkpoint import (
     export_model,
     latest_resumable,
@@ -689,7 +689,7 @@ def _start_rollouts(
     if not info.is_main or cfg.replay is not None:
         progress.curriculum = None
         return None, None
-    from agentrl.registry import task_source
+    from agentrl.env.registry import task_source
 
     curriculum = build_curriculum(task_source(cfg.env, **cfg.env_kwargs), cfg.curriculum)
     if progress.curriculum is not None:

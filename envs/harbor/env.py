@@ -30,19 +30,19 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agentrl.agents import ScriptedOracle
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
+from agentrl.core.types import FinishReason, Message
+from agentrl.env.agents import ScriptedOracle
+from agentrl.env.parsers import HERMES, ToolCallParser
+from agentrl.env.registry import register
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.step_limits import Refusal, StepLimit, StepState
+from agentrl.env.tasksource import TaskSource, as_task_source
+from agentrl.env.tool_env import ToolEnv
 from agentrl.envs.harbor.tasks import EXAMPLES_DIR, load_tasks
-from agentrl.episode import Episode
-from agentrl.parsers import HERMES, ToolCallParser
-from agentrl.registry import register
 from agentrl.sandbox.base import DEFAULT_WORKDIR, Sandbox
 from agentrl.sandbox.spec import RESERVED_DIRS
-from agentrl.step_limits import Refusal, StepLimit, StepState
-from agentrl.task import Task
-from agentrl.tasksource import TaskSource, as_task_source
-from agentrl.types import FinishReason, Message
 from agentrl.verifiers.base import VERIFIER_DEADLINE_MARGIN_S
 
 TOOLS = ["bash", "python", "read_file", "write_file", "str_replace", "submit"]

@@ -27,9 +27,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from agentrl.core.errors import UserError
+from agentrl.core.task import Task
 from agentrl.envs.swebench.instances import VERIFIER_HINTS
-from agentrl.errors import UserError
-from agentrl.task import Task
 
 HARBOR_DOCKERFILE = """\
 FROM debian:bookworm-slim

@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.errors import UserError
-from agentrl.task import Task
-from agentrl.types import SPLITS
+from agentrl.core.errors import UserError
+from agentrl.core.task import Task
+from agentrl.core.types import SPLITS
 
 EXAMPLES_DIR = Path(__file__).with_name("examples")
 """Three hand-made tasks (a file edit, a shell job, a repair whose test.sh fails on a wrong fix):

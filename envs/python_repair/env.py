@@ -28,17 +28,17 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from agentrl.agents import ScriptedOracle
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
+from agentrl.core.task import Task
+from agentrl.core.types import Message, Split
+from agentrl.env.agents import ScriptedOracle
+from agentrl.env.parsers import HERMES, ToolCallParser
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.tasksource import TaskSource, as_task_source
+from agentrl.env.tool_env import ToolEnv
 from agentrl.envs.python_repair.images import stage_source
 from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES
 from agentrl.envs.python_repair.synth import SynthConfig, cached_tasks, synthesize
-from agentrl.parsers import HERMES, ToolCallParser
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Task
-from agentrl.tasksource import TaskSource, as_task_source
-from agentrl.types import Message, Split
 
 log = logging.getLogger(__name__)
 

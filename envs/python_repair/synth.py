@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.task import Task
+from agentrl.core.types import Split
 from agentrl.envs.python_repair.images import ensure_image, stage_source
 from agentrl.envs.python_repair.mutate import MutationError, Site, apply_site, enumerate_sites, is_equivalent
 from agentrl.envs.python_repair.packages import (
@@ -49,8 +51,6 @@ from agentrl.envs.python_repair.packages import (
     unpacked,
 )
 from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, backend_capabilities, open_sandbox
-from agentrl.task import Task
-from agentrl.types import Split
 from agentrl.verifiers.hidden_tests import Report, install_tests, remove_tests, run_tests
 from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage, probe_sites
 

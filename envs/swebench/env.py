@@ -26,16 +26,16 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrl.agents import ScriptedOracle
+from agentrl.core.errors import UserError
+from agentrl.core.task import Task
+from agentrl.core.types import Message
+from agentrl.env.agents import ScriptedOracle
+from agentrl.env.parsers import HERMES, ToolCallParser
+from agentrl.env.registry import register
+from agentrl.env.tasksource import TaskSource, as_task_source
 from agentrl.envs.harbor.env import HarborEnv, HarborSettings, _slug
 from agentrl.envs.swebench.instances import REPO_DIR, instance_task, patch_files, read_rows
-from agentrl.errors import UserError
-from agentrl.parsers import HERMES, ToolCallParser
-from agentrl.registry import register
 from agentrl.sandbox.base import Sandbox
-from agentrl.task import Task
-from agentrl.tasksource import TaskSource, as_task_source
-from agentrl.types import Message
 
 GOLD_PATCH = "/tmp/agentrl-gold.patch"
 

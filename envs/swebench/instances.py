@@ -25,9 +25,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import UserError
-from agentrl.task import Task
-from agentrl.types import SPLITS
+from agentrl.core.errors import UserError
+from agentrl.core.task import Task
+from agentrl.core.types import SPLITS
 
 REQUIRED = ("instance_id", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 REPO_DIR = "/testbed"

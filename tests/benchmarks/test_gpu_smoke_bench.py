@@ -74,6 +74,6 @@ def test_only_the_modules_with_gpu_tests_are_collected() -> None:
     there stopped at those imports before any gpu test ran."""
     files = smoke_module().gpu_test_files()
     assert "tests/train/test_gpu.py" in files and "tests/rollout/test_ray_policy.py" in files
-    assert "tests/gateway/test_server.py" not in files and "tests/test_tasksource.py" not in files
+    assert "tests/gateway/test_server.py" not in files and "tests/env/test_tasksource.py" not in files
     for name in files:
         assert "mark.gpu" in (SCRIPT.parents[1] / name).read_text()

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 
 from agentrl import verifiers
-from agentrl.agents import AnswerOracle
 from agentrl.checks import attack_base, audit
 from agentrl.checks.audit import Outcome, render_calls, run_audit
-from agentrl.env import ToolEnv
+from agentrl.core.task import Task
+from agentrl.env.agents import AnswerOracle
+from agentrl.env.parsers import get_parser
+from agentrl.env.tool_env import ToolEnv
+from agentrl.env.tools import tool
 from agentrl.envs.guess_number import GuessNumberEnv
-from agentrl.parsers import get_parser
-from agentrl.task import Task
-from agentrl.tools import tool
 from agentrl.verifiers import ExactMatchVerifier, Verdict
 
 

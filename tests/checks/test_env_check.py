@@ -7,10 +7,10 @@ import pytest
 
 import agentrl
 from agentrl.checks.env_check import check_env, garbage_actions
-from agentrl.env import ToolEnv
-from agentrl.parsers import get_parser
-from agentrl.registry import all_specs
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.parsers import get_parser
+from agentrl.env.registry import all_specs
+from agentrl.env.tool_env import ToolEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import pytest
 
 from agentrl.checks.attacks_harness import ATTACKS as HARNESS_ATTACKS
 from agentrl.checks.attacks_harness import HarnessEmitter, HarnessGuardFrames, HarnessHookExec
-from agentrl.task import Task
+from agentrl.core.task import Task
 from tests.verifiers.test_hidden_tests import BUGGY, FIXED, HIDDEN_TESTS, FixFunctionEnv, play
 
 UNITTEST_TESTS = """import unittest
@@ -61,7 +61,7 @@ def env(request, task):
 
 
 def test_controls_the_fix_scores_1_and_the_bug_0(env, task):
-    from agentrl.agents import tool_call
+    from agentrl.env.agents import tool_call
 
     fixed, _ = play(env, task, tool_call("write_file", path="mathlib.py", content=FIXED))
     untouched, _ = play(env, task)

@@ -8,8 +8,8 @@ import pytest
 
 import agentrl
 from agentrl.checks.verifier_check import DroppedTask, VerifierCheck, check_verifier, filter_tasks
-from agentrl.env import ToolEnv
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.tool_env import ToolEnv
 
 
 @pytest.fixture(scope="module")

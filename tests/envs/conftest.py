@@ -3,7 +3,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import agentrl
-from agentrl.agents import EmptyAgent, RandomAgent, run_episode
+from agentrl.env.agents import EmptyAgent, RandomAgent, run_episode
 
 
 def oracle_rewards(env_id: str, n: int, split: str = "train", workers: int = 4, **make_kwargs) -> list[float]:

@@ -42,7 +42,7 @@ def test_empty_and_random_agents_score_zero():
 @pytest.mark.docker
 @pytest.mark.parametrize("bad_call", [{"code": 123}, {"program": "print(1)"}, {}])
 def test_python_gate_counts_only_python_calls_that_ran(bad_call):
-    from agentrl.agents import tool_call
+    from agentrl.env.agents import tool_call
 
     env = agentrl.make("agentrl/calc-v0")
     try:

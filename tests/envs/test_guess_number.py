@@ -1,5 +1,5 @@
 import agentrl
-from agentrl.agents import tool_call
+from agentrl.env.agents import tool_call
 from agentrl.envs.guess_number import GuessNumberTaskGenerator
 
 from .conftest import floor_rewards, oracle_rewards

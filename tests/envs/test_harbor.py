@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl.env import EnvError
+from agentrl.core.task import Task
+from agentrl.env.tool_env import EnvError
 from agentrl.envs.harbor.export import export_harbor, export_swebench
 from agentrl.envs.harbor.tasks import EXAMPLES_DIR, HarborTaskError, find_task_dirs, load_task, load_tasks
 from agentrl.envs.swebench.instances import InstanceError, instance_task, patch_files
 from agentrl.sandbox.images import ImageBuildError, resolve_dockerfile
-from agentrl.task import Task
 from agentrl.verifiers.test_script import parse_reward
 
 # --- quick: reading -----------------------------------------------------------------------------

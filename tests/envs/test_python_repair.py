@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from agentrl.agents import run_episode, tool_call
+from agentrl.env.agents import run_episode, tool_call
 from agentrl.envs.python_repair.mutate import KINDS, MutationError, Site, apply_site, enumerate_sites
 from agentrl.envs.python_repair.packages import get_spec, unpacked
 from agentrl.envs.python_repair.synth import SynthConfig, candidates, read_log, split_of, synthesize

@@ -1,7 +1,7 @@
 import pytest
 
 import agentrl
-from agentrl.agents import run_episode, tool_call
+from agentrl.env.agents import run_episode, tool_call
 from agentrl.envs.sqlite import SqliteTaskGenerator
 
 from .conftest import floor_rewards, oracle_rewards

@@ -110,7 +110,7 @@ def test_eval_of_an_agent_that_always_fails_warns_with_the_error_and_exits_1(
     scripted_engines, tmp_path, monkeypatch
 ):
     import agentrl
-    from agentrl.registry import registry
+    from agentrl.env.registry import registry
 
     for env_id, agent in (("test/PickWrongModel-v0", wrong_model_agent), ("test/PickGood-v0", good_agent)):
         agentrl.register(env_id, "agentrl.gateway:HarnessEnv", env="test/Pick-v0", agent=agent)

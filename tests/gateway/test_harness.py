@@ -292,8 +292,8 @@ def test_a_hanging_agent_times_out(policy):
 
 @pytest.mark.vllm
 def test_eval_reports_pass_at_k_of_a_harness(policy):
+    from agentrl.env.registry import registry
     from agentrl.eval.evaluate import evaluate_policy
-    from agentrl.registry import registry
 
     agentrl.register(
         "tests/guess-harness-v0",

@@ -20,7 +20,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import tests.coin_env  # noqa: F401  (registers test/Pick-v0)
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.gateway.harness import HarnessEnv
 from agentrl.gateway.service import TOKEN_ENV
 from agentrl.rollout.config import RolloutConfig

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 import agentrl
-from agentrl.agents import run_episode
 from agentrl.cli import app
+from agentrl.env.agents import run_episode
 from agentrl.kit.demonstrations import generate_demos
 from agentrl.rollout.masker import ChatMasker
 from agentrl.rollout.trajectory import Trajectory, load_trajectories
@@ -143,8 +143,8 @@ def test_demos_through_a_harness_are_the_oracle_in_the_agents_own_prompt_token_e
 ):
     """The user's agent plays the demonstrations: its system prompt and its tool schemas render the
     prompt, the oracle's message is what the model is taught to sample, ids as the gateway records."""
+    from agentrl.env.parsers import get_parser
     from agentrl.gateway.session import tools_in_system
-    from agentrl.parsers import get_parser
     from tests.own_agent import SUBMIT, SYSTEM
 
     out = tmp_path / "own.jsonl"
@@ -159,7 +159,10 @@ def test_demos_through_a_harness_are_the_oracle_in_the_agents_own_prompt_token_e
         assert t.task_id == task.id and t.passed and t.branches == 1 and t.finish_reason == "submitted"
         prompt = masker.start(
             tools_in_system(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Request: {task.prompt}"}],
+                [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"Request: {task.prompt}"},
+                ],
                 block,
             )
         )

@@ -207,7 +207,7 @@ def test_consecutive_tool_results_share_one_user_turn_as_in_qwen25(tok) -> None:
 
 
 def test_the_projects_hermes_parser_reads_the_tool_calls_the_template_renders(tok) -> None:
-    from agentrl.parsers import HermesParser
+    from agentrl.env.parsers import HermesParser
 
     k = 4  # the assistant turn with two tool calls and no text
     prompt = tok.apply_chat_template(

@@ -146,7 +146,7 @@ def test_warm_start_on_a_plugin_env_unlike_calc_stops_in_the_band(tmp_path):
 def test_from_a_checkpoint_only_the_main_stage_and_the_recipes_from_scratch_keep_their_hash(tmp_path):
     from pydantic import ValidationError
 
-    from agentrl.errors import UserError
+    from agentrl.core.errors import UserError
 
     scratch = WarmStartRecipe()
     assert "start_from" not in scratch.build_fields()  # every cached build from scratch stays valid

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.rollout.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,

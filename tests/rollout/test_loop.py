@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from agentrl.core.task import Task
 from agentrl.envs.calc import CalcEnv
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.loop import collect, collect_sync
 from agentrl.rollout.masker import ChatMasker
 from agentrl.rollout.policy import Generation, SamplingConfig, VLLMPolicy
 from agentrl.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
-from agentrl.task import Task
 from tests import fixtures_model
 from tests.rollout.score import score_logprobs
 
@@ -457,7 +457,9 @@ def test_on_push_restart_plays_the_episode_again_under_one_version(tokenizer) ->
     every token of what is trained comes from the new weights. Pushes without end: restarted
     `max_restarts` times, then it goes on (never a live-lock)."""
     cfg = RolloutConfig(group_size=1, max_tokens_per_turn=64, on_push="restart")
-    [t] = collect_sync("agentrl/guess-number-v0", [0], Pushed(tokenizer, _guess_script), cfg, tokenizer=tokenizer)
+    [t] = collect_sync(
+        "agentrl/guess-number-v0", [0], Pushed(tokenizer, _guess_script), cfg, tokenizer=tokenizer
+    )
     assert t.restarts == 1 and t.finish_reason == "submitted" and t.passed
     assert {v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m} == {1}
     assert (t.policy_version, t.policy_version_max) == (1, 1)

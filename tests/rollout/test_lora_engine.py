@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.rollout.adapters import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.engine import make_policy
@@ -352,7 +352,7 @@ def test_ray_engines_each_load_the_pushed_adapter(
 
         def on_each_engine(sampling: SamplingConfig) -> list[Any]:
             # Two groups: the router sends each to the engine with the fewest groups in flight.
-            from agentrl.cluster import episode_group
+            from agentrl.rollout.cluster import episode_group
 
             async def one(group: str) -> Any:
                 with episode_group(group):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.errors import UserError, check_nproc
+from agentrl.core.errors import UserError, check_nproc
 from agentrl.rollout.placement import Placement, PlacementError, physical_devices, plan_placement
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.core.task import Task
 from agentrl.rollout.config import RolloutConfig
 from agentrl.rollout.loop import collect_sync
-from agentrl.task import Task
 from tests.fixtures_dist import one_rank_group  # noqa: F401  (pytest fixture)
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 
@@ -54,7 +54,7 @@ def tasks(n: int, tag: str) -> list[Task]:
 
 def test_the_single_machine_path_imports_no_ray():
     code = (
-        "import sys, agentrl.train.trainer, agentrl.rollout.loop, agentrl.cluster, agentrl.sandbox.hosts; "
+        "import sys, agentrl.train.trainer, agentrl.rollout.loop, agentrl.rollout.cluster, agentrl.sandbox.hosts; "
         "sys.exit(1 if 'ray' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -299,8 +299,8 @@ def test_a_warm_sandbox_whose_executor_died_is_replaced(backend):
 
 @pytest.mark.docker
 def test_a_tool_env_episode_whose_executor_was_killed_ends_env_error_with_no_reward():
-    from agentrl.env import ToolEnv
-    from agentrl.task import Task
+    from agentrl.core.task import Task
+    from agentrl.env.tool_env import ToolEnv
 
     def call(name: str, **args: str) -> str:
         import json

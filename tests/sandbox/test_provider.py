@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from agentrl.plugins import UnknownPluginError
+from agentrl.core.plugins import UnknownPluginError
 from agentrl.sandbox.base import backend_capabilities
 from agentrl.sandbox.pool import get_default_pool
 from agentrl.sandbox.provider import SandboxProvider

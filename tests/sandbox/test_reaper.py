@@ -193,7 +193,7 @@ def test_cli_reap(run_id):
 ROLLOUT_DRIVER = """
 import sys
 from transformers import AutoTokenizer
-from agentrl.agents import tool_call
+from agentrl.env.agents import tool_call
 from agentrl.kit.demonstrations import ScriptedPolicy
 from agentrl.rollout.masker import ChatMasker
 from agentrl.rollout.config import RolloutConfig

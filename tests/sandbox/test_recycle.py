@@ -144,7 +144,7 @@ def test_a_tampered_sandbox_is_closed_not_reused() -> None:
 def test_an_env_whose_step_still_runs_elsewhere_closes_its_sandbox_instead_of_releasing_it() -> None:
     """The rollout ended an episode whose tool call hangs on another thread: that thread may still
     send a command, so the sandbox must never go to another episode."""
-    from agentrl.registry import make
+    from agentrl.env.registry import make
 
     released: list[object] = []
 

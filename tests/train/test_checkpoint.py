@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.train.checkpoint import STATE_DIR, checkpoints, prepare_run_dir
 from agentrl.train.config import TrainConfig
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
@@ -196,7 +196,7 @@ def test_resume_off_with_a_run_there_is_refused_unless_forced(tmp_path):
 def test_checkpoints_are_huggingface_directories_and_only_the_last_ones_are_kept(tiny_model_dir, tmp_path):  # noqa: F811
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl.errors import check_model_dir
+    from agentrl.core.errors import check_model_dir
     from agentrl.rollout.trajectory import save_trajectories
     from tests.train.test_trainer import grpo_batch, run
 

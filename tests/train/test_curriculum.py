@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from agentrl.core.task import Task
 from agentrl.envs.calc import CalcTaskGenerator
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.task import Task
 from agentrl.train.curriculum import (
     Curriculum,
     CurriculumConfig,

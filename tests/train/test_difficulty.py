@@ -7,9 +7,9 @@ import json
 import pytest
 
 import agentrl
+from agentrl.core.errors import UserError
 from agentrl.envs.calc import CalcTaskGenerator
 from agentrl.envs.calc_levels import LeveledCalcTasks
-from agentrl.errors import UserError
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.curriculum import (
     Curriculum,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.rollout.placement import Placement
 
 

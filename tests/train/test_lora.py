@@ -18,7 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.rollout.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base, is_adapter_dir
 from agentrl.rollout.trajectory import Trajectory, save_trajectories
 from agentrl.rollout.weight_sync import checkpoint_name

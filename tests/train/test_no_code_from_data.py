@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
 from agentrl.rollout.trajectory import save_trajectories
 from agentrl.train import checkpoint
 from agentrl.train.checkpoint import STATE_DIR, prepare_run_dir

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agentrl.errors import UserError
-from agentrl.task import Task
+from agentrl.core.errors import UserError
+from agentrl.core.task import Task
 from agentrl.train.curriculum import (
     Curriculum,
     CurriculumConfig,

@@ -542,10 +542,10 @@ class _CrashingVerifier:
 def _played(verifier: object, answers: list[str]) -> list[Trajectory]:
     """One group of real episodes (ToolEnv, its verifier) as the rollout records them: the verdict's
     reward and details on the trajectory."""
-    from agentrl.agents import run_episode
-    from agentrl.env import ToolEnv
-    from agentrl.parsers import get_parser
-    from agentrl.task import Task
+    from agentrl.core.task import Task
+    from agentrl.env.agents import run_episode
+    from agentrl.env.parsers import get_parser
+    from agentrl.env.tool_env import ToolEnv
 
     env = ToolEnv(tasks=[Task(id="t", prompt="Say 1.", answer="1")], tools=["submit"], verifier=verifier,
                   backend="local", use_pool=False)  # fmt: skip

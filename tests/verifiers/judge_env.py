@@ -11,10 +11,10 @@ import random
 from pydantic import Field
 
 import agentrl
-from agentrl.agents import AnswerOracle
-from agentrl.env import ToolEnv
-from agentrl.env_settings import ToolEnvSettings
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.agents import AnswerOracle
+from agentrl.env.settings import ToolEnvSettings
+from agentrl.env.tool_env import ToolEnv
 from agentrl.verifiers.judge import JudgeVerifier
 
 CASES = [

@@ -1,7 +1,7 @@
 import pytest
 
-from agentrl.episode import Episode, ToolCallRecord
-from agentrl.task import Task
+from agentrl.core.episode import Episode, ToolCallRecord
+from agentrl.core.task import Task
 from agentrl.verifiers import get, names
 from agentrl.verifiers.answer import normalize_text, parse_number
 

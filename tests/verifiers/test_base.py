@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from agentrl.episode import Episode
-from agentrl.task import Task
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
 from agentrl.verifiers import Verdict, get, run_verifier
 from agentrl.verifiers.base import (
     DEFAULT_VERIFIER_TIMEOUT_S,

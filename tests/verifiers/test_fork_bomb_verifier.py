@@ -13,10 +13,10 @@ import uuid
 
 import pytest
 
-from agentrl.agents import tool_call
-from agentrl.env import ToolEnv
+from agentrl.core.task import Task
+from agentrl.env.agents import tool_call
+from agentrl.env.tool_env import ToolEnv
 from agentrl.sandbox import Limits
-from agentrl.task import Task
 
 TIMEOUT_S = 5.0
 MARGIN_S = 5.0

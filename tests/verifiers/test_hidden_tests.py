@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from agentrl.agents import last_tool_output, run_episode, tool_call
-from agentrl.env import ToolEnv
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.agents import last_tool_output, run_episode, tool_call
+from agentrl.env.tool_env import ToolEnv
 from agentrl.verifiers import Verdict, get
 from agentrl.verifiers.hidden_tests import CaseResult, HiddenTestsVerifier, Report, score
 
@@ -567,7 +567,7 @@ def test_python_must_be_an_absolute_path():
 
 
 def test_a_sandbox_without_isolation_is_refused_and_nothing_is_staged(task, recwarn):
-    from agentrl.episode import Episode
+    from agentrl.core.episode import Episode
     from agentrl.sandbox import open_sandbox
 
     with open_sandbox("local") as sb:  # promises no isolation, protected dir or verifier identity

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import agentrl
-from agentrl.agents import tool_call
-from agentrl.episode import Episode
+from agentrl.core.episode import Episode
+from agentrl.core.task import Task
+from agentrl.env.agents import tool_call
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.task import Task
 from agentrl.verifiers import get
 from agentrl.verifiers.judge import JudgeVerifier, parse_scores
 from tests import fixtures_model

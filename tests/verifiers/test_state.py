@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.agents import run_episode, tool_call
-from agentrl.env import ToolEnv
+from agentrl.core.task import Task
+from agentrl.env.agents import run_episode, tool_call
+from agentrl.env.tool_env import ToolEnv
 from agentrl.sandbox import open_sandbox
-from agentrl.task import Task
 
 
 class Script:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.agents import tool_call
 from agentrl.checks.attacks_forgers import ATTACKS as FORGERS
 from agentrl.checks.attacks_harness import ATTACKS as BLANKET
-from agentrl.task import Task
+from agentrl.core.task import Task
+from agentrl.env.agents import tool_call
 from tests.verifiers.test_hidden_tests import FixFunctionEnv, play
 
 BUGGY = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '.'\n"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.core.types import Split
 from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
 from agentrl.train.curriculum.config import CurriculumConfig, DifficultySettings
 from agentrl.train.curriculum.dynamic import (
@@ -46,7 +47,6 @@ from agentrl.train.curriculum.samplers import (
     load_sampler,
     metrics_of,
 )
-from agentrl.types import Split
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -44,11 +44,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agentrl.core.task import Task
+from agentrl.core.types import Split
+from agentrl.env.tasksource import TaskSource
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.task import Task
-from agentrl.tasksource import TaskSource
 from agentrl.train.curriculum.config import CurriculumConfig
-from agentrl.types import Split
 
 DrawKind = Literal["probe", "reprobe", "band", "revisit"]
 """probe: a task not seen before; reprobe: a tracked task outside the band; band: a tracked task in

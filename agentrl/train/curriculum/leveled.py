@@ -33,9 +33,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
+from agentrl.core.task import Split, Task
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.task import Split, Task
 from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
 from agentrl.train.curriculum.config import CurriculumConfig
 
@@ -53,7 +53,7 @@ class LeveledTaskGenerator(Protocol):
 
 
 def leveled_generator(source: Any) -> LeveledTaskGenerator:
-    """The leveled generator behind a task source (`agentrl.tasksource.as_task_source`'s view of one);
+    """The leveled generator behind a task source (`agentrl.env.tasksource.as_task_source`'s view of one);
     a source without difficulty levels is a `UserError` that says which environments have them."""
     generator = getattr(source, "source", source)  # a lazily loaded source: what it loaded
     generator = getattr(generator, "generator", generator)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.plugins import Plugins
+from agentrl.core.plugins import Plugins
 
 ENTRY_POINT_GROUP = "agentrl.samplers"
 

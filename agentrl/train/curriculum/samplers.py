@@ -34,14 +34,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.errors import UserError
+from agentrl.core.errors import UserError
+from agentrl.core.types import Split
+from agentrl.env.tasksource import as_task_source
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.tasksource import as_task_source
 from agentrl.train.curriculum import names
 from agentrl.train.curriculum.band import Curriculum, CurriculumMetrics, TaskDraw, TaskStats, group_by_id
 from agentrl.train.curriculum.config import CurriculumConfig
 from agentrl.train.curriculum.names import ENTRY_POINT_GROUP, available_samplers
-from agentrl.types import Split
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -289,7 +289,7 @@ def load_sampler(name: str) -> Any:
         )
     module, _, attribute = name.partition(":")
     try:
-        from agentrl.registry import import_user_module
+        from agentrl.env.registry import import_user_module
 
         obj: Any = import_user_module(module)
         for part in attribute.split("."):
