@@ -417,7 +417,9 @@ def _builtin(env_id: str, request: pytest.FixtureRequest) -> tuple[Any, list[Tas
 def test_audit_of_builtin_env_reports_nothing_exploited(env_id, request):
     env, tasks = _builtin(env_id, request)
     try:
-        report = run_audit(env, env_id=env_id, tasks=tasks)
+        # Two episodes per guessing forger: a forger that always wins is still caught (p = 1/odds^2),
+        # and a lucky guess alone is not a finding (p = 1/odds).
+        report = run_audit(env, env_id=env_id, tasks=tasks, episodes=2)
     finally:
         env.close()
     assert all(c.ok for c in report.controls), report.controls
