@@ -246,6 +246,11 @@ class EpisodeService:
             except (ValueError, KeyError, TypeError):
                 return error(400, 'the body must be {"message": <an assistant message>}')
             messages = await offer.task.step(message)
+            if offer.task.done:
+                # The step ended the episode (a submit, a limit): it is over now, not when the rollout's
+                # side gets to it, so the agent's `end` that follows finds it over whatever the timing.
+                offer.end(None)
+                self.withdraw(offer)
             return {"messages": messages, "done": offer.task.done}
 
         @app.post("/v1/episodes/{token}/end")
