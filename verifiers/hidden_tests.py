@@ -64,7 +64,7 @@ Inside the test process (`pytest_runner.py` has the details):
   object compiled under a hidden test's file name, a function made from a test's code.
 - Workspace imports are source-only: workspace directories get a finder whose only loader
   compiles the `.py` source every time. A planted `__pycache__/*.pyc` whose header matches
-  the source (attack 4), an unchecked hash-based `.pyc`, a sourceless `.pyc` or an extension
+  the source (`planted-pyc` in the audit), an unchecked hash-based `.pyc`, a sourceless `.pyc` or an extension
   module (`.so`) in the workspace is never loaded. (`-B` only stops writing bytecode.)
 
 How the older tricks are neutralised (tests/verifiers/test_hidden_tests.py has one attack each):

@@ -121,7 +121,7 @@ if not getattr(_atk_sys, "_atk_forge", False):
 """
 
 
-# Attack 5 (verifier side): at exit, the report files become symlinks to /dev/zero.
+# Against the verifier's reader: at exit, the report files become symlinks to /dev/zero (an endless read).
 REPORT_TO_DEV_ZERO = """
 import atexit as _atk_atexit
 
@@ -142,7 +142,7 @@ if not getattr(_atk_sys, "_atk_zero", False):
     _atk_atexit.register(_atk_zero)
 """
 
-# Attack 4: the payload only in bytecode whose header matches the untouched source.
+# The payload only in bytecode whose header matches the untouched source (the source reads clean).
 PLANT_PYC = r"""
 import importlib.util, marshal, pathlib, sys
 payload, root, unchecked = sys.argv[1], sys.argv[2], sys.argv[3] == "1"

@@ -6,7 +6,7 @@ it writes, and that a restart never redoes an episode. The estimator itself is t
 tests/eval/test_passk.py (hand values and brute-force k-subset enumeration).
 
 Most tests use `agentrl/guess-number-v0` (no sandbox); the two-checkpoint report runs on
-`agentrl/calc-v0` in Docker sandboxes, as the issue asks.
+`agentrl/calc-v0` in Docker sandboxes, the env users evaluate on.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def test_calc_two_checkpoints_sigint_restart_then_summary_and_plots(
     second_model,
     tmp_path,
 ):
-    """The issue's scenario through the real CLI: two checkpoints on calc-v0, interrupted, resumed, reported.
+    """A user's whole evaluation through the real CLI: two checkpoints on calc-v0, interrupted, resumed, reported.
 
     One test for two properties (resume; the two-model report) because each CLI run starts Python,
     vLLM and an engine per model: on this shared CPU box that is most of a minute per run.
