@@ -300,35 +300,62 @@ def _features(values: tuple[str, ...], i: int, ctx: dict[str, Any], near: Any = 
         # how near the buggy code's output where the members are checked (what a pre-run sees)
         -math.log1p(_distance(v, near)) if near is not None else 0.0,
         _naturalness(values, i, ctx["pairs"]) if "pairs" in ctx else 0.0,
+        _modelled(values, i, ctx.get("model")),
     ]
     return f
 
 
-def _string_pairs(texts: list[str]) -> Counter:
-    """The characters and pairs of characters the string constants of these sources are made of."""
-    out: Counter = Counter()
+def _strings(texts: list[str]) -> list[str]:
+    """The string constants of these sources."""
+    out = []
     for text in texts:
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                out.update(n.value)
-                out.update(n.value[k : k + 2] for k in range(len(n.value) - 1))
+        out += [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     return out
+
+
+def _string_pairs(strings: list[str]) -> Counter:
+    """The runs of characters these strings are made of, counted as the planner counts them."""
+    from agentrl.verifiers.twin_values import _own_pairs
+
+    out: Counter = Counter()
+    for s in strings:
+        out.update(_own_pairs(s))
+    return out
+
+
+def _differ(values: tuple[str, ...]) -> list[str] | None:
+    members = [_value(x) for x in values]
+    if not all(isinstance(x, str) for x in members) or len({len(x) for x in members}) != 1:
+        return None
+    return members
 
 
 def _naturalness(values: tuple[str, ...], i: int, pairs: Counter) -> float:
     """How natural member i reads where the members differ, by the character pairs of what a forger can
-    read (the package's source, the decision folder): the planner's own measure (`_fit`) on them."""
+    read (the package's source, the decision folder): the planner's first measure (`_fit`) on them."""
     from agentrl.verifiers.twin_values import _fit
 
-    members = [_value(x) for x in values]
-    if not all(isinstance(x, str) for x in members) or len({len(x) for x in members}) != 1:
+    members = _differ(values)
+    if members is None:
         return 0.0
     differ = [k for k in range(len(members[0])) if len({x[k] for x in members}) > 1]
     return sum(math.log(_fit(pairs, members[i], k)) for k in differ)
+
+
+def _modelled(values: tuple[str, ...], i: int, model: Any) -> float:
+    """The same by the planner's own model of the tests' characters (`_natural`), fitted by a forger
+    on what it can read, as the planner fits it on the hidden tests."""
+    from agentrl.verifiers.twin_values import _natural
+
+    members = _differ(values)
+    if members is None or model is None:
+        return 0.0
+    differ = [k for k in range(len(members[0])) if len({x[k] for x in members}) > 1]
+    return _natural(model, members[i], differ)
 
 
 FEATURES = (
@@ -349,6 +376,7 @@ FEATURES = (
     "last_bigram_in_tests",
     "near_the_buggy_output",
     "natural_to_a_reader",
+    "natural_by_the_planners_model",
 )
 
 
@@ -359,13 +387,13 @@ def _context(task: Any) -> dict[str, Any]:
     tests = "\n".join(p.read_text(errors="replace") for p in sorted(tests_dir(spec).rglob("*.py")))
     package = "\n".join(p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py")))
     bigrams = Counter(w[i : i + 2] for w in re.findall(r"[A-Za-z]+", tests) for i in range(len(w) - 1))
-    sources = [p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py"))]
+    sources = _strings([p.read_text(errors="replace") for p in sorted(source_dir(spec).rglob("*.py"))])
     return {
         "tests": tests,
         "package": package,
         "prompt": task.prompt,
         "bigrams": bigrams,
-        "package_pairs": _string_pairs(sources),
+        "package_strings": sources,
     }
 
 
@@ -377,6 +405,8 @@ def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
     """Per plan of the task, per set: (features per member, index of the real one)."""
     from agentrl.envs.python_repair.packages import get_spec, tests_dir
     from agentrl.verifiers.hidden_tests import _failing_lines, _list_map, _string_list, _string_map
+    from agentrl.verifiers.twin_sites import _Naturalness
+    from agentrl.verifiers.twin_values import _calibrated
 
     m = task.metadata
     ctx = _context(task)
@@ -397,9 +427,11 @@ def _sets(task: Any, plans: int) -> list[list[tuple[list[list[float]], int]]]:
         )
         recorded = _list_map(task, "FAIL_TO_PASS_VALUES") or {}
         ctx["decision"] = "\n".join(v.decode(errors="replace") for v in plan.files.values())
-        ctx["pairs"] = ctx["package_pairs"] + _string_pairs(
+        strings = ctx["package_strings"] + _strings(
             [v.decode(errors="replace") for k, v in plan.files.items() if k.endswith(".py")]
         )
+        ctx["pairs"] = _string_pairs(strings)
+        ctx["model"] = _Naturalness(ctx["pairs"], _calibrated(ctx["pairs"], strings))
         out.append([])
         ODDS[id(out[-1])] = plan.odds
         for s in plan.sets:

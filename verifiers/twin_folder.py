@@ -18,7 +18,7 @@ from agentrl.verifiers.canaries import (
 )
 from agentrl.verifiers.twin_plan import DecisionPlan, TwinSet
 from agentrl.verifiers.twin_sites import _File, _is_test_module, _Pending, _Prepared, _Site
-from agentrl.verifiers.twin_values import _compared, _values
+from agentrl.verifiers.twin_values import _compared, _Declined, _values
 
 
 def _member_name(name: str, taken: set[str], words: list[str], rng: random.Random) -> str:
@@ -181,10 +181,15 @@ def _member_set(
     for x in prepared.run_strings:  # and no twin whose text a string of the run holds
         avoid_values[("inside", x)] += 1
     values = None
-    for m in range(p.m, 1, -1):  # fewer members when that many values all echo
-        values = _values(p.site, m, rng, prepared.freq, prepared.exceptions, avoid_values, raised)
-        if values is not None:
-            break
+    try:
+        for m in range(p.m, 1, -1):  # fewer members when that many values all echo
+            values = _values(p.site, m, rng, prepared.freq, prepared.exceptions, avoid_values, raised)
+            if values is not None:
+                break
+    except _Declined:
+        # Not retried with fewer members: a second chance would be likelier to be needed where the
+        # real value is the natural one, which is what declining keeps from showing.
+        return None
     if values is None:
         return None
     names = [_member_name(p.test.fn.name, taken, words, rng) for _ in values]

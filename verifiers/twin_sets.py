@@ -55,6 +55,7 @@ Use:
 from __future__ import annotations
 
 import ast
+import hashlib
 import math
 import random
 import re
@@ -84,6 +85,7 @@ from agentrl.verifiers.twin_sites import (
     _is_test_module,
     _key,
     _leaf_site,
+    _Naturalness,
     _Pending,
     _Prepared,
     _raises_capacity,
@@ -92,7 +94,7 @@ from agentrl.verifiers.twin_sites import (
     _Test,
     _where,
 )
-from agentrl.verifiers.twin_values import _near_misses
+from agentrl.verifiers.twin_values import _calibrated, _near_misses, _own_pairs
 
 # The plan's types, its id matching and its folder live in modules of their own (twin_plan,
 # twin_ids, twin_sites, twin_values, twin_folder); their public names are importable from here.
@@ -298,13 +300,18 @@ def probe_sites(
     return plan.files, ids
 
 
-_STATS: dict[tuple, tuple[Counter, Counter, Counter]] = {}
+_STATS: dict[tuple, tuple[Counter, _Naturalness, Counter]] = {}
 
 
-def _suite_stats(files: list[_File], others: list[Path]) -> tuple[Counter, Counter, Counter]:
-    """Per suite (cached by its files' identities): how often each test name is referred to, the
-    characters its strings use, the builtin exceptions it names."""
-    key = (tuple(id(f.tree) for f in files), tuple(str(p) for p in others))
+def _suite_stats(files: list[_File], others: list[Path]) -> tuple[Counter, _Naturalness, Counter]:
+    """Per suite (cached by its files' content): how often each test name is referred to, how
+    natural a string reads by the characters its strings use, the builtin exceptions it names."""
+    # By content: an id of a parsed tree is reused once that tree is freed, and another suite's
+    # statistics would then draw this one's twins.
+    key = (
+        hashlib.sha256("\0".join(f"{f.rel}\0{f.text}" for f in files).encode()).hexdigest(),
+        tuple((str(p), p.stat().st_mtime_ns) for p in others),
+    )
     if key in _STATS:
         return _STATS[key]
     texts = [f.text for f in files] + [
@@ -317,12 +324,16 @@ def _suite_stats(files: list[_File], others: list[Path]) -> tuple[Counter, Count
         counts.subtract(re.findall(r"\bdef\s+(test\w*)", t))
     for name in {fn for t in texts for fn in re.findall(r"\bdef\s+(test\w*)", t)}:
         counts[name] += 1  # its own definition
-    freq: Counter = Counter()
-    for f in files:
-        for n in ast.walk(f.tree):
-            if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                freq.update(n.value)  # characters, and the pairs they come in
-                freq.update(n.value[i : i + 2] for i in range(len(n.value) - 1))
+    strings = [
+        n.value
+        for f in files
+        for n in ast.walk(f.tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+    pairs: Counter = Counter()
+    for text in strings:
+        pairs.update(_own_pairs(text))  # characters, and the pairs they come in
+    freq = _Naturalness(pairs, _calibrated(pairs, strings))
     exceptions = _exception_names(f.tree for f in files)
     if len(_STATS) > 256:
         _STATS.clear()

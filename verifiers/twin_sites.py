@@ -502,13 +502,25 @@ def _signature_ok(fn: ast.FunctionDef | ast.AsyncFunctionDef, names: list[str]) 
 
 
 @dataclass
+class _Naturalness:
+    """How natural a string reads to one who has the hidden tests' strings: the characters and pairs of
+    characters those strings are made of, and the weights of a model that reads from their counts how
+    likely a character is at a place (`twin_values._signals`, `_natural`), fitted on the tests' own
+    characters (`twin_values._calibrated`). Members are drawn by that model (`twin_values._members`)."""
+
+    pairs: Counter
+    theta: tuple[float, ...] = (1.0, 1.0, 0.0)
+    """The weights of `twin_values.SIGNALS`."""
+
+
+@dataclass
 class _Prepared:
     plan: DecisionPlan
     pending: list[_Pending]
     files: list[_File]
     others: list[Path]
     root: Path
-    freq: Counter
+    freq: _Naturalness
     exceptions: Counter
     failing_errors: Mapping[str, str]
     failing_values: Mapping[str, list[str]] = field(default_factory=dict)

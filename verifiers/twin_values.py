@@ -1,11 +1,13 @@
-"""Drawing a twin set's values: integers and floats a progression, strings one character apart,
-exceptions classes unrelated to each other; the real value at a uniformly random rank, and, where
-the buggy code's output is known, every member as near to it as the real one
+"""Drawing a twin set's values: integers and floats a progression, the real value at a uniformly
+random rank; strings one character apart, drawn by how naturally they read so that the real one is no
+likelier than a twin to be the natural one (`_members`); exceptions classes unrelated to each other;
+and, where the buggy code's output is known, every member as near to it as the real one
 (`agentrl.verifiers.twin_sets` says why)."""
 
 from __future__ import annotations
 
 import ast
+import math
 import random
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
@@ -16,6 +18,7 @@ from agentrl.verifiers.twin_sites import (
     _char_class,
     _is_builtin_exception,
     _key,
+    _Naturalness,
     _Pending,
     _Site,
     _string_body,
@@ -45,13 +48,155 @@ def _float_texts(site: _Site, m: int, rng: random.Random) -> list[str]:
     return out
 
 
-def _fit(freq: Counter, s: str, i: int) -> float:
+_START, _END = "\x02", "\x03"  # around a string where its characters are counted: its ends count too
+
+
+def _own_pairs(text: str) -> Counter:
+    """The characters of text and the pairs they come in (its ends marked): what one occurrence adds
+    to `_Naturalness.pairs`."""
+    t = f"{_START}{text}{_END}"
+    return Counter(text) + Counter(t[k : k + 2] for k in range(len(t) - 1))
+
+
+def _fit(freq: Counter, s: str, i: int, own: Counter | None = None) -> float:
     """How natural character i of s is next to its neighbours, by the pairs of characters the hidden
-    tests' own strings are made of: members are drawn by it, so that a twin's character is as
-    likely as the real one to read like the test's text."""
-    left = freq.get(s[i - 1 : i + 1], 0) if i > 0 else freq.get(s[i], 0)
-    right = freq.get(s[i : i + 2], 0) if i + 1 < len(s) else freq.get(s[i], 0)
-    return (left + 1) * (right + 1)
+    tests' own strings are made of (less `own`): the product of its two pairs' counts, each plus one
+    (the measure twins were once ranked by; `_natural` is the one they are drawn by)."""
+    left, right = _signals(freq, s, i, own)[:2]
+    return math.exp(left + right)
+
+
+SIGNALS = ("pair_left", "pair_right", "character")
+"""What `_signals` reads at a place, in its order."""
+
+
+def _signals(freq: Counter, s: str, i: int, own: Counter | None = None) -> tuple[float, ...]:
+    """What says how natural character i of s reads, by the characters and pairs `freq` counts (less
+    `own`: the real value's own occurrence, which a twin does not have in the tests the plan is drawn
+    from): log(1 + count) of the pair on its left and on its right (an end of the string counts as a
+    character), and of the character alone (`SIGNALS`). Runs of three read sharper on the tests'
+    strings, and drew twins that a forger told apart more often (docs/SECURITY.md)."""
+
+    def count(key: str) -> float:
+        return math.log1p(max(0, freq.get(key, 0) - (own.get(key, 0) if own else 0)))
+
+    t = f"{_START}{s}{_END}"
+    k = i + 1  # its place in t
+    return count(t[k - 1 : k + 1]), count(t[k : k + 2]), count(t[k])
+
+
+def _natural(nat: _Naturalness, s: str, at: Collection[int], own: Counter | None = None) -> float:
+    """The log of the model's weight of s where it differs from its twins (positions `at`): how likely
+    the test's author was to write these characters there, up to a term the same for every twin."""
+    return sum(w * x for k in at for w, x in zip(nat.theta, _signals(nat.pairs, s, k, own), strict=True))
+
+
+_CALIBRATION_POSITIONS = 800
+_UNFITTED = (1.0, 1.0, 0.0)  # no string to fit on: `_fit`'s measure
+
+
+def _calibrated(pairs: Counter, strings: list[str]) -> tuple[float, ...]:
+    """The weights of `_signals` that make exp(weights . signals), normalised over the characters of a
+    position's kind, the likeliest model of the characters the tests' strings have (a conditional
+    logit fitted by Newton's method; each string's own occurrence left out, as at a site; positions
+    drawn with a fixed seed). Drawing twins from that model is what makes the real one no more likely
+    than a twin to read naturally: a flatter model leaves the real value the most natural member, a
+    sharper one the least."""
+    import numpy as np
+
+    positions = [(t, i) for t in dict.fromkeys(strings) for i, c in enumerate(t) if len(_char_class(c)) >= 2]
+    if not positions:
+        return _UNFITTED
+    rows = []  # per position: the signals of each character of its kind, and the real one's index
+    for t, i in random.Random(0).sample(positions, min(len(positions), _CALIBRATION_POSITIONS)):
+        own = _own_pairs(t)
+        kind = _char_class(t[i])
+        x = np.array([_signals(pairs, t[:i] + c + t[i + 1 :], i, own) for c in kind])  # (n, signals)
+        rows.append((x, kind.index(t[i])))
+    theta = np.zeros(len(SIGNALS))
+    for _ in range(25):
+        # A unit normal prior on each weight: a small suite's strings can separate the real characters
+        # outright, and the likeliest weights are then infinite.
+        grad = -theta
+        hess = -np.eye(len(SIGNALS))
+        for x, real in rows:
+            z = x @ theta  # (n,)
+            q = np.exp(z - z.max())
+            q /= q.sum()
+            mean = q @ x  # (signals,)
+            grad += x[real] - mean
+            hess -= (x * q[:, None]).T @ x - np.outer(mean, mean)
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if np.abs(step).max() < 1e-6:
+            break
+    return tuple(round(float(v), 4) for v in theta)  # type: ignore[return-value]
+
+
+class _Declined(Exception):
+    """A site drawn members for declined them (`_members`): the set is not made, at any size."""
+
+
+def _members(
+    real: str, others: list[str], log_weight: Callable[[str], float], m: int, rng: random.Random
+) -> list[str]:
+    """The real candidate and m - 1 others, drawn so that the real one is no more likely than any
+    member to be the one a reader of `log_weight` would pick, whatever their rule.
+
+    The candidates' weights (the calibrated naturalness, `_natural`), normalised, are taken as the
+    chance p(x) that the test's author wrote x here. The others are drawn as a set S with probability proportional to the product
+    of their p (conditional Poisson sampling); then P(S, real = x) = p(x) * prod(p, S) / Z(x), where
+    Z(x) is that product summed over every set of m - 1 others than x. Only Z(x) singles out the real
+    member, so the draw goes ahead with probability Z(real) / max Z and is declined otherwise
+    (`_Declined`): then P(S, real = x) is the product of p over all m, the same whichever member is
+    real. Ranking the candidates and cutting a window around the real one (how twins were drawn
+    before) cannot give that where the real value is the most natural candidate, as it often is."""
+    logs = [log_weight(x) for x in [real, *others]]
+    top = max(logs)
+    raw = [math.exp(x - top) for x in logs]
+    total = sum(raw)
+    p = [x / total for x in raw]
+    z = _without_each(p, m - 1)
+    if rng.random() * max(z) > z[0]:
+        raise _Declined("the real value reads more naturally than the draw can hide")
+    chosen = _conditional_poisson(p[1:], m - 1, rng)
+    return [real, *[others[k] for k in chosen]]
+
+
+def _without_each(p: list[float], k: int) -> list[float]:
+    """e_k (the elementary symmetric polynomial of degree k) of p with each p[j] left out, for every j."""
+    e = [1.0] + [0.0] * k
+    for x in p:
+        for d in range(k, 0, -1):
+            e[d] += x * e[d - 1]
+    out = []
+    for x in p:
+        f = 1.0  # e_d of p without x, from e_d = f_d + x * f_(d-1)
+        for d in range(1, k + 1):
+            f = max(0.0, e[d] - x * f)
+        out.append(f)
+    return out
+
+
+def _conditional_poisson(q: list[float], k: int, rng: random.Random) -> list[int]:
+    """k distinct indices of q, a set drawn with probability proportional to the product of its q."""
+    n = len(q)
+    # tail[t][d]: e_d of q[t:]
+    tail = [[0.0] * (k + 1) for _ in range(n + 1)]
+    tail[n][0] = 1.0
+    for t in range(n - 1, -1, -1):
+        tail[t][0] = 1.0
+        for d in range(1, k + 1):
+            tail[t][d] = tail[t + 1][d] + q[t] * tail[t + 1][d - 1]
+    chosen: list[int] = []
+    need = k
+    for t in range(n):
+        if need == 0:
+            break
+        if rng.random() * tail[t][need] < q[t] * tail[t + 1][need - 1]:
+            chosen.append(t)
+            need -= 1
+    return chosen
 
 
 def _edited(b: str, x: str) -> int:
@@ -62,46 +207,40 @@ def _edited(b: str, x: str) -> int:
     return len(x) - 1
 
 
-def _window(
-    real: str, others: list[str], weight: Callable[[str], float], m: int, rng: random.Random
-) -> list[str] | None:
-    """The real candidate and m - 1 others next to it in rank by `weight` (how natural each reads),
-    the real one at a uniformly random place in that window where the ranks allow: a rule that
-    picks the most (or least) natural member then picks the real one no more often than chance,
-    which drawing the others by weight alone does not give (the common ones fill the set, and the
-    real one is then the odd, rarer one). Ties are broken at random. None: too few candidates."""
-    if len(others) < m - 1:
-        return None
-    keyed = [(weight(x), rng.random(), x) for x in [real, *others]]
-    ranked = [x for _, _, x in sorted(keyed, reverse=True)]
-    k = ranked.index(real)
-    lo, hi = max(0, k - m + 1), min(k, len(ranked) - m)
-    start = rng.randint(lo, hi)
-    window = ranked[start : start + m]
-    return [real, *[x for x in window if x != real]]
+_ATTEMPTS = 8  # places of a string tried before its site is declined
 
 
-def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> list[str] | None:
+def _string_texts(site: _Site, m: int, rng: random.Random, freq: _Naturalness) -> list[str] | None:
+    """m texts for a string site, the real one first; None when no place in it has room for m.
+    Raises `_Declined` when each place tried declined its draw (`_members`)."""
     body = _string_body(site.text)
     assert body is not None
     head, text, quote = body
+    own = _own_pairs(text)
+
+    def natural(*at: int) -> Callable[[str], float]:
+        return lambda x: _natural(freq, x, at, own)
+
+    places: list[tuple[list[str], Callable[[str], float]]] = []  # (candidates, their weight) per place
     if isinstance(site.near, str) and _neighbour_edit(text, site.near) is not None:
         # One edit from the buggy output, each, like the real value.
         near = site.near
-        picked = _window(text, _neighbours(near, text), lambda x: _fit(freq, x, _edited(near, x)), m, rng)
+        edits = _neighbours(near, text)
+        places.append((edits, lambda x: natural(_edited(near, x))(x)))
     elif site.grid:
         spots = [i for i, c in enumerate(text) if _char_class(c) and i not in site.quoted]
-        pair = _grid_spots(text, spots, m, rng)
-        if pair is None:
-            return None
-        i, j = pair
-        made = [
-            text[:i] + x + text[i + 1 : j] + y + text[j + 1 :]
-            for x in _char_class(text[i])
-            for y in _char_class(text[j])
-            if (x, y) != (text[i], text[j])
-        ]
-        picked = _window(text, made, lambda x: _fit(freq, x, i) * _fit(freq, x, j), m, rng)
+        for _ in range(_ATTEMPTS):
+            pair = _grid_spots(text, spots, m, rng)
+            if pair is None:
+                return None
+            i, j = pair
+            made = [
+                text[:i] + x + text[i + 1 : j] + y + text[j + 1 :]
+                for x in _char_class(text[i])
+                for y in _char_class(text[j])
+                if (x, y) != (text[i], text[j])
+            ]
+            places.append((made, natural(i, j)))
     else:
         if site.position is not None:
             positions = [site.position]
@@ -113,14 +252,25 @@ def _string_texts(site: _Site, m: int, rng: random.Random, freq: Counter) -> lis
             ]
         if not positions:
             return None
-        i = rng.choice(positions)
-        real = text[i]
         near = site.near
-        # Never the buggy output's own character there: that member would be the buggy output itself.
-        taken = {real} | ({near[i]} if isinstance(near, str) and len(near) == len(text) else set())
-        made = [text[:i] + c + text[i + 1 :] for c in (site.pool or _char_class(real)) if c not in taken]
-        picked = _window(text, made, lambda x: _fit(freq, x, i), m, rng)
-    return None if picked is None else [f"{head}{x}{quote}" for x in picked]
+        for i in rng.sample(positions, min(len(positions), _ATTEMPTS)):
+            # Never the buggy output's own character there: that member would be the buggy output itself.
+            taken = {text[i]} | ({near[i]} if isinstance(near, str) and len(near) == len(text) else set())
+            made = [
+                text[:i] + c + text[i + 1 :] for c in (site.pool or _char_class(text[i])) if c not in taken
+            ]
+            places.append((made, natural(i)))
+    for made, weight in places:
+        if len(made) < m - 1:
+            continue
+        try:
+            picked = _members(text, made, weight, m, rng)
+        except _Declined:
+            continue
+        return [f"{head}{x}{quote}" for x in picked]
+    if any(len(made) >= m - 1 for made, _ in places):
+        raise _Declined("every place tried declined its draw")
+    return None
 
 
 def _grid_spots(text: str, spots: list[int], m: int, rng: random.Random) -> tuple[int, int] | None:
@@ -141,7 +291,7 @@ def _values(
     site: _Site,
     m: int,
     rng: random.Random,
-    freq: Counter,
+    freq: _Naturalness,
     exceptions: Counter,
     context: Counter,
     raised: Collection[str] = (),
@@ -181,7 +331,12 @@ def _text_key(site: _Site, text: str) -> tuple[str, object]:
 
 
 def _draw(
-    site: _Site, m: int, rng: random.Random, freq: Counter, exceptions: Counter, raised: Collection[str] = ()
+    site: _Site,
+    m: int,
+    rng: random.Random,
+    freq: _Naturalness,
+    exceptions: Counter,
+    raised: Collection[str] = (),
 ) -> list[str] | None:
     if site.kind == "raises":
         pool = _unrelated([e for e in dict.fromkeys([*exceptions, *_EXCEPTIONS])], site.text)

@@ -15,24 +15,27 @@ from agentrl.core.task import Task
 from agentrl.env.agents import tool_call
 from tests.verifiers.test_hidden_tests import FixFunctionEnv, play
 
-BUGGY = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '.'\n"
+# The bug leaves each word's last letter small: the fix changes a different letter in every expected
+# value, so no character is shared by the real members of all the sets (a mark every expected value
+# ends in would be one: a forger reading the sets would pick it in each, and the planner declines it).
+BUGGY = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s[:-1].upper() + s[-1] + '!'\n"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef shout(s):\n    return s.upper() + '!'\n"
 WORDS = [
     "hey",
     "ho",
-    "let us go",
     "run",
     "stop",
     "wait",
-    "jump",
     "now",
-    "again",
-    "up",
-    "down",
-    "left",
-    "right",
-    "sit",
-    "go on",
+    "jab",
+    "sad",
+    "elf",
+    "dig",
+    "ask",
+    "sum",
+    "fix",
+    "fiz",
+    "ear",
 ]
 TESTS = f"""import pytest
 
@@ -55,7 +58,9 @@ F2P = [f"test_m.py::test_shout[{w}-{w.upper()}!]" for w in WORDS]
 P2P = ["test_m.py::test_add", "test_m.py::test_truth"]
 # Where each fails on the buggy code, and what it compared there (what `tasks synth` records).
 FAILING_LINES = dict.fromkeys(F2P, 1 + TESTS.splitlines().index("    assert shout(text) == want"))
-COMPARED = {f: [repr(w.upper() + "."), repr(w.upper() + "!")] for f, w in zip(F2P, WORDS, strict=True)}
+COMPARED = {
+    f: [repr(w[:-1].upper() + w[-1] + "!"), repr(w.upper() + "!")] for f, w in zip(F2P, WORDS, strict=True)
+}
 BACKENDS = [
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
     pytest.param("bwrap", marks=pytest.mark.docker, id="bwrap"),
@@ -68,7 +73,7 @@ def task(tmp_path_factory) -> Task:
     (hidden / "test_m.py").write_text(TESTS)
     return Task(
         id="fix-add/twins",
-        prompt="mathlib.shout ends with the wrong mark. Fix it, then submit.",
+        prompt="mathlib.shout leaves a letter small. Fix it, then submit.",
         files={"mathlib.py": BUGGY},
         hidden_tests=str(hidden),
         metadata={
