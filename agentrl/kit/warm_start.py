@@ -34,7 +34,7 @@ always passes (p = 1) gives zero advantages everywhere; pass@1 between 0.2 and 0
 groups of 4-8 samples informative and room to improve.
 
 Cache: `<out>/agentrl_warm_start.json` records the hash of the build fields of the recipe (with the
-library versions and `WARM_START_VERSION`), the build's statistics and the measurement. A second call
+library versions, `WARM_START_VERSION` and a digest of the code that builds, `BUILD_CODE`), the build's statistics and the measurement. A second call
 with the same build fields returns the directory untouched; different build fields rebuild it (beside
 the target, renamed into place at the end, so no reader sees half a model); a different measurement
 spec (`eval_*` fields) only re-measures. A non-empty directory we did not write is refused.
@@ -67,7 +67,27 @@ COPY_SEQUENCES = 8192
 # than version 1 did (benchmarks/RESULTS.md, the curriculum runs), so version-1 caches are rebuilt.
 # 3: the SFT holds each micro-batch's common prefix once (`optim.share_prefix`): the same loss, rounded
 # otherwise, and 832 steps make that another model (docs/DEMO.md).
-WARM_START_VERSION = 3
+# 4: the SFT's micro-batch plan keeps a group's episodes together (another model from the same recipe);
+# a digest of the code that builds (`BUILD_CODE`) now catches such a change without a bump.
+WARM_START_VERSION = 4
+BUILD_CODE = (
+    "agentrl.kit.warm_start",
+    "agentrl.kit.tiny_model",
+    "agentrl.kit.tokenizer",
+    "agentrl.kit.demonstrations",
+    "agentrl.rollout.masker",
+    "agentrl.train.sft",
+    "agentrl.train.batch",
+    "agentrl.train.packing",
+    "agentrl.train.varlen",
+    "agentrl.train.logprobs",
+    "agentrl.train.compiled",
+    "agentrl.train.distributed",
+    "agentrl.envs.calc",
+)
+"""The modules whose source decides what a recipe builds (initialisation, demonstrations, masking,
+the SFT's batches and loss): their digest is part of the build hash, so a cache built by other code is
+rebuilt, never reused as if it were this code's model."""
 _EVAL_FIELDS = ("eval_tasks", "eval_samples", "eval_temperature", "eval_split", "eval_seed")
 # Fields of the tiny model built from scratch (its short stage): a build from a checkpoint has none.
 _SHORT_FIELDS = (
@@ -274,6 +294,7 @@ def build_hash(recipe: WarmStartRecipe) -> str:
 
     key = {
         "warm_start_version": WARM_START_VERSION,
+        "code": code_digest(),
         "model_kit_version": RECIPE_VERSION,
         "recipe": recipe.build_fields(),
         # The checkpoint's content, not only its path: one retrained in place is another start.
@@ -286,6 +307,19 @@ def build_hash(recipe: WarmStartRecipe) -> str:
         },
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def code_digest(modules: tuple[str, ...] = BUILD_CODE) -> str:
+    """A digest of the source of `modules` (found without importing them)."""
+    import importlib.util
+
+    h = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError(f"no module {name} to digest (warm_start.BUILD_CODE lists it)")
+        h.update(name.encode() + b"\0" + Path(spec.origin).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _fingerprint(model_dir: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import agentrl.kit.warm_start as warm_start_module
 from agentrl.cli import app
 from agentrl.kit.warm_start import RECORD_FILE, WarmStartRecipe, advice, build_hash, warm_start
 
@@ -163,3 +164,23 @@ def test_from_a_checkpoint_only_the_main_stage_and_the_recipes_from_scratch_keep
     assert said == "held-out pass@1 0.100 of the checkpoint is below the target 0.2"
     above = advice({"build": {"rounds": [{**rounds[0], "pass_at_1": 0.9}]}}, recipe)
     assert above is not None and "above the learnability band" in above
+
+
+def test_a_change_to_the_code_that_builds_rebuilds(tmp_path, monkeypatch):
+    # A cache built by other code (an SFT that batches otherwise) is another model: the build hash
+    # holds a digest of that code's source, so editing it changes the hash.
+    pkg = tmp_path / "wsdigest_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "step.py").write_text("LR = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = warm_start_module.code_digest(("wsdigest_probe.step",))
+    (pkg / "step.py").write_text("LR = 2\n")
+    assert warm_start_module.code_digest(("wsdigest_probe.step",)) != before
+    with pytest.raises(ModuleNotFoundError, match="BUILD_CODE"):
+        warm_start_module.code_digest(("wsdigest_probe.missing",))
+
+    default = build_hash(SMALL)
+    monkeypatch.setattr(warm_start_module, "code_digest", lambda: "another")
+    assert build_hash(SMALL) != default
+    assert warm_start_module.BUILD_CODE  # every listed module exists (the default digest above ran)
