@@ -144,8 +144,9 @@ def _members(
     member to be the one a reader of `log_weight` would pick, whatever their rule.
 
     The candidates' weights (the calibrated naturalness, `_natural`), normalised, are taken as the
-    chance p(x) that the test's author wrote x here. The others are drawn as a set S with probability proportional to the product
-    of their p (conditional Poisson sampling); then P(S, real = x) = p(x) * prod(p, S) / Z(x), where
+    chance p(x) that the test's author wrote x here. The others are drawn as a set S with probability
+    proportional to the product of their p (conditional Poisson sampling); then
+    P(S, real = x) = p(x) * prod(p, S) / Z(x), where
     Z(x) is that product summed over every set of m - 1 others than x. Only Z(x) singles out the real
     member, so the draw goes ahead with probability Z(real) / max Z and is declined otherwise
     (`_Declined`): then P(S, real = x) is the product of p over all m, the same whichever member is
