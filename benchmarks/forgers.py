@@ -327,23 +327,25 @@ def _string_pairs(strings: list[str]) -> Counter:
     return out
 
 
-def _differ(values: tuple[str, ...]) -> list[str] | None:
+def _differing(values: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
+    """The members as strings and the places they differ at; None unless all are strings of one length."""
     members = [_value(x) for x in values]
     if not all(isinstance(x, str) for x in members) or len({len(x) for x in members}) != 1:
         return None
-    return members
+    return members, [k for k in range(len(members[0])) if len({x[k] for x in members}) > 1]
 
 
 def _naturalness(values: tuple[str, ...], i: int, pairs: Counter) -> float:
     """How natural member i reads where the members differ, by the character pairs of what a forger can
-    read (the package's source, the decision folder): the planner's first measure (`_fit`) on them."""
-    from agentrl.verifiers.twin_values import _fit
+    read (the package's source, the decision folder): the log counts of each place's two pairs, the
+    planner's first measure."""
+    from agentrl.verifiers.twin_values import _signals
 
-    members = _differ(values)
-    if members is None:
+    found = _differing(values)
+    if found is None:
         return 0.0
-    differ = [k for k in range(len(members[0])) if len({x[k] for x in members}) > 1]
-    return sum(math.log(_fit(pairs, members[i], k)) for k in differ)
+    members, differ = found
+    return sum(sum(_signals(pairs, members[i], k)[:2]) for k in differ)
 
 
 def _modelled(values: tuple[str, ...], i: int, model: Any) -> float:
@@ -351,10 +353,10 @@ def _modelled(values: tuple[str, ...], i: int, model: Any) -> float:
     on what it can read, as the planner fits it on the hidden tests."""
     from agentrl.verifiers.twin_values import _natural
 
-    members = _differ(values)
-    if members is None or model is None:
+    found = _differing(values)
+    if found is None or model is None:
         return 0.0
-    differ = [k for k in range(len(members[0])) if len({x[k] for x in members}) > 1]
+    members, differ = found
     return _natural(model, members[i], differ)
 
 

@@ -58,14 +58,6 @@ def _own_pairs(text: str) -> Counter:
     return Counter(text) + Counter(t[k : k + 2] for k in range(len(t) - 1))
 
 
-def _fit(freq: Counter, s: str, i: int, own: Counter | None = None) -> float:
-    """How natural character i of s is next to its neighbours, by the pairs of characters the hidden
-    tests' own strings are made of (less `own`): the product of its two pairs' counts, each plus one
-    (the measure twins were once ranked by; `_natural` is the one they are drawn by)."""
-    left, right = _signals(freq, s, i, own)[:2]
-    return math.exp(left + right)
-
-
 SIGNALS = ("pair_left", "pair_right", "character")
 """What `_signals` reads at a place, in its order."""
 
@@ -92,7 +84,7 @@ def _natural(nat: _Naturalness, s: str, at: Collection[int], own: Counter | None
 
 
 _CALIBRATION_POSITIONS = 800
-_UNFITTED = (1.0, 1.0, 0.0)  # no string to fit on: `_fit`'s measure
+_UNFITTED = (1.0, 1.0, 0.0)  # no string to fit on: the two pairs' counts, as twins were once ranked
 
 
 def _calibrated(pairs: Counter, strings: list[str]) -> tuple[float, ...]:
