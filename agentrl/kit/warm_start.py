@@ -34,8 +34,9 @@ always passes (p = 1) gives zero advantages everywhere; pass@1 between 0.2 and 0
 groups of 4-8 samples informative and room to improve.
 
 Cache: `<out>/agentrl_warm_start.json` records the hash of the build fields of the recipe (with the
-library versions, `WARM_START_VERSION` and a digest of the code that builds, `BUILD_CODE`), the build's statistics and the measurement. A second call
-with the same build fields returns the directory untouched; different build fields rebuild it (beside
+library versions, `WARM_START_VERSION` and a digest of the code that builds, `BUILD_CODE`), the
+build's statistics and the measurement. A second call with the same build fields and code returns
+the directory untouched; different build fields rebuild it (beside
 the target, renamed into place at the end, so no reader sees half a model); a different measurement
 spec (`eval_*` fields) only re-measures. A non-empty directory we did not write is refused.
 """
