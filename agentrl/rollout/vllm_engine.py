@@ -328,7 +328,23 @@ class VLLMPolicy(VLLMAdapters):
             self._ready.set()
             return
         self._ready.set()
-        self._loop.run_forever()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._drain_loop()
+
+    def _drain_loop(self) -> None:
+        """After `close` stopped the loop: cancel what still runs on it and let it finish, then close it, in
+        this thread, the one whose tasks used the engine client's zmq sockets (libzmq sockets are not
+        thread-safe: one closed or collected under another thread's waiter can abort the process)."""
+        pending = [task for task in asyncio.all_tasks(self._loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            if pending:
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
 
     def _inproc_main(self) -> None:
         try:
@@ -684,9 +700,20 @@ class VLLMPolicy(VLLMAdapters):
                 # joined still exists; at interpreter exit it no longer does.
                 engine.engine_core.shutdown()
         else:
-            self._engine.shutdown()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=60)
+
+            def stop() -> None:
+                # On the loop's own thread: the client closes its sockets and cancels its tasks there
+                # directly, instead of from this thread while the loop may still wait on them.
+                try:
+                    self._engine.shutdown()
+                finally:
+                    self._loop.stop()
+
+            if self._thread.is_alive() and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(stop)
+                self._thread.join(timeout=60)
+            else:  # the loop's thread is gone: nothing waits on the sockets any more
+                self._engine.shutdown()
             del self._engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)

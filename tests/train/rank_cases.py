@@ -43,6 +43,7 @@ def launch(
          "-m", "tests.train.rank_cases", case, str(out), *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
     )  # fmt: skip
+    (out / "stderr.txt").write_text(proc.stderr)  # the whole of it: a failing test shows only its end
     results = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
     results[-1] = {"returncode": proc.returncode, "stderr": proc.stderr[-4000:]}
     return results
