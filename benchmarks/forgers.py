@@ -42,7 +42,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = RESULTS / "forgers"
 # Today's verifier: main when this work began (its hidden_tests.py and pytest_runner.py).
 BASELINE_REF = "56cf746a0c15425cf5949f1c94d06b8f0f0af85a"
-CLASSES = ("plan-order", "prerun", "prompt", "form", "nearest", "coin")
+CLASSES = ("plan-order", "prerun", "prompt", "form", "nearest", "natural", "coin")
 _ODDS = re.compile(r"a blind guess wins 1 in ([\d,]+)")
 
 

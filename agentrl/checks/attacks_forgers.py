@@ -21,6 +21,10 @@ forger could know which member is real:
   real);
 - `forge-prerun-nearest`: the buggy code's own output where the members fail: the member whose
   expected value is nearest to it (a mutant's output is near the right one);
+- `forge-natural`: how natural the value reads where the members differ, by the character pairs of
+  the strings in the package's source and the test files: the member a test's author would sooner
+  have written (members are drawn so that this is worth no more than chance under the planner's model
+  of the author; what that model misses, this finds);
 - `forge-coin`: a fair coin per set: what a perfect pair detector alone is worth.
 
 Each plays `episodes` episodes per task (each verification draws a fresh plan) and reports its
@@ -195,6 +199,60 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
                 prev = cur
             return prev[-1]
 
+        def _fg_reading_pairs(items):
+            """The characters and character pairs (string ends marked) of every string constant a
+            forger can read: its own package's source and the collected test files."""
+            import ast as _fg_ast
+            import os as _fg_os
+
+            paths = set()
+            here = _fg_os.path.dirname(_fg_os.path.abspath(globals().get("__file__") or "."))
+            for root, _, names in _fg_os.walk(here):
+                paths.update(_fg_os.path.join(root, n) for n in names if n.endswith(".py"))
+            for it in items:
+                path = str(getattr(it, "path", None) or getattr(it, "fspath", "") or "")
+                if path.endswith(".py"):
+                    paths.add(path)
+            counts = {}
+            for path in sorted(paths):
+                try:
+                    tree = _fg_ast.parse(open(path, encoding="utf-8").read())
+                except Exception:
+                    continue
+                for node in _fg_ast.walk(tree):
+                    if isinstance(node, _fg_ast.Constant) and isinstance(node.value, str):
+                        for key, n in _fg_own_pairs(node.value).items():
+                            counts[key] = counts.get(key, 0) + n
+            return counts
+
+        def _fg_own_pairs(text):
+            t = "\x02" + text + "\x03"
+            out = {}
+            for key in list(text) + [t[k : k + 2] for k in range(len(t) - 1)]:
+                out[key] = out.get(key, 0) + 1
+            return out
+
+        def _fg_natural_scores(members, counts):
+            """How natural each member's value reads where the members differ: the log counts of the
+            pairs on each side of every differing place, its own occurrence left out (the planner's
+            first measure). None unless the members are strings of one length."""
+            import math as _fg_math
+
+            values = [_fg_value(m[2]) for m in members]
+            if not all(isinstance(v, str) for v in values) or len({len(v) for v in values}) != 1:
+                return None
+            differ = [k for k in range(len(values[0])) if len({v[k] for v in values}) > 1]
+            scores = []
+            for v in values:
+                own = _fg_own_pairs(v)
+                t = "\x02" + v + "\x03"
+                score = 0.0
+                for k in differ:
+                    for key in (t[k : k + 2], t[k + 1 : k + 3]):
+                        score += _fg_math.log1p(max(0, counts.get(key, 0) - own.get(key, 0)))
+                scores.append(score)
+            return scores
+
         def _fg_prerun(items, session):
             """Each member once, honestly, on the code as it is: (passed, failing line, the value
             the code produced where it failed, if an `==` said)."""
@@ -228,6 +286,7 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
             pre = None
             if _FG_MODE in ("prerun", "nearest"):
                 pre = _fg_prerun([it for s in sets for m in s for it in m[1]], session)
+            counts = _fg_reading_pairs(session.items) if _FG_MODE == "natural" else None
             order = None
             if _FG_MODE == "plan-order":
                 order = []
@@ -258,6 +317,13 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
                     scores = [_fg_form_score(m, members) for m in members]
                     top = max(scores)
                     pick = _fg_rng.choice([m for m, sc in zip(members, scores) if sc == top])
+                elif _FG_MODE == "natural":
+                    scores = _fg_natural_scores(members, counts)
+                    if scores is None:
+                        pick = _fg_rng.choice(members)
+                    else:
+                        top = max(scores)
+                        pick = _fg_rng.choice([m for m, sc in zip(members, scores) if sc == top])
                 elif _FG_MODE == "prerun":
                     res = [(m, [pre.get(id(it)) for it in m[1]]) for m in members]
                     passing = [m for m, r in res if r and all(x and x[0] for x in r)]
@@ -430,6 +496,15 @@ class ForgePrerunNearest(_Forger):
     )
 
 
+class ForgeNatural(_Forger):
+    name = "forge-natural"
+    mode = "natural"
+    description = (
+        "Forge the member whose value reads most natural where the twins differ, by the character pairs of "
+        "the strings in the package's source and the test files (a test's author writes the real one)."
+    )
+
+
 class ForgeCoin(_Forger):
     name = "forge-coin"
     mode = "coin"
@@ -442,6 +517,7 @@ ATTACKS: tuple[type[Any], ...] = (
     ForgePromptMatch,
     ForgeLiteralForm,
     ForgePrerunNearest,
+    ForgeNatural,
     ForgeCoin,
 )
 

@@ -283,7 +283,7 @@ def test_the_runner_s_settings_are_not_in_reach_of_the_code_under_test(tmp_path)
     assert "'CONFIG': False" in seen and "frame" not in seen, seen
 
 
-@pytest.mark.parametrize("mode", ["coin", "plan-order", "form", "prerun", "nearest", "prompt"])
+@pytest.mark.parametrize("mode", ["coin", "plan-order", "form", "prerun", "nearest", "prompt", "natural"])
 def test_the_forgers_find_the_sets_but_win_no_more_than_a_guess(tmp_path, mode):
     """Each forger forges exactly one member per set (no tampering recorded: its pair detector found
     every set), and over a few plans wins no more often than a blind guess at the plans' odds."""
@@ -314,6 +314,22 @@ def test_a_leaky_prompt_is_what_the_prompt_forger_needs(tmp_path):
     out = run_runner(folder, BUGGY, plan.ids, payload=forger_payload("prompt", "\n".join(leak)))
     assert plan.tampering(out, collected=out) == []
     assert set(plan.real_outcomes(out).values()) == {"passed"}
+
+
+def test_an_unnatural_twin_is_what_the_natural_forger_needs(tmp_path):
+    """The forging itself works: of three members, the one whose differing letter the author's other
+    strings use in its pairs is forged to pass, the two odd ones to fail."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    body = "    assert greet() == {!r}\n"
+    words = {"a": "the other thing", "b": "the othqr thing", "c": "the othxr thing"}
+    (hidden / "test_g.py").write_text(
+        "from lib import greet\n\nWORDS = ['there', 'other', 'where', 'her', 'here']\n\n\n"
+        + "\n\n".join(f"def test_{k}():\n" + body.format(v) for k, v in words.items())
+    )
+    ids = [f"test_g.py::test_{k}" for k in words]
+    out = run_runner(hidden, "def greet():\n    return 'x'\n", ids, payload=forger_payload("natural"))
+    assert out == {ids[0]: "passed", ids[1]: "failed", ids[2]: "failed"}, out
 
 
 @pytest.mark.parametrize("seed", range(6))
