@@ -226,6 +226,7 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
             return counts
 
         def _fg_own_pairs(text):
+            # `twin_values._own_pairs`, written out: the payload runs in the sandbox, without agentrl.
             t = "\x02" + text + "\x03"
             out = {}
             for key in list(text) + [t[k : k + 2] for k in range(len(t) - 1)]:
