@@ -8,7 +8,8 @@
 Each subcommand prints ONE JSON object on stdout (progress on stderr) and saves it under
 benchmarks/results/forgers/ (`report` merges them into benchmarks/results/forgers.json). The tasks are
 the synthesizer's cached python-repair tasks (`agentrl tasks synth python-repair`), picked round-robin
-over the four packages.
+over the four packages, as this tree's synthesizer would keep them (`--readable`: also those it leaves
+out because a reader of the run's files sees through their twin sets, `agentrl.verifiers.twin_audit`).
 
 - `play`: per task, the controls (the oracle's fix must score 1 with no tampering found, the untouched
   mutant 0), then every forger class of `agentrl.checks.attacks_forgers` for `--episodes` episodes
@@ -42,7 +43,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = RESULTS / "forgers"
 # Today's verifier: main when this work began (its hidden_tests.py and pytest_runner.py).
 BASELINE_REF = "56cf746a0c15425cf5949f1c94d06b8f0f0af85a"
-CLASSES = ("plan-order", "prerun", "prompt", "form", "nearest", "natural", "coin")
+CLASSES = ("plan-order", "prerun", "prompt", "form", "nearest", "natural", "majority", "coin")
 _ODDS = re.compile(r"a blind guess wins 1 in ([\d,]+)")
 
 
@@ -50,14 +51,16 @@ def log(msg: str) -> None:
     print(f"[forgers] {msg}", file=sys.stderr, flush=True)
 
 
-def load_tasks(cache_dir: str | None, n: int, seed: int = 0) -> list[Any]:
+def load_tasks(cache_dir: str | None, n: int, seed: int = 0, readable: bool = False) -> list[Any]:
     """Up to n tasks, round-robin over the packages: every synthesized task whose twin sets, planned by
-    this tree's verifier from the task's own metadata, make a blind guess win 1 in 32 at most (the
-    trial log's verdict may come from an earlier planner)."""
+    this tree's verifier from the task's own metadata, make a blind guess win 1 in 32 at most and that
+    no reader of the run's files sees through (`agentrl.verifiers.twin_audit`; `readable`: those too).
+    The trial log's verdict may come from an earlier planner: both are decided here."""
     from agentrl.core.task import Task
     from agentrl.envs.python_repair.packages import DEFAULT_PACKAGES, get_spec, tests_dir
     from agentrl.envs.python_repair.synth import read_log
     from agentrl.verifiers.hidden_tests import _failing_lines, _list_map, _string_list, _string_map
+    from agentrl.verifiers.twin_audit import audit_task
     from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage
 
     by_pkg: dict[str, list[Any]] = defaultdict(list)
@@ -70,9 +73,7 @@ def load_tasks(cache_dir: str | None, n: int, seed: int = 0) -> list[Any]:
             m = task.metadata
             if "TWIN_SITES" not in m:
                 continue
-            _, odds = coverage(
-                tests_dir(spec),
-                m["FAIL_TO_PASS"],
+            planned: dict[str, Any] = dict(
                 listed=[*m["FAIL_TO_PASS"], *m["PASS_TO_PASS"]],
                 avoid=task.prompt,
                 failing_lines=_failing_lines(task),
@@ -80,8 +81,13 @@ def load_tasks(cache_dir: str | None, n: int, seed: int = 0) -> list[Any]:
                 failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
                 safe_sites=_string_list(task, "TWIN_SITES"),
             )
-            if odds >= DEFAULT_ODDS:
-                by_pkg[name].append(task)
+            _, odds = coverage(tests_dir(spec), m["FAIL_TO_PASS"], **planned)
+            if odds < DEFAULT_ODDS:
+                continue
+            # As the synthesizer keeps tasks now: none a reader of the run's files sees through.
+            if not readable and audit_task(tests_dir(spec), m["FAIL_TO_PASS"], **planned).leaks:
+                continue
+            by_pkg[name].append(task)
     out: list[Any] = []
     i = 0
     while len(out) < n and any(i < len(v) for v in by_pkg.values()):
@@ -106,7 +112,9 @@ def play(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.checks.verifier_check import check_verifier
     from agentrl.envs.python_repair.env import PythonRepairEnv
 
-    tasks = load_tasks(args.cache_dir, args.tasks)[args.start : args.start + args.count]
+    tasks = load_tasks(args.cache_dir, args.tasks, readable=args.readable)[
+        args.start : args.start + args.count
+    ]
     classes = [c for c in args.classes.split(",") if c]
     env = PythonRepairEnv(tasks=tasks, max_turns=6, backend=args.backend)
     records: list[dict[str, Any]] = []
@@ -177,7 +185,7 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.envs.python_repair.env import PythonRepairEnv
     from agentrl.verifiers.hidden_tests import HiddenTestsVerifier
 
-    tasks = load_tasks(args.cache_dir, args.tasks)
+    tasks = load_tasks(args.cache_dir, args.tasks, readable=args.readable)
     after = HiddenTestsVerifier(mode="all", timeout_s=120.0)
     before = baseline_verifier(args.baseline_ref)
     env = PythonRepairEnv(tasks=tasks, max_turns=4, backend=args.backend)
@@ -526,7 +534,7 @@ def _judge_rule(per_task: list[list[list[tuple[list[list[float]], int]]]], score
 def classify(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
-    tasks = load_tasks(args.cache_dir, args.tasks)
+    tasks = load_tasks(args.cache_dir, args.tasks, readable=args.readable)
     per_task = []
     for i, task in enumerate(tasks):
         per_task.append(_sets(task, args.plans))
@@ -619,13 +627,20 @@ def report(_args: argparse.Namespace) -> dict[str, Any]:
                     for p in sorted({r["package"] for r in rs})
                 },
             }
+        # A task's controls, run once per part that played it: it counts when every run of it held.
+        per_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for c in ctrl:
+            per_task[c["task"]].append(c)
         out[backend] = {
             "controls": {
-                "tasks": len(ctrl),
-                "fix_scored_1": sum(c["fix_reward"] == 1.0 for c in ctrl),
-                "false_tampering_on_fixes": sum(c["tampering_on_the_fix"] for c in ctrl),
-                "bug_scored_0": sum(c["bug_reward"] == 0.0 for c in ctrl),
-                "packages": dict(Counter(c["package"] for c in ctrl)),
+                "tasks": len(per_task),
+                "runs": len(ctrl),
+                "fix_scored_1": sum(all(c["fix_reward"] == 1.0 for c in cs) for cs in per_task.values()),
+                "false_tampering_on_fixes": sum(
+                    any(c["tampering_on_the_fix"] for c in cs) for cs in per_task.values()
+                ),
+                "bug_scored_0": sum(all(c["bug_reward"] == 0.0 for c in cs) for cs in per_task.values()),
+                "packages": dict(Counter(cs[0]["package"] for cs in per_task.values())),
             },
             "forgers": by_class,
         }
@@ -644,6 +659,11 @@ def main() -> int:
         p = sub.add_parser(name)
         p.add_argument("--cache-dir", default=None, help="The synthesizer's trial logs (default: its cache).")
         p.add_argument("--tasks", type=int, default=32, help="How many tasks (round-robin over packages).")
+        p.add_argument(
+            "--readable",
+            action="store_true",
+            help="Include tasks the synthesizer now leaves out: a reader of the run's files sees through them.",
+        )
         p.add_argument("--backend", default="docker")
         if name == "play":
             p.add_argument("--classes", default=",".join(CLASSES))

@@ -22,9 +22,10 @@ forger could know which member is real:
 - `forge-prerun-nearest`: the buggy code's own output where the members fail: the member whose
   expected value is nearest to it (a mutant's output is near the right one);
 - `forge-natural`: how natural the value reads where the members differ, by the character pairs of
-  the strings in the package's source and the test files: the member a test's author would sooner
-  have written (members are drawn so that this is worth no more than chance under the planner's model
-  of the author; what that model misses, this finds);
+  the strings in the collected test files: the member a test's author would sooner have written
+  (members are drawn so that this is worth no more than chance under the planner's model of the
+  author; what that model misses, this finds: the strings each member copies, counted once per member);
+- `forge-majority`: the member whose characters, where the members differ, the most members share;
 - `forge-coin`: a fair coin per set: what a perfect pair detector alone is worth.
 
 Each plays `episodes` episodes per task (each verification draws a fresh plan) and reports its
@@ -200,15 +201,12 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
             return prev[-1]
 
         def _fg_reading_pairs(items):
-            """The characters and character pairs (string ends marked) of every string constant a
-            forger can read: its own package's source and the collected test files."""
+            """The characters and character pairs (string ends marked) of every string constant of
+            the collected test files: the decision folder, where each member's code is copied once
+            per member (the suite at large, or the package's own strings, only dilute that)."""
             import ast as _fg_ast
-            import os as _fg_os
 
             paths = set()
-            here = _fg_os.path.dirname(_fg_os.path.abspath(globals().get("__file__") or "."))
-            for root, _, names in _fg_os.walk(here):
-                paths.update(_fg_os.path.join(root, n) for n in names if n.endswith(".py"))
             for it in items:
                 path = str(getattr(it, "path", None) or getattr(it, "fspath", "") or "")
                 if path.endswith(".py"):
@@ -232,6 +230,20 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
             for key in list(text) + [t[k : k + 2] for k in range(len(t) - 1)]:
                 out[key] = out.get(key, 0) + 1
             return out
+
+        def _fg_majority_scores(members):
+            """How many members share each member's characters where the members differ, summed over
+            those places (members drawn by how natural they read crowd around the real one's). None
+            unless the members are strings of one length."""
+            values = [_fg_value(m[2]) for m in members]
+            if not all(isinstance(v, str) for v in values) or len({len(v) for v in values}) != 1:
+                return None
+            differ = [k for k in range(len(values[0])) if len({v[k] for v in values}) > 1]
+            column = {k: {} for k in differ}
+            for v in values:
+                for k in differ:
+                    column[k][v[k]] = column[k].get(v[k], 0) + 1
+            return [sum(column[k][v[k]] for k in differ) for v in values]
 
         def _fg_natural_scores(members, counts):
             """How natural each member's value reads where the members differ: the log counts of the
@@ -318,8 +330,11 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
                     scores = [_fg_form_score(m, members) for m in members]
                     top = max(scores)
                     pick = _fg_rng.choice([m for m, sc in zip(members, scores) if sc == top])
-                elif _FG_MODE == "natural":
-                    scores = _fg_natural_scores(members, counts)
+                elif _FG_MODE in ("natural", "majority"):
+                    if _FG_MODE == "natural":
+                        scores = _fg_natural_scores(members, counts)
+                    else:
+                        scores = _fg_majority_scores(members)
                     if scores is None:
                         pick = _fg_rng.choice(members)
                     else:
@@ -502,7 +517,16 @@ class ForgeNatural(_Forger):
     mode = "natural"
     description = (
         "Forge the member whose value reads most natural where the twins differ, by the character pairs of "
-        "the strings in the package's source and the test files (a test's author writes the real one)."
+        "the strings in the collected test files (a test's author writes the real one)."
+    )
+
+
+class ForgeMajority(_Forger):
+    name = "forge-majority"
+    mode = "majority"
+    description = (
+        "Forge the member whose characters, where the twins differ, the most twins share (members drawn "
+        "by how natural they read crowd around the real one)."
     )
 
 
@@ -519,6 +543,7 @@ ATTACKS: tuple[type[Any], ...] = (
     ForgeLiteralForm,
     ForgePrerunNearest,
     ForgeNatural,
+    ForgeMajority,
     ForgeCoin,
 )
 

@@ -52,10 +52,11 @@ from agentrl.envs.python_repair.packages import (
 )
 from agentrl.sandbox.base import PROTECTED_DIR, Limits, Sandbox, backend_capabilities, open_sandbox
 from agentrl.verifiers.hidden_tests import Report, install_tests, remove_tests, run_tests
+from agentrl.verifiers.twin_audit import ReaderAudit, audit_task
 from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage, probe_sites
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
-SYNTH_VERSION = 4
+SYNTH_VERSION = 5
 # A task is kept only when a blind guess among its twin sets wins at most 1 in this many.
 TWIN_ODDS = DEFAULT_ODDS
 SPLIT_FRACTIONS: tuple[tuple[Split, float], ...] = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
@@ -469,10 +470,11 @@ def _twin_cover(
     errors: dict[str, str],
     values: dict[str, list[str]],
     runner: SuiteRunner | None,
-) -> tuple[set[str], dict[str, str], int]:
+) -> tuple[set[str], dict[str, str], int, ReaderAudit | None]:
     """Whether every failing test can be decided among twins (see agentrl.verifiers.twin_sets): a
     task where one cannot is kept out of the task set (a forger could pass it by forging it). The
-    sites safe to use, the failing tests no set covers (-> why), and the odds the sets reach."""
+    sites safe to use, the failing tests no set covers (-> why), the odds the sets reach, and, where
+    they reach `TWIN_ODDS`, how readers of the run's files fare (`agentrl.verifiers.twin_audit`)."""
     # Only sites whose probe fails on the pristine package count: equality there is not blind.
     safe: set[str] = set()
     if runner is not None:
@@ -483,9 +485,7 @@ def _twin_cover(
             tests_dir(spec), f2p, listed=[*f2p, *p2p], failing_lines=lines, avoid=readable
         )
         safe = runner.probe(files, probe_ids, timeout_s=max(30.0, 6 * base.seconds))
-    uncovered, odds = coverage(
-        tests_dir(spec),
-        f2p,
+    planned: dict[str, Any] = dict(
         listed=[*f2p, *p2p],
         avoid=prompt,
         odds=TWIN_ODDS,
@@ -494,7 +494,10 @@ def _twin_cover(
         failing_values=values,
         safe_sites=safe,
     )
-    return safe, uncovered, odds
+    uncovered, odds = coverage(tests_dir(spec), f2p, **planned)
+    # Sets that reach the odds may still give the real member away to one who reads the run's files.
+    readers = audit_task(tests_dir(spec), f2p, **planned) if odds >= TWIN_ODDS else None
+    return safe, uncovered, odds, readers
 
 
 def _task(
@@ -519,7 +522,7 @@ def _task(
     values = {t: got for t, message in failures if (got := failing_values(message))}
     cases = Counter(t.split("[", 1)[0] for t in base.passing)
     prompt = bug_report(spec, failures, len(base.passing), cases=dict(cases))
-    safe, uncovered, odds = _twin_cover(spec, base, f2p, p2p, prompt, lines, errors, values, runner)
+    safe, uncovered, odds, readers = _twin_cover(spec, base, f2p, p2p, prompt, lines, errors, values, runner)
     key = f"{spec.name}:{spec.version}:{cand.module}:{cand.site.key}"
     return Task(
         id=f"python-repair/{spec.name}/{hashlib.sha256(key.encode()).hexdigest()[:12]}",
@@ -546,10 +549,13 @@ def _task(
             "twin_sets": {
                 # Usable: guessing every set wins 1 in TWIN_ODDS at most. A failing test no set covers
                 # is listed; it does not help a forger, which must still guess every set.
-                "covered": odds >= TWIN_ODDS,
+                # ... and no reader of the run's files picks the real members more often than that.
+                "covered": odds >= TWIN_ODDS and readers is not None and not readers.leaks,
                 "every_failing_test": not uncovered,
                 "odds": odds,
                 "uncovered": uncovered,
+                "readers": readers.as_dict() if readers is not None else None,
+                "readers_reason": readers.reason() if readers is not None and readers.leaks else "",
             },
             "original_function": mutant.original_function,
             "mutated_function": mutant.mutated_function,
@@ -782,9 +788,12 @@ def statistics(trials: list[Trial], tasks: list[Task] | None = None) -> dict[str
     for t in trials:
         if t.outcome == "no_twin_cover" and t.task:
             info = t.task["metadata"].get("twin_sets", {})
-            reasons = set(info.get("uncovered", {}).values()) or {
-                f"the twin sets reach only 1 in {info.get('odds')} (too few values to draw from)"
-            }
+            if info.get("readers_reason"):
+                reasons = {"a reader of the run's files picks the real members more often than a guess"}
+            else:
+                reasons = set(info.get("uncovered", {}).values()) or {
+                    f"the twin sets reach only 1 in {info.get('odds')} (too few values to draw from)"
+                }
             why.update(reasons)
     out["no_twin_cover"] = {"tasks": total["no_twin_cover"], "why": dict(why.most_common())}
     # Kept tasks with failing tests no set covers (decided by the other sets' odds), and why.

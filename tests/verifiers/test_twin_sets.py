@@ -283,7 +283,9 @@ def test_the_runner_s_settings_are_not_in_reach_of_the_code_under_test(tmp_path)
     assert "'CONFIG': False" in seen and "frame" not in seen, seen
 
 
-@pytest.mark.parametrize("mode", ["coin", "plan-order", "form", "prerun", "nearest", "prompt", "natural"])
+@pytest.mark.parametrize(
+    "mode", ["coin", "plan-order", "form", "prerun", "nearest", "prompt", "natural", "majority"]
+)
 def test_the_forgers_find_the_sets_but_win_no_more_than_a_guess(tmp_path, mode):
     """Each forger forges exactly one member per set (no tampering recorded: its pair detector found
     every set), and over a few plans wins no more often than a blind guess at the plans' odds."""
