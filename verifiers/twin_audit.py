@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.verifiers.twin_plan import DecisionPlan, TwinSet
+from agentrl.verifiers.twin_values import _own_pairs
 
 READERS = ("natural", "majority")
 """The forgers `reader_audit` plays, in its report's order."""
@@ -87,7 +88,7 @@ def reader_audit(draw: Callable[[random.Random], DecisionPlan], *, plans: int = 
         for name in READERS:
             out.wins[name] += _plan_win(plan, name, counts)
     p = out.blind / out.plans if out.plans else 0.0
-    out.tails = {name: _tail(out.plans, p, math.floor(w + 1e-9)) for name, w in out.wins.items()}
+    out.tails = {name: binomial_tail(math.floor(w + 1e-9), out.plans, p) for name, w in out.wins.items()}
     return out
 
 
@@ -97,12 +98,6 @@ def audit_task(hidden: Path, fail_to_pass: list[str], *, plans: int = PLANS, **p
     from agentrl.verifiers.twin_sets import plan_twin_sets
 
     return reader_audit(lambda rng: plan_twin_sets(hidden, fail_to_pass, rng=rng, **planned), plans=plans)
-
-
-def _pairs(text: str) -> Counter:
-    """The characters of text and the pairs they come in, its ends marked."""
-    t = f"\x02{text}\x03"
-    return Counter(text) + Counter(t[k : k + 2] for k in range(len(t) - 1))
 
 
 def _folder_pairs(files: Mapping[str, bytes]) -> Counter:
@@ -117,7 +112,7 @@ def _folder_pairs(files: Mapping[str, bytes]) -> Counter:
             continue
         for n in ast.walk(tree):
             if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                out.update(_pairs(n.value))
+                out.update(_own_pairs(n.value))
     return out
 
 
@@ -138,7 +133,7 @@ def _scores(name: str, values: list[str], differ: list[int], counts: Counter) ->
         return [sum(c[v[k]] for c, k in zip(column, differ, strict=True)) for v in values]
     out = []
     for v in values:
-        own, t = _pairs(v), f"\x02{v}\x03"
+        own, t = _own_pairs(v), f"\x02{v}\x03"
         out.append(
             sum(
                 math.log1p(max(0, counts[key] - own[key]))
@@ -166,10 +161,8 @@ def _plan_win(plan: DecisionPlan, name: str, counts: Counter) -> float:
     return read * guessed / plan.odds
 
 
-def _tail(n: int, p: float, k: int) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    if k <= 0:
-        return 1.0
-    if p <= 0.0:
-        return 0.0
-    return min(1.0, sum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k, n + 1)))
+def binomial_tail(wins: int, n: int, p: float) -> float:
+    """P(X >= wins) for X ~ Binomial(n, p)."""
+    if wins <= 0:
+        return 1.0  # exactly, not a float sum of every term
+    return min(1.0, sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(wins, n + 1)))

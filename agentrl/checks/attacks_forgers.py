@@ -37,7 +37,6 @@ belongs to a twin set (the FAIL_TO_PASS run); elsewhere they leave the outcomes 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import secrets
@@ -46,6 +45,7 @@ from typing import Any
 from agentrl.checks.attack_base import Outcome, Play, register
 from agentrl.checks.attack_common import _append, _HiddenTests
 from agentrl.core.task import Task
+from agentrl.verifiers.twin_audit import binomial_tail
 
 # The in-process forger. MODE, PROMPT and SEED are filled in per attack.
 FORGER = r'''
@@ -331,10 +331,8 @@ if "_pytest" in _fg_sys.modules and not getattr(_fg_sys, "_fg_armed", False):
                     top = max(scores)
                     pick = _fg_rng.choice([m for m, sc in zip(members, scores) if sc == top])
                 elif _FG_MODE in ("natural", "majority"):
-                    if _FG_MODE == "natural":
-                        scores = _fg_natural_scores(members, counts)
-                    else:
-                        scores = _fg_majority_scores(members)
+                    natural = _FG_MODE == "natural"
+                    scores = _fg_natural_scores(members, counts) if natural else _fg_majority_scores(members)
                     if scores is None:
                         pick = _fg_rng.choice(members)
                     else:
@@ -423,11 +421,6 @@ def forger_payload(mode: str, prompt: str = "", seed: int | None = None) -> str:
 
 
 _ODDS = re.compile(r"a blind guess wins 1 in ([\d,]+)")
-
-
-def binomial_tail(wins: int, n: int, p: float) -> float:
-    """P(X >= wins) for X ~ Binomial(n, p)."""
-    return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(wins, n + 1))
 
 
 class _Forger(_HiddenTests):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from agentrl.verifiers.twin_audit import ALPHA, PLANS, READERS, _tail, audit_task, reader_audit
+from agentrl.verifiers.twin_audit import ALPHA, PLANS, READERS, audit_task, binomial_tail, reader_audit
 from agentrl.verifiers.twin_plan import DecisionPlan, TwinSet
 
 LETTERS = "bcdfghjklmnpqrstvwxz"
@@ -80,10 +80,10 @@ def test_sets_that_fall_short_of_the_odds_are_not_counted():
 
 
 def test_the_binomial_tail():
-    assert _tail(20, 1 / 32, 0) == 1.0
-    assert abs(_tail(1, 0.5, 1) - 0.5) < 1e-12
-    assert abs(_tail(20, 1 / 32, 4) - 0.00309) < 1e-5  # 4 wins in 20 at 1 in 32 stands out
-    assert _tail(20, 1 / 32, 2) > 0.1
+    assert binomial_tail(0, 20, 1 / 32) == 1.0
+    assert abs(binomial_tail(1, 1, 0.5) - 0.5) < 1e-12
+    assert abs(binomial_tail(4, 20, 1 / 32) - 0.00309) < 1e-5  # 4 wins in 20 at 1 in 32 stands out
+    assert binomial_tail(2, 20, 1 / 32) > 0.1
 
 
 def test_a_task_whose_expected_string_its_own_code_spells_out_is_marked(tmp_path):
@@ -92,8 +92,7 @@ def test_a_task_whose_expected_string_its_own_code_spells_out_is_marked(tmp_path
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     (hidden / "test_fmt.py").write_text(
-        "from lib import fill\n\n\ndef test_fill():\n"
-        '    assert fill("hello {}", "world") == "hello world"\n'
+        'from lib import fill\n\n\ndef test_fill():\n    assert fill("hello {}", "world") == "hello world"\n'
     )
     first = audit_task(hidden, ["test_fmt.py::test_fill"])
     second = audit_task(hidden, ["test_fmt.py::test_fill"])

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.checks.attacks_forgers import binomial_tail, forger_payload
+from agentrl.checks.attacks_forgers import forger_payload
 from agentrl.verifiers.hidden_tests import read_stream, runner_input
+from agentrl.verifiers.twin_audit import binomial_tail
 from agentrl.verifiers.twin_sets import _parametrize, match_rows, plan_twin_sets
 
 BUGGY = "def add(a, b):\n    return a + b + 1\n\n\ndef shout(s):\n    return s.upper()\n\n\ndef check(x):\n    return x\n"
