@@ -169,7 +169,7 @@ def _train(
     from agentrl.train.config import load_config
     from agentrl.train.launch import launch
     from agentrl.train.plot import plot_training
-    from agentrl.train.selection import RULE, read_choice
+    from agentrl.train.selection import read_choice, rule
 
     overrides = [f"model={warm}", f"out={out / 'train'}"]
     if s.quick:
@@ -199,12 +199,20 @@ def _train(
             launch(cfg, nproc=s.nproc)
     choice = read_choice(out / "train" / "best") if cfg.eval.keep_best else None
     selected = out / "train" / "best" if choice is not None else final
-    where = (
-        f"step {choice['step']} of {cfg.steps} (validation pass@1 {choice['score']:.3f}, {cfg.eval.tasks} tasks x "
-        f"{cfg.eval.samples}, every {cfg.eval.every} steps; rule: {RULE})"
-        if choice is not None
-        else f"the last step ({cfg.steps})"
-    )
+    start = cfg.eval.at_start
+    if choice is None:
+        where = f"the last step ({cfg.steps})"
+    elif choice["step"] == 0:
+        where = (
+            f"the warm start itself: no trained step of {cfg.steps} beat its validation pass@1 "
+            f"{choice['score']:.3f} ({cfg.eval.tasks} tasks x {cfg.eval.samples}, every {cfg.eval.every} steps; "
+            f"rule: {rule(start)})"
+        )
+    else:
+        where = (
+            f"step {choice['step']} of {cfg.steps} (validation pass@1 {choice['score']:.3f}, {cfg.eval.tasks} "
+            f"tasks x {cfg.eval.samples}, every {cfg.eval.every} steps; rule: {rule(start)})"
+        )
     report["train"] = {
         "steps": cfg.steps,
         "seconds": round(time.time() - t0, 1),

@@ -258,6 +258,25 @@ def save(
     return final
 
 
+def save_weights(out: str | Path, step: int, model: torch.nn.Module, base_model: str | Path) -> Path:
+    """Write `checkpoint-<step>` with the model's weights (or a LoRA model's adapter) and no trainer state:
+    a candidate for `eval.keep_best`, not a point to resume from. Collective; rank 0 writes, atomically.
+
+    Not `save`: gathering an optimizer that has not stepped makes torch initialize its state with a
+    zero-learning-rate step, which would count one Adam step the run never took."""
+    out = Path(out)
+    final, tmp = out / f"checkpoint-{step}", out / f".checkpoint-{step}.tmp"
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    if main and tmp.exists():
+        shutil.rmtree(tmp)
+    export_model(model, base_model, tmp)
+    if main:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    return final
+
+
 def export_model(model: torch.nn.Module, base_model: str | Path, out_dir: str | Path) -> Path:
     """The trained model in `out_dir` (a run's final/, SFT's output): a Hugging Face checkpoint, or a LoRA
     model's adapter directory, with the tokenizer of `base_model`. Collective: every rank calls it; rank 0 writes."""

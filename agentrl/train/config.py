@@ -318,13 +318,15 @@ class EvalSettings(_Strict):
     at_start: bool = Field(
         False,
         description="Also evaluate the starting model (step 0) before the first step: the baseline of the "
-        "curve in eval.jsonl (never a candidate for keep_best).",
+        "curve in eval.jsonl, and with keep_best a candidate too (its weights are saved as checkpoint-0), so "
+        "a run in which no trained step beats the model it started from keeps that model and says so.",
     )
     keep_best: bool = Field(
         False,
         description="Keep the checkpoint with the best held-out pass@1 (the evaluations every `every` steps "
-        "and after the last one; a tie keeps the earlier step) and write it to out/best, as trainers that "
-        "load the best model at the end do. Needs every > 0 and the validation split.",
+        "and after the last one, and the starting model's with at_start; a tie keeps the earlier step) and "
+        "write it to out/best, as trainers that load the best model at the end do. Needs every > 0 and the "
+        "validation split.",
     )
     split: Literal["validation", "test"] = Field(
         "validation", description="Held-out split for in-training evaluation."

@@ -1,14 +1,16 @@
 """Model selection on the validation split: which trained checkpoint `eval.keep_best` keeps.
 
 The trainer evaluates the policy on held-out validation tasks every `eval.every` steps (and after the
-last step) and appends a row to `out/eval.jsonl`. The best row among the trained steps (step >= 1; the
-starting model's row of `eval.at_start` is a baseline, not a candidate) names the checkpoint to keep:
-its weights are protected from `keep_last`'s pruning and copied to `out/best` when the run ends.
+last step) and appends a row to `out/eval.jsonl`. The best row names the checkpoint to keep: its
+weights are protected from `keep_last`'s pruning and copied to `out/best` when the run ends. The
+candidates are the trained steps and, with `eval.at_start`, the starting model (step 0; the trainer
+writes `checkpoint-0` for it): a run in which no trained step beats the model it started from keeps
+that model and says so, rather than handing on a model that validation found worse.
 
 The choice is a function of eval.jsonl alone, so a resumed run (whose eval.jsonl is cut back to the
 checkpoint it resumes from) makes the same choice as the uninterrupted run. Ties keep the earlier step:
 with 128 validation episodes, pass@1 moves in steps of 1/128, and a later step with the same score has
-no evidence of being better.
+no evidence of being better (so a trained step must beat the starting model, not tie it).
 
 Selection happens on validation only (the config refuses `keep_best` with `eval.split: test`): a
 checkpoint chosen on the split it is judged on scores too high there.
@@ -24,7 +26,12 @@ from typing import Any
 
 METRIC = "eval/pass@1"
 RECORD = "agentrl_selection.json"
-RULE = "the trained step with the best validation pass@1 (ties: the earlier step)"
+
+
+def rule(start: bool) -> str:
+    """The selection rule in words, as the run and the demo print it."""
+    among = "the trained steps and the starting model (step 0)" if start else "the trained steps"
+    return f"the best validation pass@1 among {among}; ties keep the earlier step"
 
 
 @dataclass(frozen=True)
@@ -43,12 +50,14 @@ def eval_rows(out: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def best_of(rows: list[dict[str, Any]], metric: str = METRIC) -> Choice | None:
-    """The best trained step of the evaluation rows by `metric` (ties: the earlier step), or None."""
+def best_of(rows: list[dict[str, Any]], metric: str = METRIC, *, start: bool = False) -> Choice | None:
+    """The best step of the evaluation rows by `metric` (ties: the earlier step), or None. The trained
+    steps are the candidates, and the starting model's row (step 0) too when `start`."""
     best: Choice | None = None
+    first = 0 if start else 1
     for row in rows:
-        step, score = int(row.get("step", 0)), row.get(metric)
-        if step < 1 or score is None:
+        step, score = int(row.get("step", -1)), row.get(metric)
+        if step < first or score is None:
             continue
         if best is None or float(score) > best.score:
             best = Choice(step, float(score))
@@ -59,10 +68,10 @@ def evaluated(rows: list[dict[str, Any]], step: int) -> bool:
     return any(int(r.get("step", -1)) == step for r in rows)
 
 
-def write_best(out: str | Path, choice: Choice, rows: list[dict[str, Any]]) -> Path:
+def write_best(out: str | Path, choice: Choice, rows: list[dict[str, Any]], *, start: bool = False) -> Path:
     """Copy the weights of `out/checkpoint-<step>` (not its trainer state) to `out/best`, with a record of
-    the choice (`agentrl_selection.json`: the rule, the step, its score, every candidate). Atomic: the
-    copy is renamed into place."""
+    the choice (`agentrl_selection.json`: the rule, the step, its score, every candidate; `start`: the
+    starting model was one). Atomic: the copy is renamed into place."""
     from agentrl.train.checkpoint import STATE_DIR
 
     out = Path(out)
@@ -76,12 +85,15 @@ def write_best(out: str | Path, choice: Choice, rows: list[dict[str, Any]]) -> P
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(STATE_DIR))
     record = {
-        "rule": RULE,
+        "rule": rule(start),
         "metric": METRIC,
         "step": choice.step,
         "score": choice.score,
+        "start_is_candidate": start,
         "candidates": [
-            {"step": int(r["step"]), "score": r.get(METRIC)} for r in rows if int(r.get("step", 0)) >= 1
+            {"step": int(r["step"]), "score": r.get(METRIC)}
+            for r in rows
+            if int(r.get("step", -1)) >= (0 if start else 1)
         ],
         "baseline": next(
             ({"step": 0, "score": r.get(METRIC)} for r in rows if int(r.get("step", -1)) == 0), None

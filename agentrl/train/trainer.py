@@ -65,6 +65,7 @@ from agentrl.rollout.weight_sync import WeightSync
 from agentrl.train.checkpoint import (
     export_model,
     latest_resumable,
+    save_weights,
     set_rng_state,
     truncate_jsonl,
 )
@@ -90,8 +91,7 @@ from agentrl.train.lora import (
 from agentrl.train.plot import plot_training
 from agentrl.train.producer import RolloutProducer
 from agentrl.train.selection import METRIC as SELECTION_METRIC
-from agentrl.train.selection import RULE as SELECTION_RULE
-from agentrl.train.selection import Choice, best_of, eval_rows, evaluated, write_best
+from agentrl.train.selection import Choice, best_of, eval_rows, evaluated, rule, write_best
 from agentrl.train.stopping import (
     ENGINE_OUT_OF_DATE,
     INTERRUPTED,
@@ -180,7 +180,7 @@ class Run:
     engine_error: str | None = None
     """Rank 0: why the engine is not running the newest push, found after it; the next batch stops the run."""
     best: Choice | None = None
-    """Rank 0, with `eval.keep_best`: the best trained step by validation pass@1 so far (`agentrl.train.selection`)."""
+    """Rank 0, with `eval.keep_best`: the best step by validation pass@1 so far (`agentrl.train.selection`)."""
     failures_said: set[str] = field(default_factory=set)
     """Rank 0: the failure reasons (and "pool", the exhausted pool) a warning was printed for, once each."""
 
@@ -289,6 +289,10 @@ def setup(cfg: TrainConfig) -> Run:
     if info.is_main:
         _say_start(run)
         _evaluate_at_start(run)
+    if start_is_candidate(cfg) and resumed_from is None:
+        # The starting model's weights, for out/best should no trained step beat it on validation.
+        wait_for_main("start-evaluated")
+        save_weights(out, 0, model, cfg.model.path)
     return run
 
 
@@ -564,23 +568,36 @@ def finish(run: Run) -> Path:
 
 
 def _keep_best(run: Run) -> str:
-    """Rank 0, after the final checkpoint: out/best from the best trained step by validation pass@1."""
+    """Rank 0, after the final checkpoint: out/best from the best step by validation pass@1 (the starting
+    model among the candidates with `eval.at_start`)."""
     rows = eval_rows(run.out)
-    choice = best_of(rows)
+    start = start_is_candidate(run.cfg)
+    choice = best_of(rows, start=start)
     if choice is None:
         return f"eval.keep_best: no trained step was evaluated, so {run.out / 'best'} was not written"
-    best = write_best(run.out, choice, rows)
+    best = write_best(run.out, choice, rows, start=start)
     scores = ", ".join(f"{int(r['step'])}: {r.get(SELECTION_METRIC, float('nan')):.3f}" for r in rows)
+    if choice.step == 0:
+        return (
+            f"kept the starting model in {best}: no trained step of {run.step} beat its validation pass@1 "
+            f"{choice.score:.3f} (rule: {rule(start)}; by step: {scores})"
+        )
     return (
         f"kept step {choice.step} of {run.step} in {best} (validation pass@1 {choice.score:.3f}; rule: "
-        f"{SELECTION_RULE}; by step: {scores})"
+        f"{rule(start)}; by step: {scores})"
     )
+
+
+def start_is_candidate(cfg: TrainConfig) -> bool:
+    """Whether `eval.keep_best` may keep the starting model: its validation score is known (`eval.at_start`),
+    and its weights are saved as checkpoint-0 before the first step."""
+    return cfg.eval.keep_best and cfg.eval.at_start
 
 
 def _choose(run: Run) -> None:
     """Rank 0, after an evaluation: the best step so far (its checkpoint is protected from pruning)."""
     if run.cfg.eval.keep_best:
-        run.best = best_of(eval_rows(run.out))
+        run.best = best_of(eval_rows(run.out), start=start_is_candidate(run.cfg))
 
 
 def _evaluate_at_start(run: Run) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.train.checkpoint import _prune
+from agentrl.train.checkpoint import _prune, latest_resumable, save_weights
 from agentrl.train.config import TrainConfig
 from agentrl.train.selection import RECORD, Choice, best_of, eval_rows, write_best
-from agentrl.train.trainer import checkpoint_due, eval_due
+from agentrl.train.trainer import _keep_best, checkpoint_due, eval_due, start_is_candidate
 from tests.fixtures_model import tiny_model_dir  # noqa: F401  (pytest fixture)
 from tests.train.test_trainer import coin_config, run
 
@@ -20,10 +20,27 @@ def _rows(*pairs: tuple[int, float]) -> list[dict]:
     return [{"step": s, "eval/pass@1": v} for s, v in pairs]
 
 
-def test_the_best_trained_step_wins_ties_keep_the_earlier_and_the_start_is_no_candidate():
+def test_the_best_trained_step_wins_ties_keep_the_earlier():
     assert best_of(_rows((0, 0.9), (2, 0.5), (4, 0.7), (6, 0.7), (8, 0.6))) == Choice(4, 0.7)
     assert best_of(_rows((0, 0.9))) is None
     assert best_of([]) is None
+
+
+def test_with_the_start_a_candidate_a_trained_step_must_beat_it_not_tie_it():
+    rows = _rows((0, 0.9), (2, 0.5), (4, 0.7))
+    assert best_of(rows, start=True) == Choice(0, 0.9)
+    assert best_of(_rows((0, 0.6), (2, 0.6), (4, 0.55)), start=True) == Choice(0, 0.6)
+    assert best_of(_rows((0, 0.6), (2, 0.55), (4, 0.65)), start=True) == Choice(4, 0.65)
+    assert best_of(_rows((2, 0.5)), start=True) == Choice(2, 0.5)  # no row of the start: trained steps only
+
+
+def test_the_start_is_a_candidate_only_when_it_is_evaluated():
+    def cfg(**evaluation):
+        return TrainConfig(env="test/Coin-v0", model="m", eval={"every": 2, **evaluation})
+
+    assert start_is_candidate(cfg(keep_best=True, at_start=True))
+    assert not start_is_candidate(cfg(keep_best=True))
+    assert not start_is_candidate(cfg(at_start=True))
 
 
 def test_keep_best_needs_evaluations_on_validation():
@@ -70,6 +87,53 @@ def test_write_best_copies_the_weights_and_records_the_choice(tmp_path):
         write_best(tmp_path, Choice(6, 0.7), rows)
 
 
+def _checkpoint(out: Path, step: int, resumable: bool = True) -> None:
+    (out / f"checkpoint-{step}").mkdir(parents=True)
+    (out / f"checkpoint-{step}" / "model.safetensors").write_text(f"weights of step {step}")
+    if resumable:
+        (out / f"checkpoint-{step}" / "trainer_state").mkdir()
+
+
+def test_a_run_no_trained_step_improved_keeps_the_starting_model_and_says_so(tmp_path):
+    """The trainer's end of a run with keep_best and at_start, where validation fell after the start."""
+    from types import SimpleNamespace
+
+    rows = _rows((0, 0.6), (2, 0.5), (4, 0.6))
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _checkpoint(tmp_path, 0, resumable=False)
+    _checkpoint(tmp_path, 4)
+    cfg = TrainConfig(
+        env="test/Coin-v0", model="m", steps=4, eval={"every": 2, "at_start": True, "keep_best": True}
+    )
+    said = _keep_best(SimpleNamespace(out=tmp_path, cfg=cfg, step=4))
+    assert said.startswith("kept the starting model") and "no trained step of 4 beat" in said, said
+    assert (tmp_path / "best" / "model.safetensors").read_text() == "weights of step 0"
+    record = json.loads((tmp_path / "best" / RECORD).read_text())
+    assert record["step"] == 0 and record["start_is_candidate"] and "starting model" in record["rule"]
+    assert [c["step"] for c in record["candidates"]] == [0, 2, 4]
+
+    # Without at_start the same rows keep the best trained step, which ties the start.
+    cfg = TrainConfig(env="test/Coin-v0", model="m", steps=4, eval={"every": 2, "keep_best": True})
+    assert _keep_best(SimpleNamespace(out=tmp_path, cfg=cfg, step=4)).startswith("kept step 4 of 4")
+    assert (tmp_path / "best" / "model.safetensors").read_text() == "weights of step 4"
+
+
+def test_the_starting_weights_are_saved_without_a_trainer_state(tiny_model_dir, tmp_path):  # noqa: F811
+    """checkpoint-0 holds the model as it starts (a candidate for out/best), and a resume never starts from it:
+    saving an optimizer that has not stepped would count an Adam step the run never took."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    path = save_weights(tmp_path, 0, model, tiny_model_dir)
+    assert path == tmp_path / "checkpoint-0" and not (path / "trainer_state").exists()
+    saved = load_file(path / "model.safetensors")
+    own = model.state_dict()
+    assert set(saved) <= set(own) and saved
+    assert all(saved[k].equal(own[k]) for k in saved)
+    assert latest_resumable(tmp_path) is None
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_keep_best_selects_on_validation_resumes_to_the_same_choice_and_never_touches_test(
@@ -99,7 +163,7 @@ def test_keep_best_selects_on_validation_resumes_to_the_same_choice_and_never_to
         out = tmp_path / name
         rows = eval_rows(out)
         assert [r["step"] for r in rows] == [0, 2, 4]
-        choice = best_of(rows)
+        choice = best_of(rows, start=True)
         assert choice is not None
         record = json.loads((out / "best" / RECORD).read_text())
         assert (record["step"], record["score"]) == (choice.step, choice.score)
