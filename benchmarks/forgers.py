@@ -84,8 +84,9 @@ def load_tasks(cache_dir: str | None, n: int, seed: int = 0, readable: bool = Fa
             _, odds = coverage(tests_dir(spec), m["FAIL_TO_PASS"], **planned)
             if odds < DEFAULT_ODDS:
                 continue
-            # As the synthesizer keeps tasks now: none a reader of the run's files sees through.
-            if not readable and audit_task(tests_dir(spec), m["FAIL_TO_PASS"], **planned).leaks:
+            # As the synthesizer keeps tasks now: draws that usually reach the odds, and none a reader
+            # of the run's files sees through.
+            if not readable and not audit_task(tests_dir(spec), m["FAIL_TO_PASS"], **planned).fit:
                 continue
             by_pkg[name].append(task)
     out: list[Any] = []

@@ -114,7 +114,8 @@ and a guess must not pay. So the FAIL_TO_PASS tests run first, in a process of t
 folder that holds no other test: each failing test (each failing case of a parametrized one) is a
 set of members differing in one value, drawn so that the real one is not special, none of them
 keeping the test's name; the sets are sized so that guessing every set wins 1 in `odds` (32) at
-most. Two members passing is tampering. Only then, in a second process, the PASS_TO_PASS tests
+most (where a draw falls short, for want of values, it is drawn again, up to `PLAN_TRIES` times).
+Two members passing is tampering. Only then, in a second process, the PASS_TO_PASS tests
 (with canary twins) and any FAIL_TO_PASS test no set could cover. Both runs are checked as below;
 their installed tests are removed at the end, so that a later verification of the same sandbox
 finds nothing of this one.
@@ -185,6 +186,10 @@ from agentrl.verifiers.result_stream import (
     sign,
 )
 from agentrl.verifiers.twin_sets import DEFAULT_ODDS, DecisionPlan, plan_twin_sets
+
+PLAN_TRIES = 8
+"""Draws of the twin sets per verification before the best one is taken: `tasks synth` keeps a task
+only where most draws reach the odds, so all eight fall short less than once in 256."""
 
 # Reading the result stream and scoring a report live in `result_stream`; their public names are
 # importable from here as well.
@@ -731,21 +736,28 @@ class HiddenTestsVerifier:
     def _plan_decision(
         self, task: Task, hidden: Path, fail_to_pass: list[str], pass_to_pass: list[str]
     ) -> DecisionPlan:
-        """The twin sets of the FAIL_TO_PASS run, drawn afresh; none (every test uncovered) when the
-        planner fails."""
+        """The twin sets of the FAIL_TO_PASS run, drawn afresh until they reach the odds (the draw of the
+        best odds after `PLAN_TRIES`); none (every test uncovered) when the planner fails. The sets, not
+        which member is real, decide whether a draw is kept, so a redraw tells a reader nothing."""
+        best: DecisionPlan | None = None
         try:
-            return plan_twin_sets(
-                hidden,
-                fail_to_pass,
-                listed=[*fail_to_pass, *pass_to_pass],
-                avoid=task.prompt,
-                odds=self.odds,
-                failing_lines=_failing_lines(task),
-                failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
-                failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
-                safe_sites=_string_list(task, "TWIN_SITES"),
-                rng=random.Random(secrets.randbits(64)),
-            )
+            for _ in range(PLAN_TRIES):
+                plan = plan_twin_sets(
+                    hidden,
+                    fail_to_pass,
+                    listed=[*fail_to_pass, *pass_to_pass],
+                    avoid=task.prompt,
+                    odds=self.odds,
+                    failing_lines=_failing_lines(task),
+                    failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
+                    failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
+                    safe_sites=_string_list(task, "TWIN_SITES"),
+                    rng=random.Random(secrets.randbits(64)),
+                )
+                if best is None or plan.odds > best.odds:
+                    best = plan
+                if not plan.short:
+                    break
         except Exception as exc:  # a planner's bug must not cost an honest agent its reward
             log.warning(
                 "no twin sets for task %s: planning failed (%s: %s)", task.id, type(exc).__name__, exc
@@ -753,6 +765,8 @@ class HiddenTestsVerifier:
             return DecisionPlan(
                 uncovered=dict.fromkeys(fail_to_pass, f"planning failed ({type(exc).__name__})")
             )
+        assert best is not None
+        return best
 
     def _decision_run(
         self,

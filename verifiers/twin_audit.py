@@ -12,7 +12,9 @@ process could: *natural* (the member whose characters where the members differ m
 folder's strings hold most often, its own occurrence left out) and *majority* (the member whose
 characters there the most members share). A task where either picks the real member of every set
 more often than a blind guess at the plan's odds would (a binomial tail under `ALPHA`) is not fit
-for training: `tasks synth` leaves it out and says why.
+for training: `tasks synth` leaves it out and says why. So is a task whose draws reach the target odds
+less than half the time (`REACH`): a verification draws again where a draw falls short, a bounded
+number of times, and the readers are scored on the draws that reach the odds, as it uses them.
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ PLANS = 20
 ALPHA = 0.005
 """The binomial tail under which a reader's wins are not luck (0.01 over the two readers)."""
 
+REACH = 0.5
+"""The least share of draws that must reach the target odds for a task to be fit."""
+
 
 @dataclass
 class ReaderAudit:
     """A task's plans as the readers saw them."""
 
     plans: int = 0
-    """Plans drawn that reach the target odds (the others would not be used)."""
+    """Plans drawn that reach the target odds (a verification draws again where one falls short)."""
+    drawn: int = 0
+    """Plans drawn in all."""
     blind: float = 0.0
     """Whole plans a blind guess wins, expected (the sum of 1 / odds)."""
     wins: dict[str, float] = field(default_factory=dict)
@@ -56,8 +63,20 @@ class ReaderAudit:
     def leaks(self) -> bool:
         return any(p < ALPHA for p in self.tails.values())
 
+    @property
+    def short(self) -> bool:
+        """The draws reach the target odds too rarely (`REACH`) for a verification to count on it."""
+        return self.plans < REACH * self.drawn
+
+    @property
+    def fit(self) -> bool:
+        """Fit for training: the draws usually reach the odds, and no reader beats a guess."""
+        return not self.short and not self.leaks
+
     def reason(self) -> str:
-        """One line for `tasks synth`'s report."""
+        """One line for `tasks synth`'s report: why the task is not fit."""
+        if self.short:
+            return f"its twin sets reach the target odds in only {self.plans} of {self.drawn} draws"
         name = min(self.tails, key=lambda k: self.tails[k])
         return (
             f"a reader of the run's files ({name}) picks the real member of every set in "
@@ -67,6 +86,8 @@ class ReaderAudit:
     def as_dict(self) -> dict:
         return {
             "plans": self.plans,
+            "drawn": self.drawn,
+            "short": self.short,
             "blind": round(self.blind, 3),
             "wins": {k: round(v, 3) for k, v in self.wins.items()},
             "tails": {k: float(f"{v:.3g}") for k, v in self.tails.items()},
@@ -80,6 +101,7 @@ def reader_audit(draw: Callable[[random.Random], DecisionPlan], *, plans: int = 
     out = ReaderAudit(wins=dict.fromkeys(READERS, 0.0))
     for k in range(plans):
         plan = draw(random.Random(k))
+        out.drawn += 1
         if not plan.sets or plan.odds < plan.target_odds:
             continue
         out.plans += 1

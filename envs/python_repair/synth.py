@@ -56,7 +56,7 @@ from agentrl.verifiers.twin_audit import ReaderAudit, audit_task
 from agentrl.verifiers.twin_sets import DEFAULT_ODDS, coverage, probe_sites
 
 # Bump when a change here would make old trial logs wrong (operators, keep rule, prompt).
-SYNTH_VERSION = 5
+SYNTH_VERSION = 6
 # A task is kept only when a blind guess among its twin sets wins at most 1 in this many.
 TWIN_ODDS = DEFAULT_ODDS
 SPLIT_FRACTIONS: tuple[tuple[Split, float], ...] = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
@@ -550,12 +550,12 @@ def _task(
                 # Usable: guessing every set wins 1 in TWIN_ODDS at most. A failing test no set covers
                 # is listed; it does not help a forger, which must still guess every set.
                 # ... and no reader of the run's files picks the real members more often than that.
-                "covered": odds >= TWIN_ODDS and readers is not None and not readers.leaks,
+                "covered": odds >= TWIN_ODDS and readers is not None and readers.fit,
                 "every_failing_test": not uncovered,
                 "odds": odds,
                 "uncovered": uncovered,
                 "readers": readers.as_dict() if readers is not None else None,
-                "readers_reason": readers.reason() if readers is not None and readers.leaks else "",
+                "readers_reason": readers.reason() if readers is not None and not readers.fit else "",
             },
             "original_function": mutant.original_function,
             "mutated_function": mutant.mutated_function,
@@ -788,7 +788,9 @@ def statistics(trials: list[Trial], tasks: list[Task] | None = None) -> dict[str
     for t in trials:
         if t.outcome == "no_twin_cover" and t.task:
             info = t.task["metadata"].get("twin_sets", {})
-            if info.get("readers_reason"):
+            if info.get("readers_reason") and (info.get("readers") or {}).get("short"):
+                reasons = {f"the twin sets reach 1 in {TWIN_ODDS} in under half the draws"}
+            elif info.get("readers_reason"):
                 reasons = {"a reader of the run's files picks the real members more often than a guess"}
             else:
                 reasons = set(info.get("uncovered", {}).values()) or {

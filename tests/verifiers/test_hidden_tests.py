@@ -605,3 +605,38 @@ def test_bwrap_attack_sitecustomize_conftest_and_ini(bwrap_env, task):
     ]
     verdict, _ = play(bwrap_env, task, *actions)
     assert verdict.reward == 0.0, verdict.details
+
+
+def test_a_draw_of_twin_sets_that_falls_short_of_the_odds_is_drawn_again(monkeypatch, tmp_path):
+    """A verification redraws short twin sets (up to PLAN_TRIES), and takes the best odds it drew when
+    every draw falls short."""
+    from agentrl.verifiers import hidden_tests
+    from agentrl.verifiers.twin_plan import DecisionPlan, TwinSet
+
+    def plan(n: int) -> DecisionPlan:
+        members = tuple((f"test_x.py::test_{i}",) for i in range(n))
+        s = TwinSet(
+            originals=("test_x.py::test_a",), members=members, real=0, how="literal", values=("1",) * n
+        )
+        return DecisionPlan(sets=[s], target_odds=32)
+
+    def planner(sizes: list[int]):
+        drawn: list[int] = []
+
+        def plan_twin_sets(*args: Any, **kwargs: Any) -> DecisionPlan:
+            drawn.append(sizes[len(drawn)])
+            return plan(drawn[-1])
+
+        return plan_twin_sets, drawn
+
+    verifier = HiddenTestsVerifier()
+    task = Task(id="t", prompt="fix it", metadata={"FAIL_TO_PASS": ["test_x.py::test_a"]})
+    fake, drawn = planner([4, 8, 32, 32])
+    monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
+    assert verifier._plan_decision(task, tmp_path, ["test_x.py::test_a"], []).odds == 32
+    assert drawn == [4, 8, 32]  # the first draw that reaches the odds is kept
+
+    fake, drawn = planner([4, 16, 8] + [2] * hidden_tests.PLAN_TRIES)
+    monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
+    assert verifier._plan_decision(task, tmp_path, ["test_x.py::test_a"], []).odds == 16
+    assert len(drawn) == hidden_tests.PLAN_TRIES

@@ -37,7 +37,7 @@ def test_a_reader_that_sees_the_real_members_pairs_in_the_folder_marks_the_task(
     assert audit.plans == PLANS
     assert audit.wins["natural"] == PLANS
     assert abs(audit.blind - PLANS / 32) < 1e-9
-    assert audit.tails["natural"] < ALPHA and audit.leaks
+    assert audit.tails["natural"] < ALPHA and audit.leaks and not audit.fit
     assert "natural" in audit.reason() and f"{PLANS:.1f} of {PLANS} plans" in audit.reason()
     assert set(audit.as_dict()["wins"]) == set(READERS)
 
@@ -53,7 +53,7 @@ def test_a_reader_with_nothing_to_go_on_wins_what_a_guess_wins():
     assert audit.plans == PLANS
     for name in READERS:
         assert abs(audit.wins[name] - audit.blind) < 1e-9
-    assert not audit.leaks
+    assert not audit.leaks and audit.fit
 
 
 def test_a_majority_of_members_sharing_the_real_characters_marks_the_task():
@@ -76,7 +76,22 @@ def test_sets_that_fall_short_of_the_odds_are_not_counted():
         return _plan(["abcd", "abxd"], 0, "abcd")  # 1 in 2: never used as it is
 
     audit = reader_audit(draw)
-    assert audit.plans == 0 and not audit.leaks
+    assert audit.plans == 0 and audit.drawn == PLANS and not audit.leaks
+    assert audit.short and not audit.fit and f"only 0 of {PLANS} draws" in audit.reason()
+
+
+def test_a_task_whose_draws_reach_the_odds_less_than_half_the_time_is_not_fit():
+    # A verification draws again where a draw falls short; a task that needs many redraws is left out.
+    def draw(rng: random.Random, reach: float) -> DecisionPlan:
+        n = 32 if rng.random() < reach else 4
+        values = [f"ab{c}d" for c in rng.sample(CHARACTERS, n)]
+        return _plan(values, rng.randrange(n), "nothing here")
+
+    rarely = reader_audit(lambda rng: draw(rng, 0.25))
+    assert rarely.short and not rarely.fit and not rarely.leaks
+    assert 0 < rarely.plans < PLANS / 2 and rarely.as_dict()["short"]
+    mostly = reader_audit(lambda rng: draw(rng, 0.9))
+    assert mostly.plans >= PLANS / 2 and mostly.fit
 
 
 def test_the_binomial_tail():
