@@ -88,6 +88,16 @@ def _git_show(ref: str, path: str) -> str | None:
     return res.stdout if res.returncode == 0 else None
 
 
+def _moved_imports(source: str) -> str:
+    """`source` with its imports of modules that have moved since (`agentrl.MOVED_MODULES`) pointed at
+    where they are now: an older verifier's code, run against this tree."""
+    from agentrl import MOVED_MODULES
+
+    for old, new in sorted(MOVED_MODULES.items(), key=lambda kv: -len(kv[0])):
+        source = re.sub(rf"\b{re.escape(old)}\b(?![\w.])", new, source)
+    return source
+
+
 def baseline_verifier(ref: str) -> Any:
     """The hidden-tests verifier as it was at `ref` (git show), as a module of its own (with the
     runner it reads from beside itself, where that ref has one)."""
@@ -98,7 +108,7 @@ def baseline_verifier(ref: str) -> Any:
     if (runner := _git_show(ref, "verifiers/pytest_runner.py")) is not None:
         (folder / "pytest_runner.py").write_text(runner)
     path = folder / "hidden_tests_before.py"
-    path.write_text(source)
+    path.write_text(_moved_imports(source))
     spec = importlib.util.spec_from_file_location("agentrl_hidden_tests_before", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
