@@ -741,18 +741,18 @@ class HiddenTestsVerifier:
         which member is real, decide whether a draw is kept, so a redraw tells a reader nothing."""
         best: DecisionPlan | None = None
         try:
+            planned: dict[str, Any] = dict(
+                listed=[*fail_to_pass, *pass_to_pass],
+                avoid=task.prompt,
+                odds=self.odds,
+                failing_lines=_failing_lines(task),
+                failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
+                failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
+                safe_sites=_string_list(task, "TWIN_SITES"),
+            )
             for _ in range(PLAN_TRIES):
                 plan = plan_twin_sets(
-                    hidden,
-                    fail_to_pass,
-                    listed=[*fail_to_pass, *pass_to_pass],
-                    avoid=task.prompt,
-                    odds=self.odds,
-                    failing_lines=_failing_lines(task),
-                    failing_errors=_string_map(task, "FAIL_TO_PASS_ERRORS"),
-                    failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
-                    safe_sites=_string_list(task, "TWIN_SITES"),
-                    rng=random.Random(secrets.randbits(64)),
+                    hidden, fail_to_pass, rng=random.Random(secrets.randbits(64)), **planned
                 )
                 if best is None or plan.odds > best.odds:
                     best = plan

@@ -199,20 +199,19 @@ def _train(
             launch(cfg, nproc=s.nproc)
     choice = read_choice(out / "train" / "best") if cfg.eval.keep_best else None
     selected = out / "train" / "best" if choice is not None else final
-    start = cfg.eval.at_start
+    how = (
+        f"{cfg.eval.tasks} tasks x {cfg.eval.samples}, every {cfg.eval.every} steps; "
+        f"rule: {rule(cfg.eval.at_start)}"
+    )
     if choice is None:
         where = f"the last step ({cfg.steps})"
     elif choice["step"] == 0:
         where = (
             f"the warm start itself: no trained step of {cfg.steps} beat its validation pass@1 "
-            f"{choice['score']:.3f} ({cfg.eval.tasks} tasks x {cfg.eval.samples}, every {cfg.eval.every} steps; "
-            f"rule: {rule(start)})"
+            f"{choice['score']:.3f} ({how})"
         )
     else:
-        where = (
-            f"step {choice['step']} of {cfg.steps} (validation pass@1 {choice['score']:.3f}, {cfg.eval.tasks} "
-            f"tasks x {cfg.eval.samples}, every {cfg.eval.every} steps; rule: {rule(start)})"
-        )
+        where = f"step {choice['step']} of {cfg.steps} (validation pass@1 {choice['score']:.3f}, {how})"
     report["train"] = {
         "steps": cfg.steps,
         "seconds": round(time.time() - t0, 1),
