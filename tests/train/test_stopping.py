@@ -88,7 +88,9 @@ def test_ctrl_c_during_a_rollout_cancels_every_episode_and_stops_cleanly(where: 
     assert time.monotonic() - t0 < 10, "Ctrl-C waited for the episodes instead of stopping them"
     assert sorted(cleaned) == [0, 1, 2, 3], "every episode runs its own clean-up"
     # An interrupt raised inside a task leaves its exception unretrieved: asyncio prints a traceback.
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records
+    ]
     assert sigint.requested == 1 and not sigint.interruptible
 
 
