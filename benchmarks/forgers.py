@@ -601,6 +601,26 @@ def classify(args: argparse.Namespace) -> dict[str, Any]:
 # --- report ----------------------------------------------------------------------------------------
 
 
+def _tail(wins: int, chances: list[float]) -> float:
+    """P(at least `wins` successes) among independent episodes that win with `chances` (Poisson-binomial)."""
+    dist = [1.0]  # dist[k] = P(k wins so far)
+    for q in chances:
+        dist = [a * (1 - q) + b * q for a, b in zip([*dist, 0.0], [0.0, *dist], strict=True)]
+    return min(1.0, sum(dist[wins:]))
+
+
+def _upper_95(wins: int, n: int) -> float:
+    """The one-sided 95% upper bound of a rate seen `wins` times in `n` (Clopper-Pearson, by bisection)."""
+    if wins >= n:
+        return 1.0
+    lo, hi = wins / n, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        cdf = sum(math.comb(n, k) * mid**k * (1 - mid) ** (n - k) for k in range(wins + 1))
+        lo, hi = (mid, hi) if cdf > 0.05 else (lo, mid)
+    return hi
+
+
 def report(_args: argparse.Namespace) -> dict[str, Any]:
     parts = {p.stem: json.loads(p.read_text()) for p in sorted(PARTS.glob("*.json"))}
     out: dict[str, Any] = {"parts": sorted(parts)}
@@ -623,6 +643,10 @@ def report(_args: argparse.Namespace) -> dict[str, Any]:
                 "reward_rate": round(wins / len(rs), 4),
                 "tampering_caught": sum(r["tampered"] for r in rs),
                 "expected_blind_wins": round(sum(1 / o for o in odds), 3),
+                # A class whose signal is gone plays like a coin with a perfect pair detector: its wins
+                # are no more than blind guesses at each plan's odds would give.
+                "p_blind_guesses_win_as_often": round(_tail(wins, [1 / o for o in odds]), 4),
+                "reward_rate_upper_95": round(_upper_95(wins, len(rs)), 4),
                 "per_package": {
                     p: f"{sum(bool(r['passed']) for r in rs if r['package'] == p)}/{sum(r['package'] == p for r in rs)}"
                     for p in sorted({r["package"] for r in rs})

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.core.interrupt import interrupt
+
 log = logging.getLogger(__name__)
 
 LABEL_RUN_ID = "agentrl.run_id"
@@ -400,8 +402,11 @@ def _on_signal(signum: int, frame: Any) -> None:
     # SIGTERM with no handler of the user's means death right after this: nothing may start
     # a new container any more. Anything else may go on (SIGINT is a catchable exception).
     remove_own_containers(final=not callable(previous))
+    if previous is signal.default_int_handler:
+        interrupt()  # KeyboardInterrupt, from the event loop when one runs here (not inside a task)
+        return
     if callable(previous):
-        previous(signum, frame)  # for SIGINT: default_int_handler raises KeyboardInterrupt
+        previous(signum, frame)
         return
     # SIG_DFL (or a handler installed outside Python): die by the same signal, as if we were
     # never here, so the parent sees the real cause.

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from agentrl.core.errors import UserError, one_line
+from agentrl.core.interrupt import interrupt
 from agentrl.eval.failures import failures
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.verifiers.base import verifier_failed
@@ -102,9 +102,9 @@ def stop_advice(kind: str, env: str, trajectories: Sequence[Trajectory]) -> str:
 
 
 class Sigint:
-    """Ctrl-C during training. While episodes are being generated it stops them at once (their tasks
-    cancelled, so each releases its sandbox; the batch in flight is discarded); during an update, a weight push or a save it only asks to stop after it, so
-    a checkpoint is always taken at a step boundary. Only rank 0 listens; the other ranks follow its
+    """Ctrl-C during training. While episodes are being generated it stops them at once (each releases
+    its sandbox; the batch in flight is discarded); during an update, a weight push or a save it only
+    asks to stop after it, so a checkpoint is always taken at a step boundary. Only rank 0 listens; the other ranks follow its
     decision (an `INTERRUPTED` payload), since Ctrl-C reaches every process of the terminal."""
 
     def __init__(self, listen: bool):
@@ -127,12 +127,9 @@ class Sigint:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested += 1
-        if self.requested >= 3:  # a third Ctrl-C gives up on saving
-            raise KeyboardInterrupt
-        if self.interruptible:
-            if _cancel_running_loop():  # `rollout_phase` turns the cancellation into KeyboardInterrupt
-                return
-            raise KeyboardInterrupt
+        if self.interruptible or self.requested >= 3:  # a third Ctrl-C gives up on saving
+            interrupt()  # from the rollout's event loop, outside its episodes' tasks
+            return
         if self.requested == 1:
             _log(
                 "Ctrl-C: finishing this step, then saving a checkpoint (Ctrl-C twice more to quit without saving)"
@@ -145,30 +142,8 @@ class Sigint:
             if self.requested:  # asked during the previous update: stop before generating more
                 raise KeyboardInterrupt
             yield
-            if self.requested:  # the episodes ended anyway (a cancellation absorbed): the batch is discarded
-                raise KeyboardInterrupt
-        except asyncio.CancelledError:
-            if not self.requested:
-                raise
-            raise KeyboardInterrupt from None
         finally:
             self.interruptible = False
-
-
-def _cancel_running_loop() -> bool:
-    """Cancel every task of the event loop this thread runs, if it runs one (a rollout's episodes). A
-    KeyboardInterrupt raised from the signal handler would land inside whichever task was running: that
-    task ends with an exception nobody retrieves, asyncio prints its traceback at exit, and the other
-    episodes are torn down in no order. Cancelled, every episode unwinds through its own clean-up (its
-    sandbox released) and the rollout's `asyncio.run` raises CancelledError. False when no loop runs."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    for task in asyncio.all_tasks(loop):
-        task.cancel()
-    loop.call_soon_threadsafe(lambda: None)  # wakes a loop waiting in select() for I/O
-    return True
 
 
 INTERRUPTED = "__agentrl_interrupted__"

@@ -16,6 +16,7 @@ import pytest
 
 from agentrl.sandbox import open_sandbox, reaper
 from tests import fixtures_model
+from tests.interrupted_loop import WHERE, assert_stopped_cleanly, capture, run_episodes
 
 tiny_model_dir = (
     fixtures_model.tiny_model_dir
@@ -277,3 +278,19 @@ def test_a_sandbox_closed_while_the_engine_is_frozen_is_owed_not_forgotten(priva
     while private_engine.containers(f"agentrl.run_id={reaper.run_id()}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert private_engine.containers(f"agentrl.run_id={reaper.run_id()}") == []
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_ctrl_c_in_an_event_loop_stops_its_tasks_cleanly_through_the_reapers_handler(
+    where, caplog, monkeypatch
+):
+    """The reaper's SIGINT handler stands in front of Python's default one, so asyncio does not install its
+    own: the interrupt it passes on must come from the loop, not from inside whichever task was running."""
+    monkeypatch.setitem(reaper._previous, signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, reaper._on_signal)
+    try:
+        with capture(caplog) as seen, pytest.raises(KeyboardInterrupt):
+            run_episodes(where, seen)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert_stopped_cleanly(seen)

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import gc
-import logging
-import os
 import signal
-import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.stopping import Sigint, check_engine_versions
+from tests.interrupted_loop import WHERE, assert_stopped_cleanly, capture, run_episodes
 
 
 def traj(version: int, version_max: int | None = None) -> Trajectory:
@@ -52,45 +46,12 @@ def test_nothing_to_check_before_counting_or_without_trajectories() -> None:
     assert check_engine_versions([], 3, "sync") is None
 
 
-def _rollout_interrupted(sigint: Sigint, cleaned: list[int], ctrl_c: Callable[[], None]) -> None:
-    """Four episodes waiting on I/O; `ctrl_c` sends SIGINT from inside one of them or from another thread."""
-
-    async def episode(i: int) -> None:
-        try:
-            if i == 0:
-                await asyncio.sleep(0.05)
-                ctrl_c()
-            await asyncio.sleep(30)
-        finally:
-            cleaned.append(i)
-
-    async def rollout() -> None:
-        await asyncio.gather(*(episode(i) for i in range(4)))
-
-    with sigint.rollout_phase():
-        asyncio.run(rollout())
-
-
-@pytest.mark.parametrize("where", ["inside an episode", "while the loop waits"])
-def test_ctrl_c_during_a_rollout_cancels_every_episode_and_stops_cleanly(where: str, caplog) -> None:
-    def ctrl_c() -> None:
-        if where == "inside an episode":
-            signal.raise_signal(signal.SIGINT)
-        else:
-            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
-
-    cleaned: list[int] = []
-    t0 = time.monotonic()
-    with caplog.at_level(logging.DEBUG, logger="asyncio"), Sigint(listen=True) as sigint:
-        with pytest.raises(KeyboardInterrupt):
-            _rollout_interrupted(sigint, cleaned, ctrl_c)
-        gc.collect()
-    assert time.monotonic() - t0 < 10, "Ctrl-C waited for the episodes instead of stopping them"
-    assert sorted(cleaned) == [0, 1, 2, 3], "every episode runs its own clean-up"
-    # An interrupt raised inside a task leaves its exception unretrieved: asyncio prints a traceback.
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
-        r.getMessage() for r in caplog.records
-    ]
+@pytest.mark.parametrize("where", WHERE)
+def test_ctrl_c_during_a_rollout_stops_every_episode_cleanly(where: str, caplog) -> None:
+    sigint = Sigint(listen=True)
+    with capture(caplog) as seen, sigint, pytest.raises(KeyboardInterrupt), sigint.rollout_phase():
+        run_episodes(where, seen)
+    assert_stopped_cleanly(seen)
     assert sigint.requested == 1 and not sigint.interruptible
 
 
