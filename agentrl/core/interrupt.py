@@ -13,19 +13,29 @@ from __future__ import annotations
 
 import asyncio
 
+_pending: set[int] = set()
+"""The loops (by id) whose scheduled interrupt has not run yet."""
+
 
 def interrupt() -> None:
     """What a SIGINT handler calls instead of `raise KeyboardInterrupt`. Without an event loop running
     on this thread it raises at once. With one, it schedules the raise as the loop's next callback (and
     wakes a loop waiting for I/O): the interrupt leaves `run_until_complete` from the loop itself, no task
     ends with it, and `asyncio.run` then cancels every task and lets each run its own clean-up (an
-    episode releases its sandbox) before the KeyboardInterrupt reaches its caller, as before."""
+    episode releases its sandbox) before the KeyboardInterrupt reaches its caller, as before. A second
+    Ctrl-C before the loop got to the first (a task stuck in a blocking call) raises at once."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         raise KeyboardInterrupt from None
-    loop.call_soon_threadsafe(_raise)
+    if id(loop) in _pending:
+        _pending.discard(id(loop))
+        raise KeyboardInterrupt
+    _pending.add(id(loop))
+    loop.call_soon_threadsafe(_raise, id(loop))
 
 
-def _raise() -> None:
-    raise KeyboardInterrupt
+def _raise(loop_id: int) -> None:
+    if loop_id in _pending:  # not already raised at once by a second Ctrl-C
+        _pending.discard(loop_id)
+        raise KeyboardInterrupt

@@ -104,8 +104,9 @@ def stop_advice(kind: str, env: str, trajectories: Sequence[Trajectory]) -> str:
 class Sigint:
     """Ctrl-C during training. While episodes are being generated it stops them at once (each releases
     its sandbox; the batch in flight is discarded); during an update, a weight push or a save it only
-    asks to stop after it, so a checkpoint is always taken at a step boundary. Only rank 0 listens; the other ranks follow its
-    decision (an `INTERRUPTED` payload), since Ctrl-C reaches every process of the terminal."""
+    asks to stop after it, so a checkpoint is always taken at a step boundary. Only rank 0 listens; the
+    other ranks follow its decision (an `INTERRUPTED` payload), since Ctrl-C reaches every process of
+    the terminal."""
 
     def __init__(self, listen: bool):
         self.requested = 0
