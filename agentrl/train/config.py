@@ -267,6 +267,21 @@ class LossSettings(_Strict):
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the k3 KL penalty to the starting model (0: no reference model)."
     )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of an entropy bonus: the loss subtracts entropy_coef times the entropy of the "
+        "policy at the action tokens it trains on, aggregated as the policy term (0: none). Counters the "
+        "collapse of a policy that positive-only updates sharpen; every trajectory then trains, negatives "
+        "included (their entropy counts), as with a KL term.",
+    )
+    entropy_floor: float | None = Field(
+        None,
+        ge=0,
+        description="With entropy_coef: the bonus applies only to a micro-batch whose mean action-token "
+        "entropy (nats) is below this, so it holds the entropy up at a floor instead of pushing it up "
+        "everywhere (None: always on).",
+    )
     tis_cap: float | None = Field(
         2.0,
         description="Truncated importance-sampling cap between the rollout engine's and the trainer's log-probs (None: off).",

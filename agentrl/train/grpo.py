@@ -207,7 +207,7 @@ class LossMetrics:
     ratio, so these are token-weighted sequence statistics.
     """
 
-    loss: float  # total: policy term + kl_coef * kl term
+    loss: float  # total: policy term + kl_coef * kl term - entropy_coef * entropy bonus
     pg_loss: float  # the clipped-surrogate term alone
     clip_fraction_low: float
     clip_fraction_high: float
@@ -352,6 +352,7 @@ def policy_loss(
         s_b     = exp( (1/|y_b|) Σ_t (logp_{b,t} - anchor_{b,t}) )
         l_{b,t} = -min(ρ A_b, clip(ρ, 1 - clip_low, 1 + clip_high) A_b) · w_{b,t}
         loss    = aggregate(l, agg) + kl_coef · aggregate(k3(logp, ref), agg)
+                  - entropy_coef · [H̄ < entropy_floor] · aggregate(H, agg)
 
     - Clip-higher (DAPO): the ratio is clipped to [1 - clip_low, 1 + clip_high]; with
       clip_high > clip_low low-probability tokens with positive advantage may grow further,
@@ -365,14 +366,18 @@ def policy_loss(
     - `advantages` is [B] (one per trajectory, broadcast over its action tokens) or [B, T].
     - `denominator`: see `aggregate` (micro-batching and data parallel ranks).
     - `entropy` ([B, T], each action token's entropy, as `agentrl.train.logprobs` computes it beside the
-      log-probs) or else `logits` ([B, T, V], token-position layout as in `agentrl.train.batch`) only
-      feed the entropy metric; no entropy bonus is added.
+      log-probs) or else `logits` ([B, T, V], token-position layout as in `agentrl.train.batch`) feed the
+      entropy metric, and with `entropy_coef` > 0 the entropy bonus (they must then be differentiable):
+      H̄ is the micro-batch's mean action-token entropy (detached), and without `entropy_floor` the
+      bracket is 1. The gate is a tensor, so the floor costs no device sync.
 
     Degenerate inputs are defined: no action tokens anywhere gives loss 0 with a zero
     gradient (not NaN); a one-token sequence's GSPO ratio is its token ratio; all-zero
     advantages give loss 0 and gradient 0 (plus the KL term if any).
     """
-    _check_loss_inputs(logprobs, behavior_logprobs, loss_mask, settings, old_logprobs, ref_logprobs)
+    _check_loss_inputs(
+        logprobs, behavior_logprobs, loss_mask, settings, old_logprobs, ref_logprobs, entropy, logits
+    )
     clip_low, clip_high, agg = settings.clip_low, settings.clip_high, settings.agg
     tis_cap, kl_coef = settings.tis_cap, settings.kl_coef
     mask = loss_mask.bool()  # [B, T]
@@ -397,12 +402,32 @@ def policy_loss(
             torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros)
         )  # [B, T]
         loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
+    if settings.entropy_coef > 0.0:
+        loss = loss - settings.entropy_coef * _entropy_bonus(entropy, logits, mask, settings, denominator)
 
     stats = _loss_stats(
         loss, pg_loss, ratios, log_ratio, advantages, mask, settings, kl_per_token, tis_weights, tis_cut,
         entropy, logits,
     )  # fmt: skip
     return loss, LossStats(stats, entropy_measured=entropy is not None or logits is not None)
+
+
+def _entropy_bonus(
+    entropy: Tensor | None,
+    logits: Tensor | None,
+    mask: Tensor,
+    settings: LossSettings,
+    denominator: float | None,
+) -> Tensor:
+    """The aggregated action-token entropy the loss subtracts (times entropy_coef), 0 where the
+    micro-batch's mean entropy is at or above `entropy_floor`."""
+    ent = entropy if entropy is not None else token_entropy(logits)  # type: ignore[arg-type]  # [B, T]
+    ent = torch.where(mask, ent, torch.zeros_like(ent))  # [B, T]; no padded value reaches the gradient
+    bonus = aggregate(ent, mask.to(ent.dtype), settings.agg, denominator)
+    if settings.entropy_floor is None:
+        return bonus
+    mean = ent.detach().sum() / mask.sum().clamp_min(1)
+    return bonus * (mean < settings.entropy_floor).to(bonus.dtype)
 
 
 def _tis_weights(
@@ -439,6 +464,8 @@ def _check_loss_inputs(
     settings: LossSettings,
     old_logprobs: Tensor | None,
     ref_logprobs: Tensor | None,
+    entropy: Tensor | None = None,
+    logits: Tensor | None = None,
 ) -> None:
     """`policy_loss`'s inputs, each wrong one a ValueError that says what to pass."""
     clip_low, clip_high, ratio = settings.clip_low, settings.clip_high, settings.ratio
@@ -472,6 +499,13 @@ def _check_loss_inputs(
         raise ValueError(
             "kl_coef is non-zero but no ref_logprobs were given; pass the reference model's log-probs"
         )
+    if settings.entropy_coef > 0.0:
+        given = entropy if entropy is not None else logits
+        if given is None or not given.requires_grad:
+            raise ValueError(
+                "entropy_coef is non-zero but no differentiable entropy (or logits) was given; pass "
+                "action_logprobs(..., with_entropy=True, entropy_grad=True).entropy"
+            )
 
 
 def _loss_stats(

@@ -1,7 +1,8 @@
 """Lean log-probs: from the final hidden states, in fp32 chunks, only where the loss needs them.
 
 A causal LM's head turns every position's hidden state into V logits. The trainer needs one
-number per *action* token (the log-prob of the sampled id) and, for a metric, the entropy there.
+number per *action* token (the log-prob of the sampled id) and the entropy there (a metric, or an
+entropy bonus in the loss).
 Computing `model(ids).logits` and a log-softmax over them costs a [B, T, V] tensor in the
 model's dtype plus fp32 copies of it: for Qwen2.5's V = 151,936 and 8 sequences of 3k tokens
 that is 14 GiB per fp32 copy, most of it for prompt and observation tokens that carry no loss.
@@ -143,13 +144,14 @@ def _chunk_logits(h: Tensor, wt: Tensor, bias: Tensor | None, temperature: float
 
 
 class ChunkedLogProbs(torch.autograd.Function):
-    """log softmax((h W^T + b) / temperature)[target], row by row in chunks, and (no grad) the entropy.
+    """log softmax((h W^T + b) / temperature)[target], row by row in chunks, and the entropy.
 
     Inputs: hidden [N, H], weight [V, H], bias [V] or None, targets [N] int64; `fused`: a torch.compile
     backend for the elementwise work on each chunk (`_row_stats`, `_logit_grad`), or None (eager).
-    Outputs: logp [N] fp32 (differentiable w.r.t. hidden, weight, bias) and entropy [N] fp32
-    (or [0] when not asked for; never differentiable). Saved for backward: the inputs and one
-    log-sum-exp per row; each chunk's logits are recomputed there.
+    Outputs: logp [N] fp32 and entropy [N] fp32 (or [0] when not asked for), both differentiable
+    w.r.t. hidden, weight, bias. The entropy's gradient (an entropy bonus in the loss) is worked out
+    only when something uses it; a metric's entropy costs nothing in backward. Saved for backward:
+    the inputs, one log-sum-exp per row and the entropies; each chunk's logits are recomputed there.
     """
 
     @staticmethod
@@ -185,16 +187,17 @@ class ChunkedLogProbs(torch.autograd.Function):
                 # between two large numbers, as lse - sum p z would have.
                 logp_all = z.sub_(row_lse[:, None])  # [c, V]
                 entropy[s : s + chunk] = -logp_all.exp().mul_(logp_all).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature = temperature
         ctx.chunk = chunk
         ctx.fused = fused
-        ctx.mark_non_differentiable(entropy)
+        # An output nothing differentiates (the entropy as a metric) comes to backward as None, not zeros.
+        ctx.set_materialize_grads(False)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logp: Tensor, _grad_entropy: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+    def backward(ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         temperature, chunk = ctx.temperature, ctx.chunk
         grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
@@ -202,19 +205,33 @@ class ChunkedLogProbs(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         wt = weight.t()  # [H, V]
-        grad_logp = grad_logp.float()
+        grad_logp = (
+            torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+            if grad_logp is None
+            else grad_logp.float()
+        )  # [N]
+        ge_all = None if grad_entropy is None else grad_entropy.float()  # [N]
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]  # [c, H]
             g = grad_logp[s : s + chunk]  # [c]
             z = _chunk_logits(h, wt, bias, temperature)  # [c, V]
-            if ctx.fused and grad_b is None:
+            if ctx.fused and grad_b is None and ge_all is None:
                 gz_w = _fused(_logit_grad, ctx.fused)(
                     z, lse[s : s + chunk], g, targets[s : s + chunk], temperature, weight.dtype
                 )  # [c, V] in the matmul dtype
             else:
-                # d logp / d z = onehot(target) - softmax(z), times the incoming gradient; in z's buffer.
-                gz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # [c, V]
+                logp_all = z.sub_(lse[s : s + chunk, None])  # [c, V] log-softmax, in z's buffer
+                gz = logp_all.exp()  # [c, V] softmax
+                bonus = None
+                if ge_all is not None:
+                    # d H / d z = -softmax(z) (log softmax(z) + H), times the entropy's incoming gradient.
+                    ge, ent = ge_all[s : s + chunk, None], entropy[s : s + chunk, None]  # [c, 1]
+                    bonus = (logp_all + ent).mul_(gz).mul_(ge)  # [c, V], the negative of that term
+                # d logp / d z = onehot(target) - softmax(z), times the incoming gradient.
+                gz.mul_(-g[:, None])
                 gz.scatter_add_(1, targets[s : s + chunk, None], g[:, None])
+                if bonus is not None:
+                    gz.sub_(bonus)
                 if temperature != 1.0:
                     gz /= temperature  # z = logits / temperature
                 if grad_b is not None:
@@ -330,6 +347,7 @@ def action_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     packed: bool = False,
     share_prefix: bool = False,
     positions: Tensor | None = None,
@@ -343,6 +361,9 @@ def action_logprobs(
     compute on padding. Padded or packed, the result is in the padded [B, T] layout, so the
     losses of `agentrl.train.grpo` read it unchanged. With `share_prefix` as well, the tokens every
     sequence starts with run once (`agentrl.train.packing.shared_prefix_inputs`): the same log-probs.
+
+    `entropy_grad`: the entropies are differentiable (an entropy bonus in the loss). The lean head's
+    always are, at no cost unless used; the full-logits fallback keeps its [N, V] graph only with this.
 
     `device`: where the model runs, for a `batch` still on the host (the trainer's case): the layout
     (which positions, where in the row, the lengths) is worked out on the host and only the model's
@@ -392,7 +413,7 @@ def action_logprobs(
         logp, ent = getattr(model, _METHOD)(row_inputs, rows, targets, temperature, with_entropy)
     else:
         logp, ent = _logprobs_of_logits(
-            _full_logits_at(model, row_inputs, rows), targets, temperature, with_entropy
+            _full_logits_at(model, row_inputs, rows), targets, temperature, with_entropy, entropy_grad
         )
     zeros = torch.zeros(bsz * width, dtype=torch.float32, device=device)  # [B * T]
     out = zeros.scatter(0, flat, logp).view(bsz, width)  # [B, T]
@@ -413,14 +434,16 @@ def _full_logits_at(model: nn.Module, row_inputs: dict[str, Any], rows: Tensor) 
 
 
 def _logprobs_of_logits(
-    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """(log-probs [N], entropies [N], empty unless `with_entropy`) of `targets` under `logits` [N, V]."""
+    """(log-probs [N], entropies [N], empty unless `with_entropy`) of `targets` under `logits` [N, V]; the
+    entropies differentiable with `entropy_grad`."""
     z = logits.float() / temperature  # [N, V]
     lse = torch.logsumexp(z, dim=-1)  # [N]
     logp = z.gather(1, targets[:, None]).squeeze(1) - lse  # [N]
     ent = torch.empty(0, device=z.device)
     if with_entropy:
-        with torch.no_grad():
+        # Differentiable only for an entropy bonus: its graph would hold two [N, V] fp32 tensors.
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = lse - (torch.softmax(z, -1) * z).sum(-1)  # [N]
     return logp, ent

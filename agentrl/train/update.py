@@ -162,12 +162,12 @@ class _BatchContext:
     """The policy's and the reference's log-probs before the first update, where needed."""
 
     def trains(self, t: Trajectory) -> bool:
-        """Whether trajectory `t` can add anything to the gradient. Without a KL term every loss term is
-        a multiple of the advantage: a trajectory whose advantage is 0 (a negative under
+        """Whether trajectory `t` can add anything to the gradient. Without a KL term or an entropy bonus
+        every loss term is a multiple of the advantage: a trajectory whose advantage is 0 (a negative under
         `loss.negative_weight: 0`, a reward equal to its group's mean) adds exactly nothing, so the
         optimizer steps do not run it."""
         with_kl = self.ref_model is not None and self.cfg.loss.kl_coef != 0.0
-        return with_kl or self.advantage_of.get(id(t), 0.0) != 0.0
+        return with_kl or self.cfg.loss.entropy_coef > 0.0 or self.advantage_of.get(id(t), 0.0) != 0.0
 
     @classmethod
     def build(
@@ -269,6 +269,7 @@ def _micro_batch_backward(
         on_host,
         temperature=cfg.rollout.temperature,
         with_entropy=True,
+        entropy_grad=cfg.loss.entropy_coef > 0.0,
         packed=batch.packed,
         share_prefix=batch.shares_prefix,
         device=device,

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from agentrl.train.batch import token_entropy
 from agentrl.train.config import LossSettings
 from agentrl.train.grpo import (
     LOSS_FIELDS,
@@ -455,6 +456,49 @@ def test_all_equal_rewards_give_zero_loss_and_zero_gradient() -> None:
 
 
 # --- metrics --------------------------------------------------------------------------------
+
+
+def test_an_entropy_bonus_subtracts_the_aggregated_entropy_and_its_gradient() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5, requires_grad=True)  # [B, T, V]
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    x = torch.full((2, 3), -1.0)
+    entropy = token_entropy(logits)  # [B, T]
+    plain, _ = loss_of(x, x, torch.ones(2), mask, entropy=entropy)
+    loss, m = loss_of(x, x, torch.ones(2), mask, entropy=entropy, entropy_coef=0.1)
+    mean = (entropy * mask).sum() / mask.sum()  # token-mean over the action tokens
+    close(loss, plain - 0.1 * mean)
+    close(m.loss, loss.detach())
+    close(m.entropy, mean.detach())
+    (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (ref,) = torch.autograd.grad(-0.1 * mean, logits)
+    torch.testing.assert_close(grad, ref)
+    # Position t's entropy is that of the logits at t - 1: those no action token is drawn from get none.
+    assert grad[0, 2].abs().sum() == 0 and grad[1, 0].abs().sum() == 0 and grad[1, 2].abs().sum() == 0
+    # Logits instead of entropies: the same bonus.
+    from_logits, _ = loss_of(x, x, torch.ones(2), mask, logits=logits, entropy_coef=0.1)
+    close(from_logits, loss)
+
+
+def test_an_entropy_floor_turns_the_bonus_on_only_below_it() -> None:
+    logits = torch.zeros(1, 2, 4, requires_grad=True)  # uniform: entropy log 4 = 1.386 at each token
+    mask = torch.tensor([[0.0, 1.0]])
+    x = torch.full((1, 2), -math.log(4))
+    entropy = token_entropy(logits)
+    plain, _ = loss_of(x, x, torch.ones(1), mask, entropy=entropy)
+    above, _ = loss_of(x, x, torch.ones(1), mask, entropy=entropy, entropy_coef=0.5, entropy_floor=1.0)
+    below, _ = loss_of(x, x, torch.ones(1), mask, entropy=entropy, entropy_coef=0.5, entropy_floor=2.0)
+    close(above, plain)
+    close(below, plain - 0.5 * math.log(4))
+
+
+def test_an_entropy_bonus_needs_a_differentiable_entropy() -> None:
+    mask = torch.tensor([[0.0, 1.0]])
+    x = torch.full((1, 2), -1.0)
+    with pytest.raises(ValueError, match="entropy_grad=True"):
+        loss_of(x, x, torch.ones(1), mask, entropy=torch.ones(1, 2), entropy_coef=0.1)
+    with pytest.raises(ValueError, match="no differentiable entropy"):
+        loss_of(x, x, torch.ones(1), mask, entropy_coef=0.1)
 
 
 def test_entropy_metric_from_logits() -> None:

@@ -82,6 +82,36 @@ def test_chunked_values_and_gradients_equal_the_full_softmax(temperature: float)
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_entropy_s_gradient_equals_the_full_softmax_s(temperature: float) -> None:
+    """An entropy bonus differentiates the entropy too: log-probs and entropies weighted together (the
+    head works in fp32 inside, and the entropy's gradient sums V products: rel 1e-4)."""
+    torch.manual_seed(1)
+    n, h, v = 29, 16, 50
+    hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(v, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, v, (n,))
+    up_logp, up_ent = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    logp, ent = chunked_logprobs(
+        hidden, weight, targets, bias=bias, temperature=temperature, chunk=8, with_entropy=True
+    )
+    objective = (logp.double() * up_logp).sum() + (ent.double() * up_ent).sum()
+    grads = torch.autograd.grad(objective, (hidden, weight, bias), retain_graph=True)
+    z = (hidden @ weight.t() + bias) / temperature  # [N, V]
+    log_p = torch.log_softmax(z, -1)  # [N, V]
+    ref_ent = -(log_p.exp() * log_p).sum(-1)  # [N]
+    ref = (log_p.gather(1, targets[:, None]).squeeze(1) * up_logp).sum() + (ref_ent * up_ent).sum()
+    ref_grads = torch.autograd.grad(ref, (hidden, weight, bias), retain_graph=True)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    # The entropy alone (the log-probs unused) has its gradient too.
+    only = torch.autograd.grad((ent.double() * up_ent).sum(), hidden)[0]
+    torch.testing.assert_close(
+        only, torch.autograd.grad((ref_ent * up_ent).sum(), hidden)[0], rtol=1e-4, atol=1e-5
+    )
+
+
 def test_no_selected_rows_still_gives_a_connected_zero_gradient() -> None:
     # A rank's zero-mask filler selects no rows; backward must still reach the weights (FSDP needs it).
     weight = torch.randn(5, 3, requires_grad=True)
@@ -134,6 +164,20 @@ def test_a_head_the_lean_path_refuses_gets_the_same_values_from_the_full_logits(
     torch.testing.assert_close(out.logprobs, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.entropy, ref_ent, rtol=1e-5, atol=1e-5)
     assert torch.equal(out.logprobs == 0, ref == 0)
+    # Its entropies keep a [N, V] graph only for an entropy bonus.
+    assert not out.entropy.requires_grad
+    tiny.config.logit_scale = 0.5
+    try:
+        bonus = action_logprobs(
+            tiny, batch, temperature=0.8, with_entropy=True, entropy_grad=True, packed=packed
+        )
+    finally:
+        del tiny.config.logit_scale
+    grads = torch.autograd.grad(bonus.entropy.sum(), list(tiny.parameters()), allow_unused=True)
+    ref_grads = torch.autograd.grad(ref_ent.sum(), list(tiny.parameters()), allow_unused=True)
+    for g, r in zip(grads, ref_grads, strict=True):
+        if r is not None:
+            assert ((g - r).abs().max() / r.abs().max().clamp_min(1e-12)).item() < 1e-4
 
 
 def _head_peak(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, lean: bool) -> int:

@@ -348,6 +348,40 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
             assert lean[key] == pytest.approx(full[key], rel=1e-5, abs=1e-9), key
 
 
+def test_an_entropy_bonus_trains_every_trajectory_the_negatives_included(
+    tiny_model_dir,  # noqa: F811
+    one_rank_group,  # noqa: F811
+    monkeypatch,
+):
+    """With `loss.entropy_coef` a zero-advantage trajectory adds its entropy to the gradient: every
+    trajectory runs, the negatives-only mini-batch moves the weights, and the bonus lowers the loss."""
+    from agentrl.train import update
+
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    trajs = [
+        replace(t, token_versions=[0 if m else -1 for m in t.loss_mask]) for t in grpo_batch(vocab, groups=3)
+    ]
+    cfg = TrainConfig(
+        model=str(tiny_model_dir),
+        loss={"negative_weight": 0.0, "entropy_coef": 0.01},
+        optim={"grad_clip": 1e9, "epochs": 2, "mini_batches": 2, "micro_batch_size": 2},
+    )
+    ran: list[int] = []
+    real = update._micro_batch_backward
+
+    def counting(model, mb, *args, **kwargs):
+        ran.append(sum(1 for t in mb if any(t.loss_mask)))
+        return real(model, mb, *args, **kwargs)
+
+    monkeypatch.setattr(update, "_micro_batch_backward", counting)
+    steps: list[dict] = []
+    _, metrics = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, steps)
+    assert sum(ran) == 2 * 12
+    assert any(g.any() for g in steps[0].values())  # the negatives alone: the bonus's gradient
+    assert metrics["losses/entropy"] > 0
+    assert metrics["losses/loss"] < metrics["losses/pg_loss"]  # the bonus is subtracted
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async", "overlap"])
