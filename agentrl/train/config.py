@@ -297,6 +297,15 @@ class LossSettings(_Strict):
         "0 outside (tokens or sequences sampled too far from the trainer's policy do not train).",
     )
 
+    @model_validator(mode="after")
+    def _floor_needs_a_bonus(self) -> LossSettings:
+        if self.entropy_floor is not None and self.entropy_coef == 0.0:
+            raise ValueError(
+                "loss.entropy_floor is set but loss.entropy_coef is 0, so no bonus would ever apply; set "
+                "entropy_coef (e.g. 0.01) or drop entropy_floor"
+            )
+        return self
+
 
 class AsyncSettings(_Strict):
     mode: Literal["sync", "async"] = Field(

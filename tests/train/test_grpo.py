@@ -637,3 +637,8 @@ def test_policy_loss_takes_the_runs_loss_settings_and_names_its_metrics_on_the_d
     # TIS at the default cap 2: exp(-1 + 1.2) = 1.22 and exp(0) = 1 stay under it
     close(m.tis_weight_mean, (math.exp(0.2) + 1.0) / 2)
     assert LossStats.named(stats.values.tolist(), prefix="losses/")["losses/ratio_mean"] == m.ratio_mean
+
+
+def test_an_entropy_floor_without_a_bonus_is_refused() -> None:
+    with pytest.raises(ValueError, match="entropy_floor is set but loss.entropy_coef is 0"):
+        LossSettings(entropy_floor=0.05)
