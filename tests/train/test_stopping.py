@@ -46,6 +46,16 @@ def test_nothing_to_check_before_counting_or_without_trajectories() -> None:
     assert check_engine_versions([], 3, "sync") is None
 
 
+@pytest.fixture
+def ctrl_c_heard():
+    """Python's own SIGINT handler for the test: a suite started in the background by a script inherits
+    SIGINT ignored, and `Sigint` then (rightly) keeps ignoring it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_heard")
 @pytest.mark.parametrize("where", WHERE)
 def test_ctrl_c_during_a_rollout_stops_every_episode_cleanly(where: str, caplog) -> None:
     sigint = Sigint(listen=True)
@@ -55,6 +65,7 @@ def test_ctrl_c_during_a_rollout_stops_every_episode_cleanly(where: str, caplog)
     assert sigint.requested == 1 and not sigint.interruptible
 
 
+@pytest.mark.usefixtures("ctrl_c_heard")
 def test_ctrl_c_during_an_update_waits_for_the_step_then_stops_before_the_next_rollout() -> None:
     with Sigint(listen=True) as sigint:
         signal.raise_signal(signal.SIGINT)  # during the update: only asks
