@@ -114,7 +114,8 @@ and a guess must not pay. So the FAIL_TO_PASS tests run first, in a process of t
 folder that holds no other test: each failing test (each failing case of a parametrized one) is a
 set of members differing in one value, drawn so that the real one is not special, none of them
 keeping the test's name; the sets are sized so that guessing every set wins 1 in `odds` (32) at
-most (where a draw falls short, for want of values, it is drawn again, up to `PLAN_TRIES` times).
+most (where a draw falls short, for want of values, it is drawn again, up to `PLAN_TRIES` times;
+a draw with no set at all, once more).
 Two members passing is tampering. Only then, in a second process, the PASS_TO_PASS tests
 (with canary twins) and any FAIL_TO_PASS test no set could cover. Both runs are checked as below;
 their installed tests are removed at the end, so that a later verification of the same sandbox
@@ -737,9 +738,12 @@ class HiddenTestsVerifier:
         self, task: Task, hidden: Path, fail_to_pass: list[str], pass_to_pass: list[str]
     ) -> DecisionPlan:
         """The twin sets of the FAIL_TO_PASS run, drawn afresh until they reach the odds (the draw of the
-        best odds after `PLAN_TRIES`); none (every test uncovered) when the planner fails. The sets, not
-        which member is real, decide whether a draw is kept, so a redraw tells a reader nothing."""
-        best: DecisionPlan | None = None
+        best odds after `PLAN_TRIES`). The sets, not which member is real, decide whether a draw is kept,
+        so a redraw tells a reader nothing. A draw that decides nothing (no set: every value it drew for
+        them declined, or the planner failed on it) is drawn again too, since a verification without
+        sets leaves the failing tests to canary twins alone, where a guess wins half the time; a second
+        such draw ends the drawing (a task nothing covers, or a planner's bug, costs two draws, not
+        eight). Nothing covered at all: every test uncovered, with the reason."""
         try:
             planned: dict[str, Any] = dict(
                 listed=[*fail_to_pass, *pass_to_pass],
@@ -750,23 +754,35 @@ class HiddenTestsVerifier:
                 failing_values=_list_map(task, "FAIL_TO_PASS_VALUES"),
                 safe_sites=_string_list(task, "TWIN_SITES"),
             )
-            for _ in range(PLAN_TRIES):
+        except Exception as exc:  # the task's own metadata is malformed: no draw would differ
+            return self._unplanned(task, fail_to_pass, exc)
+        best: DecisionPlan | None = None
+        failure: Exception | None = None
+        undecided = 0
+        for _ in range(PLAN_TRIES):
+            try:
                 plan = plan_twin_sets(
                     hidden, fail_to_pass, rng=random.Random(secrets.randbits(64)), **planned
                 )
-                if best is None or plan.odds > best.odds:
-                    best = plan
-                if not plan.short:
+            except Exception as exc:  # a planner's bug must not cost an honest agent its reward
+                failure, plan = exc, None
+            if plan is not None and (best is None or plan.odds > best.odds):
+                best = plan  # a draw without sets has odds 1: any draw with one is preferred
+            if plan is not None and plan.sets and not plan.short:
+                break
+            if plan is None or not plan.sets:
+                undecided += 1
+                if undecided == 2:
                     break
-        except Exception as exc:  # a planner's bug must not cost an honest agent its reward
-            log.warning(
-                "no twin sets for task %s: planning failed (%s: %s)", task.id, type(exc).__name__, exc
-            )
-            return DecisionPlan(
-                uncovered=dict.fromkeys(fail_to_pass, f"planning failed ({type(exc).__name__})")
-            )
-        assert best is not None
+        if best is None:
+            assert failure is not None
+            return self._unplanned(task, fail_to_pass, failure)
         return best
+
+    @staticmethod
+    def _unplanned(task: Task, fail_to_pass: list[str], exc: Exception) -> DecisionPlan:
+        log.warning("no twin sets for task %s: planning failed (%s: %s)", task.id, type(exc).__name__, exc)
+        return DecisionPlan(uncovered=dict.fromkeys(fail_to_pass, f"planning failed ({type(exc).__name__})"))
 
     def _decision_run(
         self,

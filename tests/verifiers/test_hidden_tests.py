@@ -611,32 +611,64 @@ def test_a_draw_of_twin_sets_that_falls_short_of_the_odds_is_drawn_again(monkeyp
     """A verification redraws short twin sets (up to PLAN_TRIES), and takes the best odds it drew when
     every draw falls short."""
     from agentrl.verifiers import hidden_tests
-    from agentrl.verifiers.twin_plan import DecisionPlan, TwinSet
-
-    def plan(n: int) -> DecisionPlan:
-        members = tuple((f"test_x.py::test_{i}",) for i in range(n))
-        s = TwinSet(
-            originals=("test_x.py::test_a",), members=members, real=0, how="literal", values=("1",) * n
-        )
-        return DecisionPlan(sets=[s], target_odds=32)
-
-    def planner(sizes: list[int]):
-        drawn: list[int] = []
-
-        def plan_twin_sets(*args: Any, **kwargs: Any) -> DecisionPlan:
-            drawn.append(sizes[len(drawn)])
-            return plan(drawn[-1])
-
-        return plan_twin_sets, drawn
 
     verifier = HiddenTestsVerifier()
     task = Task(id="t", prompt="fix it", metadata={"FAIL_TO_PASS": ["test_x.py::test_a"]})
-    fake, drawn = planner([4, 8, 32, 32])
+    fake, drawn = _redraw_planner([4, 8, 32, 32])
     monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
     assert verifier._plan_decision(task, tmp_path, ["test_x.py::test_a"], []).odds == 32
     assert drawn == [4, 8, 32]  # the first draw that reaches the odds is kept
 
-    fake, drawn = planner([4, 16, 8] + [2] * hidden_tests.PLAN_TRIES)
+    fake, drawn = _redraw_planner([4, 16, 8] + [2] * hidden_tests.PLAN_TRIES)
     monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
     assert verifier._plan_decision(task, tmp_path, ["test_x.py::test_a"], []).odds == 16
     assert len(drawn) == hidden_tests.PLAN_TRIES
+
+
+@pytest.mark.parametrize("undecided", [0, -1], ids=["no set drawn", "the planner raised"])
+def test_a_draw_that_decides_nothing_is_drawn_again_once(monkeypatch, tmp_path, undecided):
+    """A draw without sets would leave the failing test to canary twins alone (a coin wins half the
+    time): it is drawn again. Two such draws end the drawing: the best draw so far, or none."""
+    from agentrl.verifiers import hidden_tests
+
+    verifier = HiddenTestsVerifier()
+    task = Task(id="t", prompt="fix it", metadata={"FAIL_TO_PASS": ["test_x.py::test_a"]})
+    ids = ["test_x.py::test_a"]
+    fake, drawn = _redraw_planner([undecided, 32, 32])
+    monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
+    assert verifier._plan_decision(task, tmp_path, ids, []).odds == 32 and drawn == [undecided, 32]
+
+    fake, drawn = _redraw_planner([8, undecided, undecided, 32])
+    monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
+    kept = verifier._plan_decision(task, tmp_path, ids, [])
+    assert kept.odds == 8 and drawn == [8, undecided, undecided]  # the short draw, not none
+
+    fake, drawn = _redraw_planner([undecided, undecided, 32])
+    monkeypatch.setattr(hidden_tests, "plan_twin_sets", fake)
+    none = verifier._plan_decision(task, tmp_path, ids, [])
+    assert not none.sets and ids[0] in none.uncovered and len(drawn) == 2
+    if undecided < 0:
+        assert none.uncovered[ids[0]] == "planning failed (IndexError)"
+
+
+def _redraw_plan(n: int):
+    from agentrl.verifiers.twin_plan import DecisionPlan, TwinSet
+
+    if n == 0:  # every set's values declined on this draw
+        return DecisionPlan(uncovered={"test_x.py::test_a": "no value"}, target_odds=32)
+    members = tuple((f"test_x.py::test_{i}",) for i in range(n))
+    s = TwinSet(originals=("test_x.py::test_a",), members=members, real=0, how="literal", values=("1",) * n)
+    return DecisionPlan(sets=[s], target_odds=32)
+
+
+def _redraw_planner(sizes: list[int]):
+    """A planner whose draws have these set sizes in turn (0: no set; -1: it raises), and what it drew."""
+    drawn: list[int] = []
+
+    def plan_twin_sets(*args: Any, **kwargs: Any):
+        drawn.append(sizes[len(drawn)])
+        if drawn[-1] < 0:
+            raise IndexError("a planner's bug on this draw")
+        return _redraw_plan(drawn[-1])
+
+    return plan_twin_sets, drawn
