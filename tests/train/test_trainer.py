@@ -290,6 +290,29 @@ def test_activation_checkpointing_on_and_off_give_equal_gradients(
     assert_same_gradients(off, on, rel=1e-6)
 
 
+def _half_passed_batch(model_dir) -> list[Trajectory]:
+    """Rewards 0, 1, 0, 1 in each of three groups; versions per token, as a real rollout records them."""
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    return [
+        replace(t, token_versions=[0 if m else -1 for m in t.loss_mask]) for t in grpo_batch(vocab, groups=3)
+    ]
+
+
+def _count_runs(patch) -> list[int]:
+    """Through `patch` (a monkeypatch), count the trajectories each micro-batch of the update runs."""
+    from agentrl.train import update
+
+    ran: list[int] = []
+    real = update._micro_batch_backward
+
+    def counting(model, mb, *args, **kwargs):
+        ran.append(sum(1 for t in mb if any(t.loss_mask)))
+        return real(model, mb, *args, **kwargs)
+
+    patch.setattr(update, "_micro_batch_backward", counting)
+    return ran
+
+
 def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     tiny_model_dir,  # noqa: F811
     one_rank_group,  # noqa: F811
@@ -301,26 +324,16 @@ def test_trajectories_with_zero_advantage_are_not_run_and_the_step_is_unchanged(
     positive at all still steps, with zero gradients."""
     from agentrl.train import update
 
-    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
-    trajs = [  # rewards 0, 1, 0, 1 in each group; versions per token, as a real rollout records them
-        replace(t, token_versions=[0 if m else -1 for m in t.loss_mask]) for t in grpo_batch(vocab, groups=3)
-    ]
+    trajs = _half_passed_batch(tiny_model_dir)
     cfg = TrainConfig(
         model=str(tiny_model_dir),
         loss={"negative_weight": 0.0},
         # The first pass's first mini-batch is every other trajectory: the negatives only.
         optim={"grad_clip": 1e9, "epochs": 2, "mini_batches": 2, "micro_batch_size": 2},
     )
-    ran: list[int] = []
-    real = update._micro_batch_backward
-
-    def counting(model, mb, *args, **kwargs):
-        ran.append(sum(1 for t in mb if any(t.loss_mask)))
-        return real(model, mb, *args, **kwargs)
-
     everything = lambda self, t: True  # noqa: E731  (the step before the skip: every trajectory runs)
     with monkeypatch.context() as m:
-        m.setattr(update, "_micro_batch_backward", counting)
+        ran = _count_runs(m)
         lean_steps: list[dict] = []
         _, lean = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, lean_steps)
         lean_rows, ran[:] = sum(ran), []
@@ -355,27 +368,16 @@ def test_an_entropy_bonus_trains_every_trajectory_the_negatives_included(
 ):
     """With `loss.entropy_coef` a zero-advantage trajectory adds its entropy to the gradient: every
     trajectory runs, the negatives-only mini-batch moves the weights, and the bonus lowers the loss."""
-    from agentrl.train import update
-
-    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
-    trajs = [
-        replace(t, token_versions=[0 if m else -1 for m in t.loss_mask]) for t in grpo_batch(vocab, groups=3)
-    ]
     cfg = TrainConfig(
         model=str(tiny_model_dir),
         loss={"negative_weight": 0.0, "entropy_coef": 0.01},
         optim={"grad_clip": 1e9, "epochs": 2, "mini_batches": 2, "micro_batch_size": 2},
     )
-    ran: list[int] = []
-    real = update._micro_batch_backward
-
-    def counting(model, mb, *args, **kwargs):
-        ran.append(sum(1 for t in mb if any(t.loss_mask)))
-        return real(model, mb, *args, **kwargs)
-
-    monkeypatch.setattr(update, "_micro_batch_backward", counting)
+    ran = _count_runs(monkeypatch)
     steps: list[dict] = []
-    _, metrics = grpo_step_gradients(tiny_model_dir, one_rank_group, cfg, trajs, steps)
+    _, metrics = grpo_step_gradients(
+        tiny_model_dir, one_rank_group, cfg, _half_passed_batch(tiny_model_dir), steps
+    )
     assert sum(ran) == 2 * 12
     assert any(g.any() for g in steps[0].values())  # the negatives alone: the bonus's gradient
     assert metrics["losses/entropy"] > 0
