@@ -535,13 +535,16 @@ class BwrapSandbox(SandboxBase):
             for sub in ("fd", "fdinfo", "task/1/fd", "task/1/fdinfo"):
                 args += ["--tmpfs", f"/proc/1/{sub}", "--remount-ro", f"/proc/1/{sub}"]
         if identity == "verifier":
-            # Reads the workspace and /verifier, writes neither: its only writable place is a
-            # fresh /tmp of its own (not the agent's), inside the capped /verifier tmpfs.
+            # Reads the workspace and /verifier, writes neither: its writable places are a fresh
+            # /tmp of its own (not the agent's), inside the capped /verifier tmpfs, and the log
+            # folder a verifier prepared for it there (/verifier/logs, where a Harbor test script
+            # writes its reward; on docker the verifier uid writes it as well).
             assert scratch is not None
             args += [
                 "--ro-bind", str(self._ws_dir), self.workdir,
                 "--bind", str(scratch), "/tmp",
                 "--ro-bind", str(self._prot_dir), PROTECTED_DIR,
+                "--bind-try", str(self._prot_dir / "logs"), f"{PROTECTED_DIR}/logs",
             ]  # fmt: skip
         else:
             args += [

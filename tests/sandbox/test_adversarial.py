@@ -335,6 +335,17 @@ def test_verifier_identity_reads_the_workspace_but_writes_neither_it_nor_verifie
     assert "planted" not in sb.exec("ls /workspace /verifier/t").stdout
 
 
+def test_verifier_identity_writes_the_log_folder_a_verifier_prepared(sb):
+    """Harbor's contract: the test script, as the verifier identity, writes its reward under /verifier/logs
+    (made by a privileged exec, world-writable); the agent cannot overwrite what it wrote."""
+    assert sb.exec(f"mkdir -p {PROTECTED_DIR}/logs && chmod 1777 {PROTECTED_DIR}/logs", privileged=True).ok
+    reward = f"{PROTECTED_DIR}/logs/verifier/reward.txt"
+    r = sb.exec(f"mkdir -p {PROTECTED_DIR}/logs/verifier && echo 1 > {reward}", as_verifier=True)
+    assert r.ok, r
+    assert not sb.exec(f"echo 0 > {reward}").ok
+    assert sb.exec(f"cat {reward}", privileged=True).stdout.strip() == "1"
+
+
 def test_root_only_image_paths_are_hidden_from_agent_and_verifier(sb):
     # /root is 0700 in the image: docker hides it by permissions, bwrap by a mount over it.
     for kwargs in ({}, {"as_verifier": True}):
