@@ -379,9 +379,7 @@ def policy_loss(
         logprobs, behavior_logprobs, loss_mask, settings, old_logprobs, ref_logprobs, entropy, logits
     )
     clip_low, clip_high, agg = settings.clip_low, settings.clip_high, settings.agg
-    tis_cap, kl_coef = settings.tis_cap, settings.kl_coef
     mask = loss_mask.bool()  # [B, T]
-    zeros = torch.zeros_like(logprobs)  # [B, T]
     advantages = _per_token_advantages(advantages, logprobs.dtype, loss_mask)  # [B, T]
 
     anchor = (old_logprobs if old_logprobs is not None else behavior_logprobs).detach()  # [B, T]
@@ -390,18 +388,15 @@ def policy_loss(
     pg_per_token = clipped_surrogate(ratios, advantages, clip_low, clip_high)  # [B, T]
 
     tis_weights, tis_cut = _tis_weights(logprobs, old_logprobs, behavior_logprobs, mask, settings)  # [B, T]
-    if tis_cap is not None:
+    if settings.tis_cap is not None:
         pg_per_token = pg_per_token * tis_weights  # [B, T]
 
     pg_loss = aggregate(pg_per_token, loss_mask, agg, denominator)
     loss = pg_loss
     kl_per_token = None
     if ref_logprobs is not None:
-        # Masked inputs (not only a masked sum): no padded garbage may reach exp() or its gradient.
-        kl_per_token = k3_kl(
-            torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros)
-        )  # [B, T]
-        loss = loss + kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
+        kl_per_token = _masked_k3(logprobs, ref_logprobs, mask)  # [B, T]
+        loss = loss + settings.kl_coef * aggregate(kl_per_token, loss_mask, agg, denominator)
     if settings.entropy_coef > 0.0:
         loss = loss - settings.entropy_coef * _entropy_bonus(entropy, logits, mask, settings, denominator)
 
@@ -410,6 +405,13 @@ def policy_loss(
         entropy, logits,
     )  # fmt: skip
     return loss, LossStats(stats, entropy_measured=entropy is not None or logits is not None)
+
+
+def _masked_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """k3 KL to the reference per action token [B, T], 0 elsewhere. Masked inputs (not only a masked
+    sum): no padded garbage may reach exp() or its gradient."""
+    zeros = torch.zeros_like(logprobs)  # [B, T]
+    return k3_kl(torch.where(mask, logprobs, zeros), torch.where(mask, ref_logprobs.detach(), zeros))
 
 
 def _entropy_bonus(
