@@ -58,14 +58,19 @@ def test_hand_computed_log_prob_and_entropy() -> None:
     assert logp_t.item() == pytest.approx(math.log(math.sqrt(2) / (math.sqrt(2) + 2)), abs=1e-6)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_values_and_gradients_equal_the_full_softmax(temperature: float) -> None:
-    torch.manual_seed(0)
-    n, h, v = 37, 16, 50
+def _head_inputs(n: int, seed: int, h: int = 16, v: int = 50) -> tuple[torch.Tensor, ...]:
+    """Random float64 hidden [n, h], head weight [v, h] and bias [v] (all requiring grad), targets [n]."""
+    torch.manual_seed(seed)
     hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(v, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, v, (n,))
+    return hidden, weight, bias, torch.randint(0, v, (n,))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_values_and_gradients_equal_the_full_softmax(temperature: float) -> None:
+    n = 37
+    hidden, weight, bias, targets = _head_inputs(n, seed=0)
     upstream = torch.randn(n, dtype=torch.float64)
     # chunk=8: five chunks, the last one partial.
     logp, ent = chunked_logprobs(
@@ -86,12 +91,8 @@ def test_chunked_values_and_gradients_equal_the_full_softmax(temperature: float)
 def test_the_entropy_s_gradient_equals_the_full_softmax_s(temperature: float) -> None:
     """An entropy bonus differentiates the entropy too: log-probs and entropies weighted together (the
     head works in fp32 inside, and the entropy's gradient sums V products: rel 1e-4)."""
-    torch.manual_seed(1)
-    n, h, v = 29, 16, 50
-    hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(v, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, v, (n,))
+    n = 29
+    hidden, weight, bias, targets = _head_inputs(n, seed=1)
     up_logp, up_ent = torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
     logp, ent = chunked_logprobs(
         hidden, weight, targets, bias=bias, temperature=temperature, chunk=8, with_entropy=True
