@@ -41,6 +41,13 @@ TESTS_DIR = f"{PROTECTED_DIR}/tests"
 LOGS_DIR = f"{PROTECTED_DIR}/logs"
 REWARD_DIR = f"{LOGS_DIR}/verifier"
 _REWARD_BYTES = 64 * 1024
+_PREPARE = (
+    f"rm -rf {TESTS_DIR} && "
+    f"if [ -e {LOGS_DIR} ] || [ -L {LOGS_DIR} ]; then "
+    f"n=0; while [ -e {LOGS_DIR}.old$n ]; do n=$((n + 1)); done; "
+    f"mv {LOGS_DIR} {LOGS_DIR}.old$n && {{ rm -rf {LOGS_DIR}.old$n 2>/dev/null || true; }}; fi && "
+    f"mkdir {LOGS_DIR} && chmod 1777 {LOGS_DIR}"
+)
 _DETAILS = 1500
 
 
@@ -107,14 +114,12 @@ class TestScriptVerifier:
         timeout = self.task_timeout_s(task)
         # 1. Nothing of the agent's runs from here on.
         sandbox.kill_agent_processes()
-        # 2. The tests, and the log folder, where only root writes. Root (no capabilities) never
-        # deletes what the verifier identity made: that one empties its own folder in step 3 (the
-        # same sandbox verified twice: the audit's answer probes).
-        res = sandbox.exec(
-            ["/bin/sh", "-c", f"rm -rf {TESTS_DIR} && mkdir -p {LOGS_DIR} && chmod 1777 {LOGS_DIR}"],
-            privileged=True,
-            timeout=60,
-        )
+        # 2. The tests, and a fresh log folder, where only root writes. The folder must be writable
+        # by the verifier identity, so a verification leaves it world-writable (sticky): in a
+        # sandbox verified twice (the audit's answer probes) the agent may have left files there.
+        # Root (no capabilities) cannot delete what others made in it, but owns it, so it moves the
+        # old one aside whole; what it cannot remove stays there, unread.
+        res = sandbox.exec(["/bin/sh", "-c", _PREPARE], privileged=True, timeout=60)
         if not res.ok:
             return Verdict(0.0, False, f"could not prepare {LOGS_DIR}: {_tail(res.stderr)}")
         with tempfile.TemporaryDirectory(prefix="agentrl-test-script-") as stage:
@@ -136,7 +141,7 @@ class TestScriptVerifier:
             **{str(k): str(v) for k, v in dict(task.metadata.get("verifier_env") or {}).items()},
         }
         run = (
-            f'umask 022 && rm -rf {REWARD_DIR} && mkdir -p -m 0755 {REWARD_DIR} "$HOME" && '
+            f'umask 022 && mkdir -p -m 0755 {REWARD_DIR} "$HOME" && '
             f"if command -v bash >/dev/null; then exec bash {TESTS_DIR}/{self.script}; "
             f"else exec sh {TESTS_DIR}/{self.script}; fi"
         )

@@ -379,3 +379,22 @@ def test_the_git_history_attack_reads_a_kept_history_and_is_contained_by_the_pru
             assert finding.reward == 1.0
         else:
             assert "no commit, ref, reflog or packed ref" in finding.evidence and finding.reward == 0.0
+
+
+@pytest.mark.docker
+def test_nothing_the_agent_leaves_in_the_log_folder_reaches_the_next_verification(harbor_env):
+    """The log folder one verification made stays world-writable (the verifier identity writes in
+    it); a sandbox verified again (the audit's answer probes) gets a fresh one, whatever is left."""
+    task = harbor_env.tasks.get(0, "test")
+    harbor_env.reset(options={"task": task})
+    sb, verifier = harbor_env.sandbox, harbor_env.verifier
+    assert verifier.verify(sb, task, harbor_env.episode).reward == 0.0  # nothing done
+    plant = sb.exec(["/bin/sh", "-c", "echo 1 > /logs/reward.txt && mkdir /logs/x && echo 1 > /logs/x/y"])
+    assert plant.ok, plant.stderr  # the agent can write beside the verifier's own folder
+    refused = sb.exec(["/bin/sh", "-c", "echo 1 > /logs/verifier/reward.txt"])
+    assert not refused.ok  # ...never in it
+    again = verifier.verify(sb, task, harbor_env.episode)
+    assert again.reward == 0.0, again.details
+    listing = sb.exec(["/bin/sh", "-c", "ls -A /logs/ /logs/verifier/"], privileged=True)
+    assert listing.ok and "reward.txt" not in listing.stdout.split("/logs/verifier/:")[0], listing.stdout
+    assert "x" not in listing.stdout.split(), listing.stdout
