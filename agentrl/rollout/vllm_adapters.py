@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import fcntl
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +73,37 @@ class _Adapter:
     removed: bool = False
 
 
+_SCRATCH_PREFIX = "agentrl-adapters-"
+_OWNER = ".owner"
+
+
+def claim_scratch(tmp: Path) -> tuple[Path, int]:
+    """A fresh folder for pushed adapters under `tmp`, and the descriptor whose lock marks it as ours
+    for as long as this process lives (the kernel drops the lock with the process, however it ends).
+
+    Folders under `tmp` whose lock nobody holds any more are removed first: an engine killed from outside
+    (the OOM killer, a crashed Ray actor) ran neither `close()` nor its exit hooks. A folder without a
+    lock file is left alone (it may be a moment old: the file is locked before it takes its name)."""
+    for old in tmp.glob(f"{_SCRATCH_PREFIX}*/{_OWNER}"):
+        with contextlib.suppress(OSError), open(old, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live engine's
+            shutil.rmtree(old.parent, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=_SCRATCH_PREFIX, dir=tmp))
+    fd = os.open(path / f"{_OWNER}.new", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(path / f"{_OWNER}.new", path / _OWNER)
+    return path, fd
+
+
+def _release_scratch(path: Path, owner: int) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.close(owner)
+
+
 class VLLMAdapters:
     """LoRA adapters of a `VLLMPolicy` (see `load_adapter`, `add_adapter`); the engine side is the policy's."""
 
@@ -84,6 +119,7 @@ class VLLMAdapters:
     _named: dict[str, _Adapter]
     _retired: set[_Adapter]
     _scratch: Path | None
+    _scratch_cleanup: weakref.finalize | None
     _engine: Any
     _loop: asyncio.AbstractEventLoop
     _commands: Any
@@ -200,9 +236,7 @@ class VLLMAdapters:
                 "this engine was started without LoRA, so it cannot load an adapter; start it with a LoRA rank "
                 "(make_policy(..., lora_rank=R), or `model.lora` in the run's config)"
             )
-        if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix="agentrl-adapters-"))
-        path, temp_dir = adapter_dir(adapter, self._scratch)
+        path, temp_dir = adapter_dir(adapter, self._scratch_dir())
         where = "the pushed adapter" if temp_dir is not None else f"the LoRA adapter at {path}"
         try:
             rank = adapter_rank(path)
@@ -229,6 +263,20 @@ class VLLMAdapters:
                 shutil.rmtree(temp_dir, ignore_errors=True)
             raise
         return _Adapter(request, LoadedAdapter(lora_id, path, None), temp_dir)
+
+    def _scratch_dir(self) -> Path:
+        """Our folder of pushed adapters: made at the first push, removed by `close()`, at interpreter exit
+        when the process ends without closing the engine (a run stopped by an error on its way out), or by
+        the next engine on this machine when the process was killed (`claim_scratch`)."""
+        if self._scratch is None:
+            self._scratch, owner = claim_scratch(Path(tempfile.gettempdir()))
+            self._scratch_cleanup = weakref.finalize(self, _release_scratch, self._scratch, owner)
+        return self._scratch
+
+    def _drop_scratch(self) -> None:
+        """Delete the folder of pushed adapters now (`close()`)."""
+        if self._scratch_cleanup is not None:
+            self._scratch_cleanup()
 
     def _retire(self, old: _Adapter | None) -> _Adapter | None:
         """Mark a replaced adapter (under `_lora_lock`); returns it when no request carries it any more."""

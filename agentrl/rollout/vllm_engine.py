@@ -14,10 +14,10 @@ import json
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -257,6 +257,7 @@ class VLLMPolicy(VLLMAdapters):
         self._named: dict[str, _Adapter] = {}
         self._retired: set[_Adapter] = set()  # replaced, still carried by requests in flight
         self._scratch: Path | None = None  # temporary directories of pushed adapters
+        self._scratch_cleanup: weakref.finalize | None = None
         kwargs = _engine_args(
             self.model,
             dtype=dtype,
@@ -690,6 +691,13 @@ class VLLMPolicy(VLLMAdapters):
         if self._closed:
             return
         self._closed = True
+        try:
+            self._shutdown_engine()
+        finally:
+            self._drop_scratch()
+
+    def _shutdown_engine(self) -> None:
+        """Stop the engine and the thread that drives it."""
         if self.in_process:
             self._commands.put("stop")
             self._thread.join(timeout=60)
@@ -715,8 +723,6 @@ class VLLMPolicy(VLLMAdapters):
             else:  # the loop's thread is gone: nothing waits on the sockets any more
                 self._engine.shutdown()
             del self._engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def __enter__(self) -> VLLMPolicy:
         return self

@@ -630,21 +630,24 @@ def checkpoint_due(cfg: TrainConfig, step: int) -> bool:
 
 def close(run: Run, ok: bool = True) -> None:
     """Close what the run opened, in an order that keeps the process group alive for its users."""
-    if ok and dist.is_initialized():
-        dist.barrier()  # every rank is done with collectives before the engine may take the group down
-    if run.bar is not None:
-        run.bar.close()
-    if run.tracker is not None:
-        run.tracker.close()
-    if run.info.is_main and (run.out / "metrics.jsonl").exists():
-        try:
-            plot_training(run.out / "metrics.jsonl", run.out / "training.png")
-        except Exception as exc:  # a plot must never cost the run
-            log(f"could not write {run.out / 'training.png'}: {exc}")
-    run.sync.close()
-    if run.producer is not None:
-        # An in-process vLLM engine shuts down the default process group it joined: last.
-        run.producer.policy.close()
+    try:
+        if ok and dist.is_initialized():
+            dist.barrier()  # every rank is done with collectives before the engine may take the group down
+        if run.bar is not None:
+            run.bar.close()
+        if run.tracker is not None:
+            run.tracker.close()
+        if run.info.is_main and (run.out / "metrics.jsonl").exists():
+            try:
+                plot_training(run.out / "metrics.jsonl", run.out / "training.png")
+            except Exception as exc:  # a plot must never cost the run
+                log(f"could not write {run.out / 'training.png'}: {exc}")
+        run.sync.close()
+    finally:
+        if run.producer is not None:
+            # An in-process vLLM engine shuts down the default process group it joined: last, and
+            # whatever failed before it (the engine's processes and folders must not outlive the run).
+            run.producer.policy.close()
 
 
 # --- set-up, piece by piece ------------------------------------------------------------------------------

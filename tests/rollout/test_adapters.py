@@ -7,6 +7,9 @@ test_lora_engine.py use adapters peft itself saved).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,59 @@ def test_adapter_dir_writes_pushed_bytes_to_a_fresh_directory_and_uses_a_directo
     assert sorted(scratch.iterdir()) == sorted([first, second])  # a refused push leaves no directory
     with pytest.raises(UserError, match="not a LoRA adapter directory"):
         adapter_dir(scratch, scratch)
+
+
+_SCRATCH_LEFT_OPEN = """
+import os, signal, sys
+from agentrl.rollout.vllm_adapters import VLLMAdapters
+engine = object.__new__(VLLMAdapters)  # an engine's adapter side, as VLLMPolicy.__init__ sets it
+engine._scratch, engine._scratch_cleanup = None, None
+path = engine._scratch_dir()
+(path / "adapter-x").mkdir()
+print(path, flush=True)
+if sys.argv[1] == "kill":  # the OOM killer, a crashed Ray actor: no exit hook runs
+    os.kill(os.getpid(), signal.SIGKILL)
+raise SystemExit(3)  # a run that stops on an error without closing its engine
+"""
+
+
+def _engine_left_open(how: str, tmp: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRATCH_LEFT_OPEN, how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    return proc, Path(proc.stdout.strip())
+
+
+def test_pushed_adapters_folder_goes_with_close_or_with_a_process_that_never_closed(tmp_path: Path) -> None:
+    from agentrl.rollout.vllm_adapters import VLLMAdapters
+
+    engine = object.__new__(VLLMAdapters)
+    engine._scratch, engine._scratch_cleanup = None, None
+    path = engine._scratch_dir()
+    assert engine._scratch_dir() == path and path.is_dir()  # one folder per engine
+    engine._drop_scratch()  # close()
+    assert not path.exists()
+    engine._drop_scratch()  # closing twice is harmless
+
+    proc, left = _engine_left_open("exit", tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert left.parent == tmp_path and left.name.startswith("agentrl-adapters-") and not left.exists()
+
+
+def test_a_killed_engines_folder_is_removed_by_the_next_engine_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    from agentrl.rollout.vllm_adapters import claim_scratch
+
+    proc, killed = _engine_left_open("kill", tmp_path)
+    assert proc.returncode == -9 and (killed / "adapter-x").is_dir(), proc.stderr
+    live, fd = claim_scratch(tmp_path)  # this process's engine, alive
+    other, other_fd = claim_scratch(tmp_path)  # another one, which sweeps again
+    assert not killed.exists() and live.is_dir() and other.is_dir()
+    os.close(fd)  # the first engine's process is gone: the next claim removes its folder
+    _, last_fd = claim_scratch(tmp_path)
+    assert not live.exists() and other.is_dir()
+    os.close(other_fd)
+    os.close(last_fd)
