@@ -29,9 +29,11 @@ Tasks come from the synthesizer's cache (`agentrl tasks synth python-repair` fir
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,6 +107,7 @@ def baseline_verifier(ref: str) -> Any:
     if source is None:
         raise SystemExit(f"no verifiers/hidden_tests.py at {ref}: pass --baseline-ref")
     folder = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # read from until the benchmark ends
     if (runner := _git_show(ref, "verifiers/pytest_runner.py")) is not None:
         (folder / "pytest_runner.py").write_text(runner)
     path = folder / "hidden_tests_before.py"
