@@ -190,8 +190,9 @@ class WarmStartRecipe(BaseModel):
         ge=0,
         le=1,
         description="Train until the held-out pass@1 reaches this (0.2: the band's low edge): after the main "
-        "stage, measure; below it, another round of `epochs` passes over the same demonstrations, up to "
-        "`max_rounds`. None: one round, the fixed recipe. Needs eval_tasks > 0.",
+        "stage, measure; below it, another round (`round_epochs` passes over the same demonstrations, or "
+        "fresh ones: `round_demos`), up to `max_rounds`. None: one round, the fixed recipe. Needs "
+        "eval_tasks > 0.",
     )
     max_rounds: int = Field(
         8, ge=1, description="Most SFT rounds of the main stage while below `target_pass`."
