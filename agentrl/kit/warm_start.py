@@ -52,12 +52,15 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.core.errors import UserError
 from agentrl.kit.numerics import Numerics, pinned_env
+
+if TYPE_CHECKING:
+    from agentrl.kit.demonstrations import DemoStats
 
 RECORD_FILE = "agentrl_warm_start.json"
 # A tiny model learns to copy after ~8,000 demonstration sequences (the module docstring): a short stage
@@ -206,9 +209,8 @@ class WarmStartRecipe(BaseModel):
     round_demos: Literal["same", "fresh"] = Field(
         "same",
         description="The demonstrations of each round after the first: `same` (the first round's again), or "
-        "`fresh` (the oracle on `demos` more train tasks each round: more of the skill, where the same ones "
-        "again mostly fit them closer; a warm start that miscopied numbers went from 0.06 to 0.11 of "
-        "validation pass@1 in five rounds of the same 256, docs/DEMO.md).",
+        "`fresh` (the oracle on `demos` more train tasks each round): new demonstrations teach a model that "
+        "has fit the first ones and still fails; the same ones again mostly fit them closer (docs/DEMO.md).",
     )
     numerics: Numerics = Field(
         "pinned",
@@ -517,26 +519,10 @@ def _stage(
     `demos`: train on these demonstrations instead of generating new ones (another round); `start`: the
     first train task of new ones.
     """
-    from agentrl.kit.demonstrations import DemoStats, generate_demos
     from agentrl.train.config import SFTConfig
 
     demos_path = work / f"{name}-demos.jsonl"
-    if demos is not None:
-        shutil.copyfile(demos, demos_path)
-        lines = len(demos_path.read_text().splitlines())
-        stats = DemoStats(lines, lines, 0, 0.0, 0.0, 0.0, {})
-    else:
-        _, stats = generate_demos(
-            recipe.env,
-            n,
-            demos_path,
-            tokenizer,
-            split="train",
-            start=start,
-            kinds=recipe.demo_kinds,
-            backend=recipe.backend,
-            env_kwargs=env_kwargs,
-        )
+    stats = _stage_demos(demos_path, recipe, n, tokenizer, env_kwargs, demos, start)
     if stats.passed == 0:
         raise RuntimeError(
             f"the oracle of {recipe.env} passed none of {stats.episodes} tasks; check the environment "
@@ -578,6 +564,37 @@ def _stage(
     )
     _log(f"{name}: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     return out
+
+
+def _stage_demos(
+    path: Path,
+    recipe: WarmStartRecipe,
+    n: int,
+    tokenizer: Any,
+    env_kwargs: dict[str, Any],
+    demos: Path | None,
+    start: int,
+) -> DemoStats:
+    """A stage's demonstrations at `path`: a copy of `demos`, or the oracle on `n` train tasks from `start`;
+    returns their `DemoStats`."""
+    from agentrl.kit.demonstrations import DemoStats, generate_demos
+
+    if demos is not None:
+        shutil.copyfile(demos, path)
+        lines = len(path.read_text().splitlines())
+        return DemoStats(lines, lines, 0, 0.0, 0.0, 0.0, {})
+    _, stats = generate_demos(
+        recipe.env,
+        n,
+        path,
+        tokenizer,
+        split="train",
+        start=start,
+        kinds=recipe.demo_kinds,
+        backend=recipe.backend,
+        env_kwargs=env_kwargs,
+    )
+    return stats
 
 
 class ShortStageNotLearned(UserError, RuntimeError):

@@ -107,7 +107,7 @@ def _release_scratch(path: Path, owner: int) -> None:
 class VLLMAdapters:
     """LoRA adapters of a `VLLMPolicy` (see `load_adapter`, `add_adapter`); the engine side is the policy's."""
 
-    # Set by `VLLMPolicy.__init__`.
+    # Set by `VLLMPolicy.__init__` (the adapter records by `_init_adapters`).
     in_process: bool
     max_lora_rank: int | None
     _version: int
@@ -123,6 +123,19 @@ class VLLMAdapters:
     _engine: Any
     _loop: asyncio.AbstractEventLoop
     _commands: Any
+
+    def _init_adapters(self, max_lora_rank: int | None) -> None:
+        """The adapter records of a new engine (`VLLMPolicy.__init__`), before it starts."""
+        self.max_lora_rank = max_lora_rank
+        """The largest adapter rank the engine serves (vLLM's `max_lora_rank`); None: started without LoRA."""
+        # Guards the adapter records below; held briefly, never across an engine call.
+        self._lora_lock = threading.Lock()
+        self._lora_ids = itertools.count(1)
+        self._current = None
+        self._named = {}
+        self._retired = set()  # replaced, still carried by requests in flight
+        self._scratch = None  # temporary directories of pushed adapters (`_scratch_dir`)
+        self._scratch_cleanup = None
 
     def _call_inproc(self, fn: Any) -> Any:
         """`fn(engine)` on the in-process engine's step thread, blocking (`VLLMPolicy` defines it)."""

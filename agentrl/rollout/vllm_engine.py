@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -17,7 +16,6 @@ import queue
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +24,7 @@ from agentrl.core.errors import UserError
 from agentrl.rollout.adapters import adapter_rank, check_adapter_dir
 from agentrl.rollout.placement import physical_devices
 from agentrl.rollout.sampling import Generation, SamplingConfig
-from agentrl.rollout.vllm_adapters import VLLMAdapters, _Adapter, engine_lora_rank
+from agentrl.rollout.vllm_adapters import VLLMAdapters, engine_lora_rank
 from agentrl.rollout.weight_sync import (
     DEFAULT_SLEEP_WAIT_S,
     DEFAULT_WEIGHT_CHUNK_BYTES,
@@ -248,16 +246,7 @@ class VLLMPolicy(VLLMAdapters):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
         if dtype == "auto" and not on_gpu:
             dtype = checkpoint_dtype(self.model)
-        self.max_lora_rank = _max_lora_rank(lora_rank, adapter)
-        """The largest adapter rank the engine serves (vLLM's `max_lora_rank`); None: started without LoRA."""
-        # Guards the adapter records below; held briefly, never across an engine call.
-        self._lora_lock = threading.Lock()
-        self._lora_ids = itertools.count(1)
-        self._current: _Adapter | None = None
-        self._named: dict[str, _Adapter] = {}
-        self._retired: set[_Adapter] = set()  # replaced, still carried by requests in flight
-        self._scratch: Path | None = None  # temporary directories of pushed adapters
-        self._scratch_cleanup: weakref.finalize | None = None
+        self._init_adapters(_max_lora_rank(lora_rank, adapter))
         kwargs = _engine_args(
             self.model,
             dtype=dtype,
