@@ -182,6 +182,15 @@ class StepSettings(_Strict):
     """How one optimizer step runs, the same for GRPO (`optim:`) and SFT (`SFTConfig`)."""
 
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW's decay rates of its first and second moment estimates (β1, β2)."
+    )
+    eps: float = Field(
+        1e-8,
+        gt=0,
+        description="AdamW's ε, added to the root of the second moment: a parameter whose gradients are "
+        "smaller than it moves less than the learning rate (PPO implementations use 1e-5).",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     micro_batch_size: int | None = Field(
         None,

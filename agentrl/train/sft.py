@@ -81,7 +81,7 @@ def train_sft(cfg: SFTConfig) -> Path:
     packed = resolve_packing(cfg.packing, info.device, info.device.type == "cuda")
     shares_prefix = resolve_share_prefix(cfg.share_prefix, packed, info.device, info.device.type == "cuda")
     params = trainable_parameters(model)  # with LoRA, the adapters only
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps)
 
     rng = random.Random(cfg.seed)
     steps_per_epoch = max(1, len(data) // cfg.batch_size)

@@ -675,7 +675,13 @@ def _load_models(
         bf16=cfg.optim.bf16,
         compiled=compiled,
     )
-    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(
+        trainable_parameters(model),
+        lr=cfg.optim.lr,
+        weight_decay=cfg.optim.weight_decay,
+        betas=cfg.optim.betas,
+        eps=cfg.optim.eps,
+    )
     ref_model: torch.nn.Module | None = None
     if cfg.loss.kl_coef > 0:
         # The starting checkpoint, frozen: the KL penalty keeps the policy near it (with LoRA that is the base,

@@ -770,3 +770,15 @@ def test_lora_with_merged_pushes_keeps_the_engine_on_the_trainer_s_policy(tiny_m
     trained = [r for r in rows if "losses/policy_loss" in r]
     assert trained and all(r["mismatch/logprob_abs_diff"] < 1e-3 for r in trained), rows
     assert (tmp_path / "merged" / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_adamw_takes_betas_and_eps_from_the_config(tiny_model_dir, one_rank_group, tmp_path) -> None:  # noqa: F811
+    from agentrl.train.trainer import _load_models
+
+    cfg = coin_config(tiny_model_dir, tmp_path, steps=1, lr=3e-5)
+    cfg = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"betas": (0.8, 0.99), "eps": 1e-5})})
+    _, opt, _, _ = _load_models(cfg, one_rank_group)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"]) == (3e-5, (0.8, 0.99), 1e-5)
+    with pytest.raises(ConfigError, match="eps"):
+        load_config(ROOT / "examples" / "calc_grpo.yaml", ["optim.eps=0"])
