@@ -225,6 +225,13 @@ class StepSettings(_Strict):
         "compiles. auto: on with CUDA where torch.compile works (Triton), off on the CPU.",
     )
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_are_decay_rates(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each of betas must be in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
+        return betas
+
     @model_validator(mode="after")
     def _prefix_needs_packing(self) -> StepSettings:
         if self.share_prefix == "on" and self.packing == "off":

@@ -780,5 +780,6 @@ def test_adamw_takes_betas_and_eps_from_the_config(tiny_model_dir, one_rank_grou
     _, opt, _, _ = _load_models(cfg, one_rank_group)
     group = opt.param_groups[0]
     assert (group["lr"], group["betas"], group["eps"]) == (3e-5, (0.8, 0.99), 1e-5)
-    with pytest.raises(ConfigError, match="eps"):
-        load_config(ROOT / "examples" / "calc_grpo.yaml", ["optim.eps=0"])
+    for bad, said in (("optim.eps=0", "eps"), ("optim.betas=[0.9,1.0]", "betas must be in")):
+        with pytest.raises(ConfigError, match=said):
+            load_config(ROOT / "examples" / "calc_grpo.yaml", [bad])
