@@ -229,7 +229,7 @@ class StepSettings(_Strict):
     @classmethod
     def _betas_are_decay_rates(cls, betas: tuple[float, float]) -> tuple[float, float]:
         if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"each of betas must be in [0, 1), e.g. [0.9, 0.999]; got {list(betas)}")
+            raise ValueError("each of betas must be in [0, 1), e.g. [0.9, 0.999]")
         return betas
 
     @model_validator(mode="after")
