@@ -10,6 +10,7 @@ Not a test module itself (pytest collects test_*.py only).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -407,8 +408,15 @@ def main() -> None:
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
     Path(out, f"rank-{rank}.json").write_text(json.dumps(result))
     if dist.is_initialized():
+        if "error" not in result:
+            with contextlib.suppress(Exception):  # a peer that failed has left already: nothing to wait for
+                dist.barrier()  # leave together: no rank tears its connections down while a peer still works
         dist.destroy_process_group()
-    sys.exit(1 if "error" in result else 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The result is on disk: skip the interpreter's teardown, where a torch or vLLM thread left running
+    # can abort the process ("terminate called without an active exception") after the case passed.
+    os._exit(1 if "error" in result else 0)
 
 
 if __name__ == "__main__":
