@@ -224,7 +224,7 @@ def test_own_agent_warm_started_through_its_harness_into_the_band_trained_and_ev
     first = json.loads((tmp_path / "demos.jsonl").read_text().splitlines()[0])
     assert first["messages"][0]["content"].startswith("You are WordBot.")
 
-    # The warm start from the checkpoint: round 0 measured, SFT rounds until held-out pass@1 is in the band.
+    # The warm start from the checkpoint: the checkpoint measured first, SFT rounds until held-out pass@1 is in the band.
     shown = json.loads(warm.stdout)
     rounds = shown["rounds"]
     assert rounds[0]["round"] == 0 and rounds[0]["sft_steps"] == 0

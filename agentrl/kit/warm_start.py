@@ -23,8 +23,8 @@ One recipe (`WarmStartRecipe`), all deterministic from `seed`:
    distributed group included, must not leak into the SFT of a later build in this process).
 
 **From a checkpoint** (`start_from`, `agentrl model warm-start --from PATH`): any transformers causal LM
-instead of the tiny model; only the main stage runs. With `target_pass` the checkpoint is measured first
-(round 0): one already at the target is copied as it is, without SFT. For a harness environment (your
+instead of the tiny model; only the main stage runs. With `target_pass` the checkpoint is measured first,
+before any SFT: one already at the target is copied as it is, without SFT. For a harness environment (your
 own agent, `agentrl.gateway.HarnessEnv`) the demonstrations are played through the agent
 (`agentrl.kit.demonstrations`): the SFT teaches the model the agent's own prompt and tool format, and
 the measurement plays the agent too.
@@ -442,7 +442,7 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
                 "sft_first_loss": main["sft_first_loss"],
                 "sft_last_loss": main["sft_last_loss"],
                 "rounds": rounds,
-                # The short stage's first pass (round 0) and its extra rounds, each with its loss.
+                # The short stage's first pass, then its extra rounds, each with its loss.
                 "short_rounds": short_rounds,
             },
             # Rounds measured as they went; the last one is the model's measurement.
@@ -459,11 +459,11 @@ def _build(out: Path, recipe: WarmStartRecipe, digest: str, threads: int) -> dic
 
 
 def _measure_start(base: Path, recipe: WarmStartRecipe) -> dict[str, Any] | None:
-    """Round 0 of a build from a checkpoint with a target: the checkpoint itself, measured."""
+    """The first record of a build from a checkpoint with a target: the checkpoint itself, measured before any SFT."""
     if recipe.start_from is None or recipe.target_pass is None:
         return None
     m = measure(base, recipe)
-    _log(f"round 0: {recipe.start_from} as it is, held-out pass@1 {m['pass_at_1']:.3f}")
+    _log(f"before SFT: {recipe.start_from} as it is, held-out pass@1 {m['pass_at_1']:.3f}")
     return {"round": 0, "sft_steps": 0, "sft_last_loss": None, "pass_at_1": m["pass_at_1"], "measurement": m}
 
 
@@ -613,7 +613,7 @@ def _short_stage(
 ) -> tuple[Path, list[dict[str, Any]]]:
     """The short stage, then while its loss says it has not learned to copy (`short_fit_loss`), extra rounds
     of `short_round_epochs` passes over its demonstrations from the checkpoint it ended at, up to
-    `short_max_rounds`. Returns the checkpoint and each round's record (round 0: the stage itself).
+    `short_max_rounds`. Returns the checkpoint and each round's record (the first: the stage's own pass).
 
     A stage that learns the first time runs exactly as it did before the check. `stage` stands in for
     `_stage` (tests)."""
@@ -794,7 +794,7 @@ def advice(record: dict[str, Any], recipe: WarmStartRecipe) -> str | None:
         return None
     last = rounds[-1]
     loss = last.get("sft_last_loss")
-    if not last.get("sft_steps"):  # round 0 of a build from a checkpoint, and no SFT round after it
+    if not last.get("sft_steps"):  # the checkpoint's own measurement only: no SFT round ran
         return f"held-out pass@1 {last['pass_at_1']:.3f} of the checkpoint is below the target {recipe.target_pass}"
     if loss is not None and loss > _UNFIT_LOSS:
         todo = (
