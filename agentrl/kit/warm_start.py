@@ -23,8 +23,8 @@ One recipe (`WarmStartRecipe`), all deterministic from `seed`:
    distributed group included, must not leak into the SFT of a later build in this process).
 
 **From a checkpoint** (`start_from`, `agentrl model warm-start --from PATH`): any transformers causal LM
-instead of the tiny model; only the main stage runs. With `target_pass` the checkpoint is measured first,
-before any SFT: one already at the target is copied as it is, without SFT. For a harness environment (your
+instead of the tiny model; only the main stage runs. With `target_pass` the checkpoint is measured first:
+one already at the target is copied as it is, without SFT. For a harness environment (your
 own agent, `agentrl.gateway.HarnessEnv`) the demonstrations are played through the agent
 (`agentrl.kit.demonstrations`): the SFT teaches the model the agent's own prompt and tool format, and
 the measurement plays the agent too.
